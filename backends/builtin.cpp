@@ -1,0 +1,39 @@
+// Registers the backends this build compiled, and explains the missing ones.
+#include "ddp/config.hpp"
+#include "framework/backend_registry.hpp"
+
+#if DDP_HAVE_GLOO
+#include "backends/gloo/process_group_gloo.hpp"
+#endif
+
+namespace ddp {
+
+// Lives here, not in the framework, so that linking the framework alone
+// never needs the backends.
+BackendRegistry& BackendRegistry::global() {
+  static BackendRegistry* registry = [] {
+    auto* r = new BackendRegistry();
+    registerBuiltinBackends(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+void registerBuiltinBackends(BackendRegistry& registry) {
+#if DDP_HAVE_GLOO
+  registerGlooBackend(registry);
+#else
+  registry.addUnavailable("gloo",
+                          "Gloo was not found when CMake ran. HINT: apt-get install libgloo-dev, then "
+                          "reconfigure with -DDDP_WITH_GLOO=ON");
+#endif
+#if DDP_HAVE_NCCL
+  registerNcclBackend(registry);
+#else
+  registry.addUnavailable("nccl",
+                          "NCCL was not compiled in. HINT: configure on a machine with the CUDA toolkit and "
+                          "NCCL (set NCCL_HOME if it is outside the toolkit) and -DDDP_WITH_NCCL=ON");
+#endif
+}
+
+}  // namespace ddp

@@ -1,0 +1,549 @@
+#include "backends/gloo/process_group_gloo.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <gloo/allgather.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "framework/errors.hpp"
+#include "framework/prefix_store.hpp"
+
+namespace ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Descriptor = ProcessGroupGloo::Descriptor;
+
+enum OpCode : uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, kBarrier };
+
+const char* opName(uint32_t op) {
+  switch (op) {
+    case kAllreduce: return "allreduce";
+    case kBroadcast: return "broadcast";
+    case kAllgather: return "allgather";
+    case kReduceScatter: return "reduce_scatter";
+    case kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+// Slots tell apart the messages of concurrent phases. Ours keep the top byte
+// zero; Gloo's own collectives put an algorithm prefix there.
+enum Phase : uint64_t { kHeaderPhase = 1, kScatterPhase = 2, kGatherPhase = 3 };
+uint64_t slotFor(uint64_t seq, Phase phase) { return (seq << 8) | phase; }
+
+// Pipelining granularity of the ring: large enough to amortize a message,
+// small enough that reduction overlaps transfer (measured: docs/performance.md).
+size_t chunkBytes() {
+  static const size_t bytes = [] {
+    const char* env = std::getenv("DDP_GLOO_CHUNK_BYTES");
+    long v = env ? std::atol(env) : 0;
+    return v > 0 ? static_cast<size_t>(v) : size_t(512) * 1024;
+  }();
+  return bytes;
+}
+
+std::chrono::milliseconds remaining(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+// ---- reduction kernels -----------------------------------------------------
+template <typename T>
+void reduceInto(void* dstRaw, const void* srcRaw, size_t n, int op) {
+  T* __restrict dst = static_cast<T*>(dstRaw);
+  const T* __restrict src = static_cast<const T*>(srcRaw);
+  switch (static_cast<ReduceOp>(op)) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+      for (size_t i = 0; i < n; ++i) dst[i] = dst[i] + src[i];
+      break;
+    case ReduceOp::Product:
+      for (size_t i = 0; i < n; ++i) dst[i] = dst[i] * src[i];
+      break;
+    case ReduceOp::Min:
+      for (size_t i = 0; i < n; ++i) dst[i] = src[i] < dst[i] ? src[i] : dst[i];
+      break;
+    case ReduceOp::Max:
+      for (size_t i = 0; i < n; ++i) dst[i] = dst[i] < src[i] ? src[i] : dst[i];
+      break;
+  }
+}
+
+// 16-bit floats reduce in float32 and round once per step.
+template <typename T>
+void reduceInto16(void* dstRaw, const void* srcRaw, size_t n, int op) {
+  T* dst = static_cast<T*>(dstRaw);
+  const T* src = static_cast<const T*>(srcRaw);
+  for (size_t i = 0; i < n; ++i) {
+    float a = static_cast<float>(dst[i]), b = static_cast<float>(src[i]);
+    float r;
+    switch (static_cast<ReduceOp>(op)) {
+      case ReduceOp::Product: r = a * b; break;
+      case ReduceOp::Min: r = b < a ? b : a; break;
+      case ReduceOp::Max: r = a < b ? b : a; break;
+      default: r = a + b; break;
+    }
+    dst[i] = static_cast<T>(r);
+  }
+}
+
+using ReduceFn = void (*)(void*, const void*, size_t, int);
+
+ReduceFn reduceFnFor(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return reduceInto<float>;
+    case at::kDouble: return reduceInto<double>;
+    case at::kInt: return reduceInto<int32_t>;
+    case at::kLong: return reduceInto<int64_t>;
+    case at::kHalf: return reduceInto16<c10::Half>;
+    case at::kBFloat16: return reduceInto16<c10::BFloat16>;
+    default: return nullptr;
+  }
+}
+
+void divideInPlace(at::Tensor& t, int64_t divisor) {
+  if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
+    t.div_(divisor, "trunc");
+  } else {
+    t.div_(static_cast<double>(divisor));
+  }
+}
+
+void requireSupported(const at::Tensor& t, const char* op) {
+  if (!reduceFnFor(t.scalar_type())) {
+    throw UsageError(std::string("gloo ") + op + ": dtype " + c10::toString(t.scalar_type()) +
+                     " is not supported; use float32, float64, float16, bfloat16, int32 or int64");
+  }
+}
+
+// A contiguous host tensor that aliases `t` when it can, or a staged copy.
+at::Tensor hostView(const at::Tensor& t) {
+  if (t.is_cpu() && t.is_contiguous()) return t;
+  return t.to(at::kCPU).contiguous();
+}
+
+// Gloo's rendezvous talks to our Store through this adapter.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStoreAdapter(std::shared_ptr<ddp::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, Bytes(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    Bytes b = store_->get(key);
+    return std::vector<char>(b.begin(), b.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<ddp::Store> store_;
+};
+
+std::string describeCall(int rank, int size, const Descriptor& d, const std::string& summary) {
+  return "[rank " + std::to_string(rank) + "/" + std::to_string(size) + "] gloo " + opName(d.op) + " #" +
+         std::to_string(d.seq) + " (" + summary + ")";
+}
+
+std::string describePeer(const Descriptor& d) {
+  return std::string(opName(d.op)) + " #" + std::to_string(d.seq) + " with " + std::to_string(d.numel) +
+         " elements, dtype code " + std::to_string(d.dtype) + ", root " + std::to_string(d.root) + ", op " +
+         reduceOpName(static_cast<ReduceOp>(d.reduceOp));
+}
+
+}  // namespace
+
+// ---- interface selection -----------------------------------------------------
+std::string localAddressTowards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || !found) {
+    throw UsageError("gloo: cannot resolve master address '" + host +
+                     "'. HINT: set MASTER_ADDR to a reachable host name or IP address");
+  }
+  std::string result;
+  for (addrinfo* ai = found; ai && result.empty(); ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) continue;
+    // connect() on a UDP socket sends nothing; it only picks the route.
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      sockaddr_storage local{};
+      socklen_t len = sizeof(local);
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+        char text[INET6_ADDRSTRLEN] = {0};
+        const void* addr = local.ss_family == AF_INET
+                               ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+        if (inet_ntop(local.ss_family, addr, text, sizeof(text))) result = text;
+      }
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(found);
+  if (result.empty()) {
+    throw UsageError("gloo: no local interface has a route to master address '" + host +
+                     "'. HINT: check MASTER_ADDR, or set GLOO_SOCKET_IFNAME to the interface to use");
+  }
+  return result;
+}
+
+// ---- construction ------------------------------------------------------------
+ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
+    : ProcessGroup(rank, size, std::move(options)) {
+  gloo::transport::tcp::attr attr;
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (!options_.interface.empty()) {
+    attr.iface = options_.interface;
+  } else if (ifname && *ifname) {
+    attr.iface = ifname;
+  } else {
+    attr.hostname = localAddressTowards(options_.masterAddr.empty() ? "127.0.0.1" : options_.masterAddr);
+  }
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw UsageError("[rank " + std::to_string(rank) + "] gloo: cannot open a TCP device on " +
+                     (attr.iface.empty() ? "address " + attr.hostname : "interface " + attr.iface) + ": " +
+                     e.what() + ". HINT: set GLOO_SOCKET_IFNAME to an existing interface (see `ip addr`)");
+  }
+  listenAddress_ = device->str();
+
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(options_.timeout);
+  GlooStoreAdapter adapter(std::make_shared<PrefixStore>("gloo", store));
+  try {
+    context->connectFullMesh(adapter, device);
+  } catch (const std::exception& e) {
+    throw CollectiveError("[rank " + std::to_string(rank) + "/" + std::to_string(size) +
+                          "] gloo: rendezvous through " + store->describe() + " did not complete: " + e.what() +
+                          ". HINT: every rank must start with the same WORLD_SIZE and MASTER_ADDR:MASTER_PORT; "
+                          "see docs/clusters.md");
+  }
+  context_ = context;
+  worker_ = std::thread([this] { workerLoop(); });
+}
+
+ProcessGroupGloo::~ProcessGroupGloo() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  queued_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  context_.reset();  // closes the connections before scratch_ goes away
+}
+
+// ---- the queue -----------------------------------------------------------------
+WorkPtr ProcessGroupGloo::enqueue(Descriptor descriptor, const std::string& summary, Milliseconds timeout,
+                                  std::function<void(const Descriptor&, Deadline)> run) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  descriptor.seq = nextSeq_++;
+  auto work = std::make_shared<Work>(describeCall(rank_, size_, descriptor, summary), timeout);
+  queue_.push_back(Task{descriptor, work, Clock::now() + timeout, timeout, std::move(run)});
+  queued_.notify_one();
+  return work;
+}
+
+void ProcessGroupGloo::workerLoop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued has run
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error = broken_;
+    if (error) {
+      try {
+        std::rethrow_exception(broken_);
+      } catch (const std::exception& first) {
+        error = std::make_exception_ptr(CollectiveError(task.work->description() +
+                                                        " not run: the group failed earlier: " + first.what()));
+      }
+    } else {
+      const auto started = Clock::now();
+      try {
+        if (size_ > 1) checkAgreement(task.descriptor, task.deadline);
+        task.run(task.descriptor, task.deadline);
+      } catch (const CollectiveError&) {
+        error = std::current_exception();
+      } catch (const std::exception& e) {
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+        const bool timedOut = Clock::now() >= task.deadline;
+        error = std::make_exception_ptr(CollectiveError(
+            task.work->description() + (timedOut ? " timed out" : " failed") + " after " +
+            std::to_string(waited.count()) + " ms (timeout " + std::to_string(task.timeout.count()) +
+            " ms): " + e.what() +
+            ". HINT: a peer rank may have died, or not called this collective; see docs/clusters.md"));
+      }
+      if (error) broken_ = error;
+    }
+    task.work->finish(error);
+  }
+}
+
+// Each rank checks its left neighbour's descriptor; around the ring, that
+// makes every rank agree with every other.
+void ProcessGroupGloo::checkAgreement(const Descriptor& mine, Deadline deadline) {
+  const int right = (rank_ + 1) % size_;
+  const int left = (rank_ + size_ - 1) % size_;
+  Descriptor theirs;
+  Descriptor sent = mine;
+  auto in = context_->createUnboundBuffer(&theirs, sizeof(theirs));
+  auto out = context_->createUnboundBuffer(&sent, sizeof(sent));
+  const uint64_t slot = slotFor(mine.seq, kHeaderPhase);
+  in->recv(left, slot);
+  out->send(right, slot);
+  in->waitRecv(remaining(deadline));
+  out->waitSend(remaining(deadline));
+  if (std::memcmp(&theirs, &mine, sizeof(mine)) != 0) {
+    throw CollectiveError(describeCall(rank_, size_, mine, describePeer(mine)) + " does not match rank " +
+                          std::to_string(left) + ", which called " + describePeer(theirs) +
+                          ". HINT: every rank must call the same collectives in the same order with the same "
+                          "dtype, element count and root");
+  }
+}
+
+// ---- the ring ------------------------------------------------------------------
+// Ring reduce-scatter over `size_` blocks, pipelined in chunks: after it,
+// rank r holds the reduction of block r. With thenAllgather the reduced
+// blocks travel on around the ring (allreduce). Block b spans elements
+// [b*count/n, (b+1)*count/n).
+void ProcessGroupGloo::ringReduceScatter(uint8_t* data, size_t count, size_t elementSize, int reduceOp,
+                                         int dtype, uint64_t seq, Deadline deadline, bool thenAllgather) {
+  const int n = size_;
+  const int right = (rank_ + 1) % n;
+  const int left = (rank_ + n - 1) % n;
+  const size_t bytes = count * elementSize;
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  uint8_t* tmp = scratch_.data();
+  const ReduceFn reduce = reduceFnFor(static_cast<at::ScalarType>(dtype));
+  const size_t chunkElems = std::max<size_t>(1, chunkBytes() / elementSize);
+
+  auto mod = [n](int b) { return ((b % n) + n) % n; };
+  auto blockBegin = [&](int b) { return static_cast<size_t>(b) * count / n; };
+  auto blockEnd = [&](int b) { return static_cast<size_t>(b + 1) * count / n; };
+  // Calls fn(offsetElems, lengthElems) for each chunk of block b, in order.
+  auto forChunks = [&](int b, auto&& fn) {
+    for (size_t at = blockBegin(b), end = blockEnd(b); at < end; at += chunkElems) {
+      fn(at, std::min(chunkElems, end - at));
+    }
+  };
+
+  auto scatterIn = context_->createUnboundBuffer(tmp, bytes);   // partial sums from the left
+  auto scatterOut = context_->createUnboundBuffer(data, bytes);  // our partial sums, to the right
+  std::unique_ptr<gloo::transport::UnboundBuffer> gatherIn, gatherOut;
+  const uint64_t scatterSlot = slotFor(seq, kScatterPhase);
+  const uint64_t gatherSlot = slotFor(seq, kGatherPhase);
+  size_t scatterSends = 0, gatherSends = 0;
+
+  // Post every receive first, so that no send waits for a "ready" round trip.
+  for (int s = 0; s < n - 1; ++s) {
+    forChunks(mod(rank_ - s - 2), [&](size_t at, size_t len) {
+      scatterIn->recv(left, scatterSlot, at * elementSize, len * elementSize);
+    });
+  }
+  if (thenAllgather) {
+    gatherIn = context_->createUnboundBuffer(data, bytes);
+    gatherOut = context_->createUnboundBuffer(data, bytes);
+    for (int s = 0; s < n - 1; ++s) {
+      forChunks(mod(rank_ - s - 1), [&](size_t at, size_t len) {
+        gatherIn->recv(left, gatherSlot, at * elementSize, len * elementSize);
+      });
+    }
+  }
+  forChunks(mod(rank_ - 1), [&](size_t at, size_t len) {
+    scatterOut->send(right, scatterSlot, at * elementSize, len * elementSize);
+    ++scatterSends;
+  });
+  // Reduce-scatter: what arrives at step s is block r-s-2, which we send on
+  // at step s+1, chunk by chunk, as soon as it is reduced.
+  for (int s = 0; s < n - 1; ++s) {
+    const bool last = s == n - 2;
+    forChunks(mod(rank_ - s - 2), [&](size_t at, size_t len) {
+      scatterIn->waitRecv(remaining(deadline));
+      reduce(data + at * elementSize, tmp + at * elementSize, len, reduceOp);
+      if (!last) {
+        scatterOut->send(right, scatterSlot, at * elementSize, len * elementSize);
+        ++scatterSends;
+      } else if (thenAllgather) {
+        gatherOut->send(right, gatherSlot, at * elementSize, len * elementSize);
+        ++gatherSends;
+      }
+    });
+  }
+  // Allgather: what arrives at step s is block r-s-1, forwarded at step s+1.
+  if (thenAllgather) {
+    for (int s = 0; s < n - 1; ++s) {
+      const bool last = s == n - 2;
+      forChunks(mod(rank_ - s - 1), [&](size_t at, size_t len) {
+        gatherIn->waitRecv(remaining(deadline));
+        if (!last) {
+          gatherOut->send(right, gatherSlot, at * elementSize, len * elementSize);
+          ++gatherSends;
+        }
+      });
+    }
+  }
+  for (size_t i = 0; i < scatterSends; ++i) scatterOut->waitSend(remaining(deadline));
+  for (size_t i = 0; i < gatherSends; ++i) gatherOut->waitSend(remaining(deadline));
+}
+
+// ---- collectives ------------------------------------------------------------------
+namespace {
+std::string summarize(const at::Tensor& t, const char* extra = nullptr) {
+  std::string s = std::to_string(t.numel()) + " elements, " + dtypeName(t);
+  if (extra) s += std::string(", ") + extra;
+  return s;
+}
+}  // namespace
+
+WorkPtr ProcessGroupGloo::allreduce(at::Tensor& tensor, const AllreduceOptions& opts) {
+  requireSupported(tensor, "allreduce");
+  Descriptor d;
+  d.op = kAllreduce;
+  d.dtype = static_cast<uint32_t>(tensor.scalar_type());
+  d.numel = tensor.numel();
+  d.reduceOp = static_cast<int32_t>(opts.op);
+  const auto timeout = resolveTimeout(opts.timeout);
+  at::Tensor target = tensor;
+  return enqueue(d, summarize(tensor, reduceOpName(opts.op)), timeout,
+                 [this, target, op = opts.op](const Descriptor& d, Deadline deadline) mutable {
+                   if (size_ == 1 || target.numel() == 0) return;
+                   at::Tensor host = hostView(target);
+                   ringReduceScatter(static_cast<uint8_t*>(host.data_ptr()), host.numel(), host.element_size(),
+                                     static_cast<int>(op), static_cast<int>(host.scalar_type()), d.seq, deadline,
+                                     /*thenAllgather=*/true);
+                   if (op == ReduceOp::Avg) divideInPlace(host, size_);
+                   if (!host.is_same(target)) target.copy_(host);
+                 });
+}
+
+WorkPtr ProcessGroupGloo::reduceScatter(const at::Tensor& input, at::Tensor& output,
+                                        const ReduceScatterOptions& opts) {
+  requireSupported(input, "reduce_scatter");
+  if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type()) {
+    throw UsageError("gloo reduce_scatter: input must hold world size (" + std::to_string(size_) +
+                     ") x output elements of the same dtype; got input " + summarize(input) + ", output " +
+                     summarize(output));
+  }
+  Descriptor d;
+  d.op = kReduceScatter;
+  d.dtype = static_cast<uint32_t>(input.scalar_type());
+  d.numel = input.numel();
+  d.reduceOp = static_cast<int32_t>(opts.op);
+  at::Tensor in = input, out = output;
+  return enqueue(d, summarize(input, reduceOpName(opts.op)), resolveTimeout(opts.timeout),
+                 [this, in, out, op = opts.op](const Descriptor& d, Deadline deadline) mutable {
+                   at::Tensor work = in.to(at::kCPU).contiguous().clone();
+                   if (size_ > 1 && work.numel() > 0) {
+                     ringReduceScatter(static_cast<uint8_t*>(work.data_ptr()), work.numel(), work.element_size(),
+                                       static_cast<int>(op), static_cast<int>(work.scalar_type()), d.seq,
+                                       deadline, /*thenAllgather=*/false);
+                   }
+                   at::Tensor mine = work.view({-1}).narrow(0, rank_ * out.numel(), out.numel());
+                   if (op == ReduceOp::Avg) divideInPlace(mine, size_);
+                   out.copy_(mine.view(out.sizes()));
+                 });
+}
+
+WorkPtr ProcessGroupGloo::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
+  requireSupported(tensor, "broadcast");
+  if (opts.root < 0 || opts.root >= size_) {
+    throw UsageError("gloo broadcast: root " + std::to_string(opts.root) + " is outside world size " +
+                     std::to_string(size_));
+  }
+  Descriptor d;
+  d.op = kBroadcast;
+  d.dtype = static_cast<uint32_t>(tensor.scalar_type());
+  d.numel = tensor.numel();
+  d.root = opts.root;
+  at::Tensor target = tensor;
+  return enqueue(d, summarize(tensor, ("root " + std::to_string(opts.root)).c_str()), resolveTimeout(opts.timeout),
+                 [this, target, root = opts.root](const Descriptor& d, Deadline deadline) mutable {
+                   if (size_ == 1 || target.numel() == 0) return;
+                   at::Tensor host = hostView(target);
+                   gloo::BroadcastOptions bo(context_);
+                   bo.setOutput(static_cast<uint8_t*>(host.data_ptr()), host.nbytes());
+                   bo.setRoot(root);
+                   bo.setTag(static_cast<uint32_t>(d.seq));
+                   bo.setTimeout(remaining(deadline));
+                   gloo::broadcast(bo);
+                   if (!host.is_same(target)) target.copy_(host);
+                 });
+}
+
+WorkPtr ProcessGroupGloo::allgather(const at::Tensor& input, at::Tensor& output, const AllgatherOptions& opts) {
+  requireSupported(input, "allgather");
+  if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type()) {
+    throw UsageError("gloo allgather: output must hold world size (" + std::to_string(size_) +
+                     ") x input elements of the same dtype; got input " + summarize(input) + ", output " +
+                     summarize(output));
+  }
+  Descriptor d;
+  d.op = kAllgather;
+  d.dtype = static_cast<uint32_t>(input.scalar_type());
+  d.numel = input.numel();
+  at::Tensor in = input, out = output;
+  return enqueue(d, summarize(input), resolveTimeout(opts.timeout),
+                 [this, in, out](const Descriptor& d, Deadline deadline) mutable {
+                   at::Tensor src = hostView(in);
+                   at::Tensor dst = hostView(out);
+                   if (size_ == 1 || src.numel() == 0) {
+                     if (src.numel() > 0) dst.view({-1}).copy_(src.view({-1}));
+                   } else {
+                     gloo::AllgatherOptions ao(context_);
+                     ao.setInput(static_cast<uint8_t*>(src.data_ptr()), src.nbytes());
+                     ao.setOutput(static_cast<uint8_t*>(dst.data_ptr()), dst.nbytes());
+                     ao.setTag(static_cast<uint32_t>(d.seq));
+                     ao.setTimeout(remaining(deadline));
+                     gloo::allgather(ao);
+                   }
+                   if (!dst.is_same(out)) out.copy_(dst);
+                 });
+}
+
+WorkPtr ProcessGroupGloo::barrier(const BarrierOptions& opts) {
+  Descriptor d;
+  d.op = kBarrier;
+  return enqueue(d, "no data", resolveTimeout(opts.timeout), [this](const Descriptor& d, Deadline deadline) {
+    if (size_ == 1) return;
+    gloo::BarrierOptions bo(context_);
+    bo.setTag(static_cast<uint32_t>(d.seq));
+    bo.setTimeout(remaining(deadline));
+    gloo::barrier(bo);
+  });
+}
+
+void registerGlooBackend(BackendRegistry& registry) {
+  registry.add("gloo", [](std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options) {
+    return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options);
+  });
+}
+
+}  // namespace ddp

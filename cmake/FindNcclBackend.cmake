@@ -1,0 +1,17 @@
+# Decides DDP_HAVE_NCCL: the CUDA toolkit and NCCL's header and library.
+set(DDP_NCCL_STATUS "disabled by DDP_WITH_NCCL=OFF")
+if(DDP_WITH_NCCL)
+  find_package(CUDAToolkit QUIET)
+  if(NOT CUDAToolkit_FOUND)
+    set(DDP_NCCL_STATUS "CUDA toolkit not found")
+  else()
+    find_path(DDP_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{NCCL_HOME}/include)
+    find_library(DDP_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} $ENV{NCCL_HOME}/lib)
+    if(DDP_NCCL_INCLUDE_DIR AND DDP_NCCL_LIBRARY)
+      set(DDP_HAVE_NCCL 0) # the backend itself arrives with issue 5
+      set(DDP_NCCL_STATUS "CUDA ${CUDAToolkit_VERSION} and NCCL found, backend not implemented yet")
+    else()
+      set(DDP_NCCL_STATUS "NCCL not found in the CUDA toolkit (set NCCL_HOME)")
+    endif()
+  endif()
+endif()

@@ -1,0 +1,46 @@
+// BackendRegistry: ProcessGroup implementations by name ("gloo", "nccl"),
+// chosen at run time.
+//
+// Backends are registered explicitly by registerBuiltinBackends() (no static
+// initializers that a linker could drop). A name registered twice is an
+// error. create() with an unknown name throws UsageError listing the known
+// names; a backend that this build left out says how to enable it.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/process_group.hpp"
+#include "framework/store.hpp"
+
+namespace ddp {
+
+using BackendFactory = std::function<ProcessGroupPtr(std::shared_ptr<Store> store, int rank, int size,
+                                                     const ProcessGroupOptions& options)>;
+
+class BackendRegistry {
+ public:
+  // The process-wide registry, with the built-in backends registered.
+  static BackendRegistry& global();
+
+  void add(const std::string& name, BackendFactory factory);
+  // Records a backend this build does not have, and why, for the error.
+  void addUnavailable(const std::string& name, const std::string& howToEnable);
+
+  bool has(const std::string& name) const { return factories_.count(name) > 0; }
+  std::vector<std::string> names() const;
+  ProcessGroupPtr create(const std::string& name, std::shared_ptr<Store> store, int rank, int size,
+                         const ProcessGroupOptions& options = {}) const;
+
+ private:
+  std::map<std::string, BackendFactory> factories_;
+  std::map<std::string, std::string> unavailable_;
+};
+
+// Registers every backend compiled into this build (see backends/).
+void registerBuiltinBackends(BackendRegistry& registry);
+
+}  // namespace ddp

@@ -1,0 +1,1 @@
+#include "framework/file_store.hpp"

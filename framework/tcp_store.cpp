@@ -1,0 +1,1 @@
+#include "framework/tcp_store.hpp"

@@ -1,0 +1,62 @@
+// Work: the handle of one asynchronous collective.
+//
+// Contract
+// - A collective call returns at once with a Work; the operation runs in
+//   the background, in the order the calls were made on that group.
+// - wait(timeout) blocks until the operation finishes and rethrows its
+//   failure as CollectiveError. With no argument it waits up to the
+//   collective's own timeout (which the backend enforces as well). If the
+//   given timeout passes first it throws CollectiveError, and the operation
+//   goes on (and fails by its own timeout if a peer never comes).
+// - isCompleted() never blocks: true once finished, successfully or not.
+// - exception() is null until the operation has failed.
+// - Output tensors may be read only after a successful wait().
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+
+namespace ddp {
+
+class Work {
+ public:
+  // `description` names the collective for errors, e.g. "[rank 1/4] gloo allreduce #7 (1000 x float32)".
+  Work(std::string description, std::chrono::milliseconds timeout);
+  virtual ~Work() = default;
+
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  void wait();
+  void wait(std::chrono::milliseconds timeout);
+  bool isCompleted() const;
+  bool isSuccess() const;
+  std::exception_ptr exception() const;
+  const std::string& description() const { return description_; }
+
+  // Called once by the backend when the operation has finished.
+  void finish(std::exception_ptr error = nullptr);
+
+  // Runs after finish(), on the thread that finishes; for hooks and timing.
+  void onFinish(std::function<void()> callback);
+
+  // A Work that is already complete (world size 1, zero elements).
+  static std::shared_ptr<Work> completed(std::string description);
+
+ private:
+  const std::string description_;
+  const std::chrono::milliseconds timeout_;
+  mutable std::mutex mutex_;
+  std::condition_variable done_;
+  bool completed_ = false;
+  std::exception_ptr error_;
+  std::vector<std::function<void()>> callbacks_;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+}  // namespace ddp

@@ -1,0 +1,64 @@
+// Helpers for tests that run several ranks as threads of this process.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "framework/backend_registry.hpp"
+#include "framework/hash_store.hpp"
+
+namespace ddp::test {
+
+// Runs body(rank, group) on `world` threads, each with its own group of
+// `backend` over one HashStore. Returns the message of each exception that
+// escaped a rank ("" where none did); Catch2 asserts only in the caller's
+// thread, since its macros are not thread-safe.
+inline std::vector<std::string> runRanks(const std::string& backend, int world,
+                                         const std::function<void(int, ProcessGroup&)>& body,
+                                         ProcessGroupOptions options = {}) {
+  auto store = std::make_shared<HashStore>();
+  store->setTimeout(std::chrono::milliseconds(30000));
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto group = BackendRegistry::global().create(backend, store, r, world, options);
+        body(r, *group);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        if (errors[r].empty()) errors[r] = "(empty exception message)";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline std::string joinErrors(const std::vector<std::string>& errors) {
+  std::string all;
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) all += "rank " + std::to_string(r) + ": " + errors[r] + "\n";
+  }
+  return all;
+}
+
+// Backends that can run here; tests of the others are skipped with a reason.
+inline bool backendRunnable(const std::string& backend, std::string* whyNot) {
+  if (!BackendRegistry::global().has(backend)) {
+    *whyNot = "backend '" + backend + "' is not compiled into this build";
+    return false;
+  }
+  if (backend == "nccl") {
+    *whyNot = "backend 'nccl' needs CUDA devices";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace ddp::test
