@@ -1,0 +1,47 @@
+// Launcher: the part of ddp-run that starts this node's ranks, as torchrun
+// and mp.spawn do, and stops the whole job as soon as one rank fails.
+//
+// Contract
+// - Starts nprocPerNode copies of workerArgv, with RANK = nodeRank *
+//   nprocPerNode + localRank, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+//   GROUP_RANK, MASTER_ADDR, MASTER_PORT, DDP_STORE_TOKEN (generated for a
+//   one-node job when unset) and OMP_NUM_THREADS = cores / nprocPerNode
+//   unless the user set it.
+// - Forwards each rank's output line by line (ranks other than 0 prefixed
+//   "[rank r]") and keeps its last lines.
+// - Fail-fast: when a rank exits non-zero or dies by a signal, the others get
+//   SIGTERM, then SIGKILL after a grace period; the launcher prints which
+//   rank failed first, how, and that rank's last lines, and returns non-zero.
+// - With maxRestarts > 0, a failed job is started again (all ranks, with
+//   DDP_RESTART=<attempt>) until it succeeds or the restarts are used up.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+struct LaunchOptions {
+  int nprocPerNode = 1;
+  int nnodes = 1;
+  int nodeRank = 0;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 0;  // 0: pick a free port (one-node jobs only)
+  int maxRestarts = 0;
+  std::string backend = "gloo";  // only for the printed mapping
+  std::vector<std::string> workerArgv;
+  std::chrono::milliseconds killGrace{3000};
+  int lastLinesKept = 20;
+};
+
+// Runs the job; returns the exit code for ddp-run (0 on success).
+int launchLocalRanks(LaunchOptions options);
+
+// Throws UsageError naming the port when host:port cannot be bound.
+void checkPortFree(const std::string& host, int port);
+
+// A port that was free a moment ago on host.
+int pickFreePort(const std::string& host);
+
+}  // namespace ddp
