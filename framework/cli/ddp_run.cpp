@@ -1,41 +1,52 @@
-// ddp-run: starts a job. As a launcher (--nproc-per-node N) it spawns this
-// node's ranks; as a rank (started by ddp-run, torchrun, srun or mpirun) it
-// joins the group and runs the job.
+// ddp-run: runs an experiment. As a launcher (--nproc-per-node N, or the
+// experiment's distributed.nproc_per_node) it validates the experiment,
+// creates the run folder and spawns this node's ranks; as a rank (started by
+// ddp-run, torchrun, srun or mpirun) it joins the group and trains.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 
+#include <ctime>
+#include <fstream>
 #include <iostream>
 
 #include "framework/distributed.hpp"
 #include "framework/errors.hpp"
+#include "framework/experiment_config.hpp"
 #include "framework/launcher.hpp"
+#include "framework/plugin_registry.hpp"
 #include "framework/rank_env.hpp"
+#include "framework/trainer.hpp"
 
 namespace {
 
 struct Args {
+  std::string experiment;
+  std::vector<std::string> overrides;
+  std::string outDir;
+  bool resume = false;
+  bool listPlugins = false;
+  std::string describe;
   int nprocPerNode = 0;
   int nnodes = 1;
   int nodeRank = 0;
   std::string masterAddr = "127.0.0.1";
   int masterPort = 0;
   int maxRestarts = 0;
-  std::string backend = "gloo";
   bool demo = false;
 };
 
 // The collective demo: allreduce, broadcast and allgather with checked results.
-int runDemo(const ddp::RankEnv& env, const Args& args) {
+int runDemo(const ddp::RankEnv& env) {
   ddp::DistributedOptions dopts;
-  dopts.backend = args.backend;
   dopts.timeout = std::chrono::milliseconds(60000);
   auto ctx = ddp::initDistributed(env, dopts);
   auto& pg = *ctx.group;
   const int n = pg.size(), r = pg.rank();
   at::Tensor t = at::full({1 << 20}, float(r + 1));
-  auto start = std::chrono::steady_clock::now();
   pg.allreduce(t)->wait();
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   const float expected = n * (n + 1) / 2.0f;
   bool ok = at::all(t == expected).item<bool>();
   at::Tensor b = at::full({4}, float(r));
@@ -46,47 +57,140 @@ int runDemo(const ddp::RankEnv& env, const Args& args) {
   ok = ok && at::equal(g, at::arange(n).to(at::kFloat));
   pg.barrier()->wait();
   std::cout << "rank " << r << "/" << n << " (" << pg.backendName() << ", from " << env.source
-            << "): allreduce of 4 MiB = " << t[0].item<float>() << " (expected " << expected << ") in " << ms
-            << " ms; broadcast and allgather " << (ok ? "correct" : "WRONG") << std::endl;
+            << "): allreduce sum = " << t[0].item<float>() << " (expected " << expected << "); broadcast, allgather "
+            << (ok ? "correct" : "WRONG") << std::endl;
   return ok ? 0 : 1;
+}
+
+std::string defaultRunDir(const ddp::ExperimentConfig& config) {
+  char stamp[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+  std::string name = config.name.empty() ? "run" : config.name;
+  return "runs/" + name + "-" + stamp;
+}
+
+void makeDirs(const std::string& path) {
+  std::string partial;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!partial.empty() && ::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        throw ddp::UsageError("cannot create run folder " + path + ": " + std::strerror(errno));
+      }
+    }
+    if (i < path.size()) partial += path[i];
+  }
+}
+
+int runRank(const Args& args, const ddp::RankEnv& env) {
+  auto& registry = ddp::PluginRegistry::global();
+  ddp::ExperimentConfig config = ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
+  ddp::DistributedOptions dopts;
+  dopts.backend = config.distributed.backend;
+  dopts.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
+  auto ctx = ddp::initDistributed(env, dopts);
+
+  // Rank 0 names the run folder; the others learn it through the store, so
+  // ranks started by srun or mpirun agree without a shared clock.
+  std::string runDir = args.outDir;
+  if (env.rank == 0) {
+    if (runDir.empty()) runDir = defaultRunDir(config);
+    makeDirs(runDir);
+    std::ofstream(runDir + "/config.json") << config.resolved.dump(2) << "\n";
+    ctx.store->setString("ddp-run/run_dir", runDir);
+  } else {
+    runDir = ctx.store->getString("ddp-run/run_dir");
+  }
+  ddp::RunOptions ro;
+  ro.runDir = runDir;
+  ro.resume = args.resume || std::getenv("DDP_RESTART") && std::string(std::getenv("DDP_RESTART")) != "0";
+  auto result = ddp::runTraining(config, ctx, ro, registry);
+  if (env.rank == 0 && !result.history.empty()) {
+    const auto& last = result.history.back();
+    std::cout << "done: " << result.steps << " steps; final train_loss " << last.trainLoss;
+    if (last.testAccuracy) std::cout << ", test_accuracy " << *last.testAccuracy;
+    std::cout << "; run folder " << runDir << std::endl;
+  }
+  ctx.group->barrier()->wait();
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ddp-run: run a data-parallel job on one process, every core of a machine, or a cluster"};
+  CLI::App app{"ddp-run: train an experiment on one process, every core of a machine, or a cluster"};
   Args args;
+  app.add_option("experiment", args.experiment, "experiment JSON file");
+  app.add_option("--set", args.overrides, "override a setting, e.g. --set optimizer.lr=0.01 (repeatable)");
+  app.add_option("--out", args.outDir, "run folder (default: runs/<name>-<time>)");
+  app.add_flag("--resume", args.resume, "continue from the newest checkpoint in --out");
+  app.add_flag("--list-plugins", args.listPlugins, "list datasets, models, optimizers, schedulers and losses");
+  app.add_option("--describe", args.describe, "describe one plugin's parameters, e.g. optimizer.adam");
   app.add_option("--nproc-per-node", args.nprocPerNode, "ranks to start on this node (launcher mode)");
   app.add_option("--nnodes", args.nnodes, "number of nodes in the job");
   app.add_option("--node-rank", args.nodeRank, "this node's index, 0 on the master");
   app.add_option("--master-addr", args.masterAddr, "address of the node with --node-rank 0");
   app.add_option("--master-port", args.masterPort, "port of the rendezvous store (0: pick a free one)");
   app.add_option("--max-restarts", args.maxRestarts, "restart all ranks up to this many times after a failure");
-  app.add_option("--backend", args.backend, "communication backend (gloo, nccl)");
-  app.add_flag("--demo", args.demo, "run the collective demo instead of an experiment");
+  app.add_flag("--demo", args.demo, "run a collective demo instead of an experiment");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    const auto env = ddp::rankEnvFromEnvironment(ddp::currentEnvironment());
-    if (args.nprocPerNode > 0 && !(env && env->source == "ddp-run")) {
-      ddp::LaunchOptions lo;
-      lo.nprocPerNode = args.nprocPerNode;
-      lo.nnodes = args.nnodes;
-      lo.nodeRank = args.nodeRank;
-      lo.masterAddr = args.masterAddr;
-      lo.masterPort = args.masterPort;
-      lo.maxRestarts = args.maxRestarts;
-      lo.backend = args.backend;
-      lo.workerArgv = {"/proc/self/exe"};
-      for (int i = 1; i < argc; ++i) lo.workerArgv.push_back(argv[i]);
-      return ddp::launchLocalRanks(lo);
+    auto& registry = ddp::PluginRegistry::global();
+    if (args.listPlugins) {
+      std::cout << registry.listing();
+      return 0;
     }
-    ddp::RankEnv me = env.value_or(ddp::RankEnv{});
-    if (!args.demo) {
-      std::cerr << "ddp-run: no experiment given. HINT: ddp-run --nproc-per-node 2 --demo" << std::endl;
+    if (!args.describe.empty()) {
+      std::cout << registry.describe(args.describe);
+      return 0;
+    }
+    const auto env = ddp::rankEnvFromEnvironment(ddp::currentEnvironment());
+    const bool isRank = env.has_value() && (env->source == "ddp-run" || args.nprocPerNode == 0);
+    if (args.demo) {
+      if (!isRank && args.nprocPerNode > 0) {
+        ddp::LaunchOptions lo;
+        lo.nprocPerNode = args.nprocPerNode;
+        lo.masterAddr = args.masterAddr;
+        lo.masterPort = args.masterPort;
+        lo.workerArgv = {"/proc/self/exe"};
+        for (int i = 1; i < argc; ++i) lo.workerArgv.push_back(argv[i]);
+        return ddp::launchLocalRanks(lo);
+      }
+      return runDemo(env.value_or(ddp::RankEnv{}));
+    }
+    if (args.experiment.empty()) {
+      std::cerr << "ddp-run: no experiment given. HINT: ddp-run experiments/wine_baseline.json "
+                   "(or --list-plugins, --demo)"
+                << std::endl;
       return 2;
     }
-    return runDemo(me, args);
+    if (isRank) return runRank(args, *env);
+
+    // Launcher: validate everything before any process or folder exists.
+    ddp::ExperimentConfig config = ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
+    const int nproc = args.nprocPerNode > 0 ? args.nprocPerNode : static_cast<int>(config.distributed.nprocPerNode);
+    std::string runDir = args.outDir.empty() ? defaultRunDir(config) : args.outDir;
+    if (nproc == 1 && args.nnodes == 1) {
+      Args single = args;
+      single.outDir = runDir;
+      return runRank(single, ddp::RankEnv{});
+    }
+    ddp::LaunchOptions lo;
+    lo.nprocPerNode = nproc;
+    lo.nnodes = args.nnodes;
+    lo.nodeRank = args.nodeRank;
+    lo.masterAddr = args.masterAddr;
+    lo.masterPort = args.masterPort;
+    lo.maxRestarts = args.maxRestarts;
+    lo.backend = config.distributed.backend;
+    lo.workerArgv = {"/proc/self/exe", args.experiment, "--out", runDir};
+    for (const auto& o : args.overrides) {
+      lo.workerArgv.push_back("--set");
+      lo.workerArgv.push_back(o);
+    }
+    if (args.resume) lo.workerArgv.push_back("--resume");
+    return ddp::launchLocalRanks(lo);
   } catch (const ddp::UsageError& e) {
     std::cerr << e.what() << std::endl;
     return 2;

@@ -1,0 +1,162 @@
+// Experiment validation: malformed configs fail before anything runs, with
+// one line naming the JSON path, exit code 2, and no run folder.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+
+#include "framework/experiment_config.hpp"
+#include "framework/plugin_registry.hpp"
+
+using namespace ddp;
+
+namespace {
+
+const char* kValid = R"({
+  "name": "t",
+  "dataset": {"name": "wine"},
+  "model": {"name": "mlp", "layers": [13, 8, 3]},
+  "optimizer": {"name": "adam", "lr": 0.001},
+  "loss": {"name": "cross_entropy"},
+  "training": {"epochs": 2, "batch_size": 16}
+})";
+
+std::string tempDir() {
+  char tmpl[] = "/tmp/ddp-config-XXXXXX";
+  return ::mkdtemp(tmpl);
+}
+
+void writeFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+struct Outcome {
+  int exitCode = -1;
+  std::string output;
+};
+
+// Runs ddp-run with `args`, capturing stdout and stderr.
+Outcome runDdpRun(const std::string& args) {
+  std::string cmd = std::string(DDP_RUN_PATH) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  Outcome o;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) o.output.append(buf, n);
+  int status = ::pclose(pipe);
+  o.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return o;
+}
+
+struct BadConfig {
+  const char* what;
+  std::string text;       // the experiment file ("" = use kValid)
+  std::string overrides;  // extra ddp-run arguments
+  std::string expected;   // in the error line
+};
+
+}  // namespace
+
+TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no run folder", "[config]") {
+  const std::vector<BadConfig> cases = {
+      {"malformed JSON", "{\n  \"name\": \"x\"\n  \"model\": 1\n}", "", "bad.json:3:3: malformed JSON"},
+      {"empty file", "", "", "bad.json:1:1: malformed JSON"},
+      {"not an object", "[1, 2]", "", "expected a JSON object at the top level"},
+      {"unknown top-level key", R"({"trainig": {}})", "", "trainig: unknown key; did you mean \"training\"?"},
+      {"missing dataset", R"({"model": {"name": "mlp"}, "optimizer": {"name": "adam"}, "loss": {"name": "mse"}})", "",
+       "dataset: required section is missing"},
+      {"unknown model", "", "--set model.name=mpl", "model.name: unknown model \"mpl\"; did you mean \"mlp\"?"},
+      {"lr is a word", "", "--set optimizer.lr=fast", "optimizer.lr: expected a number > 0, got \"fast\""},
+      {"lr negative", "", "--set optimizer.lr=-1", "optimizer.lr: expected a number > 0, got -1"},
+      {"epochs zero", "", "--set training.epochs=0", "training.epochs: expected an integer >= 1, got 0"},
+      {"epochs fractional", "", "--set training.epochs=2.5", "training.epochs: expected an integer >= 1, got 2.5"},
+      {"batch size as string",
+       R"({"dataset": {"name": "wine"}, "model": {"name": "mlp"}, "optimizer": {"name": "adam"},
+           "loss": {"name": "cross_entropy"}, "training": {"batch_size": "32"}})",
+       "", "training.batch_size: expected an integer >= 1, got \"32\""},
+      {"unknown optimizer key",
+       R"({"dataset": {"name": "wine"}, "model": {"name": "mlp"}, "optimizer": {"name": "adam", "lrr": 0.1},
+           "loss": {"name": "cross_entropy"}})",
+       "", "optimizer.lrr: unknown key; did you mean \"lr\"?"},
+      {"unknown backend", "", "--set distributed.backend=mpi",
+       "distributed.backend: expected one of \"gloo\", \"nccl\", got \"mpi\""},
+      {"csv without path", "", "--set dataset.name=csv", "dataset.path: required parameter is missing"},
+      {"missing data file", "", "--set dataset.name=csv --set dataset.path=nope.csv",
+       "dataset.path: file \"nope.csv\" not found"},
+      {"layers not a list", "", "--set model.layers=big", "model.layers: expected a list of integers"},
+      {"activation typo", "", "--set model.activation=relux", "did you mean \"relu\"?"},
+      {"negative seed", "", "--set training.seed=-1", "training.seed: expected an integer >= 0, got -1"},
+      {"missing plugin library",
+       R"({"plugins": ["missing.so"], "dataset": {"name": "wine"}, "model": {"name": "mlp"},
+           "optimizer": {"name": "adam"}, "loss": {"name": "cross_entropy"}})",
+       "", "plugins[0]: plugin library \"missing.so\" not found"},
+      {"dataset not an object",
+       R"({"dataset": 5, "model": {"name": "mlp"}, "optimizer": {"name": "adam"}, "loss": {"name": "mse"}})", "",
+       "dataset: expected an object with a \"name\", got 5"},
+      {"scheduler typo", "", "--set scheduler.name=cosin", "did you mean \"cosine\"?"},
+      {"loss without name",
+       R"({"dataset": {"name": "wine"}, "model": {"name": "mlp"}, "optimizer": {"name": "adam"}, "loss": {}})", "",
+       "loss.name: required"},
+      {"override of unknown key", "", "--set training.epochz=3",
+       "--set training.epochz: unknown key; did you mean \"epochs\"?"},
+      {"override without value", "", "--set training.epochs", "expected KEY=VALUE"},
+      {"override of unknown section", "", "--set trainer.epochs=3", "unknown section \"trainer\""},
+      {"bool as string", "", "--set training.drop_last=yes", "training.drop_last: expected true or false, got \"yes\""},
+      {"timeout zero", "", "--set distributed.timeout_s=0", "distributed.timeout_s: expected a number > 0, got 0"},
+  };
+  const std::string dir = tempDir();
+  for (const auto& c : cases) {
+    SECTION(c.what) {
+      const std::string file = dir + "/bad.json";
+      writeFile(file, c.text.empty() && std::string(c.what) != "empty file" ? kValid : c.text);
+      const std::string runDir = dir + "/run";
+      Outcome o = runDdpRun(file + " --out " + runDir + " " + c.overrides);
+      INFO(c.what << ": " << o.output);
+      CHECK(o.exitCode == 2);
+      CHECK(o.output.find(c.expected) != std::string::npos);
+      // One line: the error, nothing else (no stack, no second line).
+      CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
+      CHECK_FALSE(exists(runDir));
+    }
+  }
+  SECTION("a missing experiment file") {
+    Outcome o = runDdpRun(dir + "/absent.json --out " + dir + "/run");
+    CHECK(o.exitCode == 2);
+    CHECK(o.output.find("absent.json: cannot open experiment file") != std::string::npos);
+  }
+}
+
+TEST_CASE("overrides are typed by the declaration and land in the resolved config", "[config]") {
+  auto& registry = PluginRegistry::global();
+  ExperimentConfig c = parseExperimentConfig(
+      kValid, "inline", ".",
+      {"optimizer.lr=0.01", "training.epochs=5", "model.activation=tanh", "model.layers=[13, 32, 32, 3]",
+       "training.drop_last=true", "name=renamed"},
+      registry);
+  CHECK(c.optimizer.params.getDouble("lr") == Approx(0.01));
+  CHECK(c.training.epochs == 5);
+  CHECK(c.training.dropLast);
+  CHECK(c.model.params.getString("activation") == "tanh");
+  CHECK(c.model.params.getIntList("layers") == std::vector<int64_t>{13, 32, 32, 3});
+  CHECK(c.name == "renamed");
+  CHECK(c.resolved["optimizer"]["lr"] == 0.01);
+  CHECK(c.resolved["training"]["epochs"] == 5);
+  // Defaults are filled in, and the data path is made absolute.
+  CHECK(c.resolved["training"].contains("save_every"));
+  CHECK(c.resolved["dataset"]["path"].get<std::string>().front() == '/');
+  CHECK(c.resolved["distributed"]["backend"] == "gloo");
+}
+
+TEST_CASE("a plugin switched by an override validates against its own declaration", "[config]") {
+  auto& registry = PluginRegistry::global();
+  ExperimentConfig c =
+      parseExperimentConfig(kValid, "inline", ".", {"optimizer.name=sgd", "optimizer.momentum=0.9"}, registry);
+  CHECK(c.optimizer.name == "sgd");
+  CHECK(c.optimizer.params.getDouble("momentum") == Approx(0.9));
+}
