@@ -5,6 +5,9 @@
 #if DDP_HAVE_GLOO
 #include "backends/gloo/process_group_gloo.hpp"
 #endif
+#if DDP_HAVE_NCCL
+#include "backends/nccl/process_group_nccl.hpp"
+#endif
 
 namespace ddp {
 

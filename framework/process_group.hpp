@@ -66,6 +66,8 @@ struct ProcessGroupOptions {
   std::string interface;
   // The address that peers should reach to decide the interface ("" = loopback).
   std::string masterAddr;
+  // GPU backends: the device of this rank; -1 = LOCAL_RANK modulo the devices.
+  int deviceIndex = -1;
 };
 
 class ProcessGroup {

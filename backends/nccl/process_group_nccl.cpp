@@ -1,0 +1,348 @@
+#include "backends/nccl/process_group_nccl.hpp"
+
+#include <ATen/ATen.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "ddp/config.hpp"
+#include "framework/errors.hpp"
+#include "framework/prefix_store.hpp"
+
+#if DDP_TORCH_HAS_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string cudaText(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+
+ncclDataType_t ncclTypeFor(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    default:
+      throw UsageError(std::string("nccl: dtype ") + c10::toString(t) +
+                       " is not supported; use float32, float64, float16, bfloat16, int32 or int64");
+  }
+}
+
+ncclRedOp_t ncclOpFor(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Product: return ncclProd;
+  }
+  return ncclSum;
+}
+
+std::string summarize(const at::Tensor& t, const std::string& extra = "") {
+  return std::to_string(t.numel()) + " elements, " + dtypeName(t) + (extra.empty() ? "" : ", " + extra);
+}
+
+}  // namespace
+
+struct ProcessGroupNccl::Impl {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+
+  struct Pending {
+    WorkPtr work;
+    cudaEvent_t done = nullptr;
+    Clock::time_point deadline;
+    Milliseconds timeout{0};
+    std::function<void()> afterSuccess;  // copies staged results back to host tensors
+    std::vector<void*> deviceBuffers;    // staging, freed when done
+  };
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<Pending> pending;
+  bool stopping = false;
+  std::exception_ptr broken;
+
+  void check(cudaError_t e, const std::string& what) {
+    if (e != cudaSuccess) throw CollectiveError(what + ": " + cudaText(e));
+  }
+  void check(ncclResult_t r, const std::string& what) {
+    if (r != ncclSuccess) throw CollectiveError(what + ": " + ncclGetErrorString(r));
+  }
+};
+
+int cudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
+    : ProcessGroup(rank, size, std::move(options)), impl_(std::make_unique<Impl>()) {
+  const int devices = cudaDeviceCount();
+  if (devices == 0) {
+    throw UsageError("backend nccl needs CUDA devices; found 0; use \"gloo\"");
+  }
+  int local = options_.deviceIndex;
+  if (local < 0) {
+    const char* lr = std::getenv("LOCAL_RANK");
+    local = lr ? std::atoi(lr) : rank;
+  }
+  device_ = local % devices;
+  const std::string who = "[rank " + std::to_string(rank) + "/" + std::to_string(size) + "] nccl";
+  impl_->check(cudaSetDevice(device_), who + ": cudaSetDevice(" + std::to_string(device_) + ")");
+  impl_->check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), who + ": cudaStreamCreate");
+
+  PrefixStore scoped("nccl", store);
+  ncclUniqueId id;
+  if (rank == 0) {
+    impl_->check(ncclGetUniqueId(&id), who + ": ncclGetUniqueId");
+    scoped.set("unique_id", Bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
+  } else {
+    Bytes b = scoped.get("unique_id");
+    if (b.size() != sizeof(id)) throw CollectiveError(who + ": the store holds a malformed NCCL unique id");
+    std::memcpy(&id, b.data(), sizeof(id));
+  }
+  impl_->check(ncclCommInitRank(&impl_->comm, size, id, rank), who + ": ncclCommInitRank on cuda:" +
+                                                                   std::to_string(device_));
+  watchdog_ = std::thread([this] { watchdogLoop(); });
+}
+
+ProcessGroupNccl::~ProcessGroupNccl() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stopping = true;
+  }
+  impl_->changed.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  if (impl_->comm) {
+    if (impl_->broken) ncclCommAbort(impl_->comm);
+    else ncclCommDestroy(impl_->comm);
+  }
+  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at::Tensor& out, bool outputIsInput,
+                                 Milliseconds timeout, const std::string& summary,
+                                 const std::function<void(void*, void*, void*)>& issue) {
+  const uint64_t seq = nextSeq_++;
+  const std::string description = "[rank " + std::to_string(rank_) + "/" + std::to_string(size_) + "] nccl " + op +
+                                  " #" + std::to_string(seq) + " (" + summary + ")";
+  auto work = std::make_shared<Work>(description, timeout);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->broken) {
+      try {
+        std::rethrow_exception(impl_->broken);
+      } catch (const std::exception& e) {
+        work->finish(std::make_exception_ptr(CollectiveError(description + " not run: the group failed earlier: " +
+                                                             e.what())));
+        return work;
+      }
+    }
+  }
+  impl_->check(cudaSetDevice(device_), description + ": cudaSetDevice");
+  Impl::Pending p;
+  p.work = work;
+  p.timeout = timeout;
+  p.deadline = Clock::now() + timeout;
+  cudaStream_t stream = impl_->stream;
+  void* sendPtr = nullptr;
+  void* recvPtr = nullptr;
+  at::Tensor hostIn, hostOut;
+  if (in.is_cuda()) {
+#if DDP_TORCH_HAS_CUDA
+    // Order after the stream that produced the tensor.
+    cudaEvent_t ready;
+    impl_->check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), description + ": cudaEventCreate");
+    impl_->check(cudaEventRecord(ready, c10::cuda::getCurrentCUDAStream(device_).stream()),
+                 description + ": cudaEventRecord");
+    impl_->check(cudaStreamWaitEvent(stream, ready, 0), description + ": cudaStreamWaitEvent");
+    cudaEventDestroy(ready);
+#endif
+    sendPtr = in.data_ptr();
+    recvPtr = outputIsInput ? sendPtr : out.data_ptr();
+  } else {
+    // A CPU-only LibTorch: stage through device memory with the CUDA runtime.
+    hostIn = in.contiguous();
+    hostOut = outputIsInput ? hostIn : out.contiguous();
+    const size_t inBytes = hostIn.nbytes(), outBytes = outputIsInput ? 0 : hostOut.nbytes();
+    impl_->check(cudaMalloc(&sendPtr, std::max<size_t>(inBytes, 1)), description + ": cudaMalloc");
+    p.deviceBuffers.push_back(sendPtr);
+    if (outputIsInput) {
+      recvPtr = sendPtr;
+    } else {
+      impl_->check(cudaMalloc(&recvPtr, std::max<size_t>(outBytes, 1)), description + ": cudaMalloc");
+      p.deviceBuffers.push_back(recvPtr);
+    }
+    if (inBytes) {
+      impl_->check(cudaMemcpyAsync(sendPtr, hostIn.data_ptr(), inBytes, cudaMemcpyHostToDevice, stream),
+                   description + ": copy to device");
+    }
+  }
+  impl_->check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), description + ": cudaEventCreate");
+  issue(sendPtr, recvPtr, stream);
+  if (!in.is_cuda()) {
+    const at::Tensor& result = outputIsInput ? hostIn : hostOut;
+    if (result.nbytes()) {
+      impl_->check(cudaMemcpyAsync(result.data_ptr(), recvPtr, result.nbytes(), cudaMemcpyDeviceToHost, stream),
+                   description + ": copy to host");
+    }
+    at::Tensor target = outputIsInput ? in : out;
+    if (!result.is_same(target)) {
+      p.afterSuccess = [target, result]() mutable { target.copy_(result); };
+    } else {
+      p.afterSuccess = [result] {};  // keeps the host tensor alive until the copy is done
+    }
+  }
+  impl_->check(cudaEventRecord(p.done, stream), description + ": cudaEventRecord");
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->pending.push_back(std::move(p));
+  }
+  impl_->changed.notify_all();
+  return work;
+}
+
+void ProcessGroupNccl::watchdogLoop() {
+  cudaSetDevice(device_);
+  std::unique_lock<std::mutex> lock(impl_->mutex);
+  for (;;) {
+    impl_->changed.wait_for(lock, std::chrono::milliseconds(impl_->pending.empty() ? 100 : 0),
+                            [&] { return impl_->stopping || !impl_->pending.empty(); });
+    if (impl_->pending.empty()) {
+      if (impl_->stopping) return;
+      continue;
+    }
+    Impl::Pending& head = impl_->pending.front();
+    const cudaError_t state = cudaEventQuery(head.done);
+    if (state == cudaSuccess) {
+      Impl::Pending done = std::move(head);
+      impl_->pending.pop_front();
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        if (done.afterSuccess) done.afterSuccess();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      for (void* b : done.deviceBuffers) cudaFree(b);
+      cudaEventDestroy(done.done);
+      done.work->finish(error);
+      lock.lock();
+      continue;
+    }
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(impl_->comm, &async);
+    const bool timedOut = Clock::now() > head.deadline;
+    if (state != cudaErrorNotReady || async != ncclSuccess || timedOut) {
+      std::string why = async != ncclSuccess ? std::string("NCCL error: ") + ncclGetErrorString(async)
+                        : state != cudaErrorNotReady ? "CUDA error: " + cudaText(state)
+                                                     : "timed out (timeout " + std::to_string(head.timeout.count()) +
+                                                           " ms)";
+      // Aborting unblocks kernels that wait for a peer that will not come.
+      ncclCommAbort(impl_->comm);
+      impl_->comm = nullptr;
+      std::deque<Impl::Pending> failed;
+      failed.swap(impl_->pending);
+      auto first = std::make_exception_ptr(CollectiveError(
+          failed.front().work->description() + " " + why +
+          ". HINT: a peer rank may have died, or not called this collective; see docs/clusters.md"));
+      impl_->broken = first;
+      lock.unlock();
+      for (size_t i = 0; i < failed.size(); ++i) {
+        failed[i].work->finish(i == 0 ? first
+                                      : std::make_exception_ptr(CollectiveError(
+                                            failed[i].work->description() + " aborted after an earlier failure")));
+      }
+      lock.lock();
+      continue;
+    }
+    // Not ready yet: poll again soon without holding the lock.
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    lock.lock();
+  }
+}
+
+WorkPtr ProcessGroupNccl::allreduce(at::Tensor& tensor, const AllreduceOptions& opts) {
+  const ncclDataType_t type = ncclTypeFor(tensor.scalar_type());
+  const size_t count = tensor.numel();
+  ncclComm_t comm = impl_->comm;
+  return launch("allreduce", tensor, tensor, true, resolveTimeout(opts.timeout),
+                summarize(tensor, reduceOpName(opts.op)), [&](void* send, void* recv, void* stream) {
+                  impl_->check(ncclAllReduce(send, recv, count, type, ncclOpFor(opts.op), comm,
+                                             static_cast<cudaStream_t>(stream)),
+                               "ncclAllReduce");
+                });
+}
+
+WorkPtr ProcessGroupNccl::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
+  if (opts.root < 0 || opts.root >= size_) {
+    throw UsageError("nccl broadcast: root " + std::to_string(opts.root) + " is outside world size " +
+                     std::to_string(size_));
+  }
+  const ncclDataType_t type = ncclTypeFor(tensor.scalar_type());
+  const size_t count = tensor.numel();
+  ncclComm_t comm = impl_->comm;
+  return launch("broadcast", tensor, tensor, true, resolveTimeout(opts.timeout),
+                summarize(tensor, "root " + std::to_string(opts.root)), [&](void* send, void* recv, void* stream) {
+                  impl_->check(
+                      ncclBroadcast(send, recv, count, type, opts.root, comm, static_cast<cudaStream_t>(stream)),
+                      "ncclBroadcast");
+                });
+}
+
+WorkPtr ProcessGroupNccl::allgather(const at::Tensor& input, at::Tensor& output, const AllgatherOptions& opts) {
+  if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type()) {
+    throw UsageError("nccl allgather: output must hold world size x input elements of the same dtype");
+  }
+  const ncclDataType_t type = ncclTypeFor(input.scalar_type());
+  const size_t count = input.numel();
+  ncclComm_t comm = impl_->comm;
+  return launch("allgather", input, output, false, resolveTimeout(opts.timeout), summarize(input),
+                [&](void* send, void* recv, void* stream) {
+                  impl_->check(ncclAllGather(send, recv, count, type, comm, static_cast<cudaStream_t>(stream)),
+                               "ncclAllGather");
+                });
+}
+
+WorkPtr ProcessGroupNccl::reduceScatter(const at::Tensor& input, at::Tensor& output,
+                                        const ReduceScatterOptions& opts) {
+  if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type()) {
+    throw UsageError("nccl reduce_scatter: input must hold world size x output elements of the same dtype");
+  }
+  const ncclDataType_t type = ncclTypeFor(input.scalar_type());
+  const size_t count = output.numel();
+  ncclComm_t comm = impl_->comm;
+  return launch("reduce_scatter", input, output, false, resolveTimeout(opts.timeout),
+                summarize(input, reduceOpName(opts.op)), [&](void* send, void* recv, void* stream) {
+                  impl_->check(ncclReduceScatter(send, recv, count, type, ncclOpFor(opts.op), comm,
+                                                 static_cast<cudaStream_t>(stream)),
+                               "ncclReduceScatter");
+                });
+}
+
+WorkPtr ProcessGroupNccl::barrier(const BarrierOptions& opts) {
+  // NCCL has no barrier: a one-element allreduce orders every rank.
+  at::Tensor one = at::ones({1});
+  AllreduceOptions ao;
+  ao.timeout = opts.timeout;
+  return allreduce(one, ao);
+}
+
+void registerNcclBackend(BackendRegistry& registry) {
+  registry.add("nccl", [](std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options) {
+    return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options);
+  });
+}
+
+}  // namespace ddp

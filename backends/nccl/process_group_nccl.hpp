@@ -1,0 +1,70 @@
+// ProcessGroupNccl: the ProcessGroup contract (framework/process_group.hpp)
+// over NCCL, for GPUs.
+//
+// - One communicator per group. Rank 0 creates the unique id and shares it
+//   through the Store; every rank then calls ncclCommInitRank on its device
+//   (ProcessGroupOptions::deviceIndex, or LOCAL_RANK modulo the devices seen).
+//   NCCL does not allow two ranks of one group on the same GPU.
+// - Collectives run on the group's own CUDA stream. With a CUDA build of
+//   LibTorch they wait first (by an event) for the stream that produced the
+//   tensor; with a CPU-only LibTorch, CPU tensors are staged through device
+//   buffers with the CUDA runtime.
+// - A Work completes when the event recorded after its operation does. A
+//   watchdog thread polls the events and ncclCommGetAsyncError; when an
+//   operation outlives its timeout or NCCL reports an error, it aborts the
+//   communicator and fails every pending Work naming rank, operation,
+//   sequence number and element count. The group is then broken.
+// - Unlike Gloo, NCCL cannot see that ranks disagree on element counts; such
+//   a mistake surfaces as a timeout.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "framework/backend_registry.hpp"
+#include "framework/process_group.hpp"
+#include "framework/store.hpp"
+
+namespace ddp {
+
+class ProcessGroupNccl : public ProcessGroup {
+ public:
+  ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options);
+  ~ProcessGroupNccl() override;
+
+  std::string backendName() const override { return "nccl"; }
+  int device() const { return device_; }
+
+  WorkPtr allreduce(at::Tensor& tensor, const AllreduceOptions& opts = {}) override;
+  WorkPtr broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {}) override;
+  WorkPtr allgather(const at::Tensor& input, at::Tensor& output, const AllgatherOptions& opts = {}) override;
+  WorkPtr reduceScatter(const at::Tensor& input, at::Tensor& output,
+                        const ReduceScatterOptions& opts = {}) override;
+  WorkPtr barrier(const BarrierOptions& opts = {}) override;
+
+  struct Impl;  // CUDA and NCCL handles; defined in the .cpp
+
+ private:
+  // Issues one operation: `issue(stream)` enqueues the NCCL call given device
+  // pointers prepared by `run`. See the .cpp.
+  WorkPtr launch(const char* op, const at::Tensor& in, const at::Tensor& out, bool outputIsInput,
+                 Milliseconds timeout, const std::string& summary,
+                 const std::function<void(void* send, void* recv, void* stream)>& issue);
+  void watchdogLoop();
+
+  std::unique_ptr<Impl> impl_;
+  int device_ = 0;
+  uint64_t nextSeq_ = 0;
+  std::thread watchdog_;
+};
+
+void registerNcclBackend(BackendRegistry& registry);
+
+// CUDA devices visible to this process (0 without a driver).
+int cudaDeviceCount();
+
+}  // namespace ddp
