@@ -1,0 +1,53 @@
+// DistributedSampler: which samples each rank reads in each epoch.
+//
+// Contract
+// - Every epoch has one permutation of 0..datasetSize-1 (the identity
+//   without shuffle), the same on every rank and every platform: a
+//   Fisher-Yates shuffle driven by std::mt19937_64 seeded with seed + epoch,
+//   with our own unbiased bounded draw (std::uniform_int_distribution
+//   differs between standard libraries).
+// - Rank r takes positions r, r + w, r + 2w, ... of that permutation, so the
+//   shards of one epoch are disjoint.
+// - Without dropLast every rank gets ceil(N / w) samples: the permutation
+//   is padded by repeating it from its start. With dropLast every rank gets
+//   floor(N / w) and the tail of the permutation is left out.
+// - nextEpoch() returns this rank's indices for the current epoch and moves
+//   to the next one, so the order changes every epoch without a call to
+//   setEpoch() (which is for resuming from a checkpoint).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ddp {
+
+class DistributedSampler {
+ public:
+  DistributedSampler(int64_t datasetSize, int rank, int worldSize, uint64_t seed = 0, bool shuffle = true,
+                     bool dropLast = false);
+
+  // This rank's indices for epoch(), then advances the epoch.
+  std::vector<int64_t> nextEpoch();
+  // This rank's indices for any epoch; changes nothing.
+  std::vector<int64_t> indicesForEpoch(int64_t epoch) const;
+
+  void setEpoch(int64_t epoch);
+  int64_t epoch() const { return epoch_; }
+
+  int64_t datasetSize() const { return datasetSize_; }
+  int64_t samplesPerRank() const { return samplesPerRank_; }
+  int rank() const { return rank_; }
+  int worldSize() const { return worldSize_; }
+
+ private:
+  int64_t datasetSize_;
+  int rank_;
+  int worldSize_;
+  uint64_t seed_;
+  bool shuffle_;
+  bool dropLast_;
+  int64_t samplesPerRank_;
+  int64_t epoch_ = 0;
+};
+
+}  // namespace ddp

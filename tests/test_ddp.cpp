@@ -1,0 +1,534 @@
+// DistributedDataParallel and DistributedSampler, with ranks as threads over
+// the Gloo backend.
+#include <ATen/CPUGeneratorImpl.h>
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "framework/ddp.hpp"
+#include "framework/errors.hpp"
+#include "framework/sampler.hpp"
+#include "tests/test_support.hpp"
+
+using namespace ddp;
+using Catch::Matchers::Contains;
+using ddp::test::joinErrors;
+using ddp::test::runRanks;
+
+namespace {
+
+const std::string kBackend = "gloo";
+
+// runRanks lends each rank its group by reference; DDP takes shared ownership.
+ProcessGroupPtr borrow(ProcessGroup& group) {
+  return ProcessGroupPtr(&group, [](ProcessGroup*) {});
+}
+
+// Named like a real model: layers.0.weight, ..., head.weight, [unused.weight].
+struct Mlp : torch::nn::Module {
+  torch::nn::ModuleList layers;
+  torch::nn::Linear head{nullptr};
+  torch::nn::Linear unused{nullptr};
+
+  Mlp(const std::vector<int64_t>& widths, int64_t outputs, bool withUnused = false) {
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (size_t i = 0; i + 1 < widths.size(); ++i) layers->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
+    head = register_module("head", torch::nn::Linear(widths.back(), outputs));
+    if (withUnused) unused = register_module("unused", torch::nn::Linear(widths.back(), outputs));
+  }
+
+  at::Tensor hidden(at::Tensor x) {
+    for (auto& layer : *layers) x = torch::relu(layer->as<torch::nn::Linear>()->forward(x));
+    return x;
+  }
+  at::Tensor forward(at::Tensor x) { return head->forward(hidden(x)); }
+};
+
+// Deterministic and thread-safe: ranks run concurrently, so the global RNG
+// that module constructors use gives no reproducible values.
+void initParameters(torch::nn::Module& module, uint64_t seed) {
+  at::NoGradGuard noGrad;
+  auto gen = at::detail::createCPUGenerator(seed);
+  for (auto& p : module.parameters()) p.copy_(at::randn(p.sizes(), gen, p.options()) * 0.3);
+}
+
+at::Tensor flatParameters(torch::nn::Module& module) {
+  std::vector<at::Tensor> pieces;
+  for (auto& p : module.parameters()) pieces.push_back(p.detach().reshape({-1}).clone());
+  return at::cat(pieces);
+}
+
+at::Tensor flatGradients(torch::nn::Module& module) {
+  std::vector<at::Tensor> pieces;
+  for (auto& p : module.parameters())
+    pieces.push_back(p.grad().defined() ? p.grad().reshape({-1}).clone() : at::zeros({p.numel()}));
+  return at::cat(pieces);
+}
+
+double maxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+struct Data {
+  at::Tensor x, y;
+};
+
+Data makeData(uint64_t seed, int64_t n, int64_t features, int64_t classes) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  return {at::randn({n, features}, gen), at::randint(classes, {n}, gen, at::kLong)};
+}
+
+at::Tensor lossOf(Mlp& model, const at::Tensor& x, const at::Tensor& y) {
+  return torch::nn::functional::cross_entropy(model.forward(x), y);
+}
+
+bool skipUnlessRunnable() {
+  std::string whyNot;
+  if (ddp::test::backendRunnable(kBackend, &whyNot)) return false;
+  WARN("SKIPPED: " << whyNot);
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("DDP over 2 ranks matches one process with the combined batch", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  constexpr int kWorld = 2, kSteps = 5, kBatch = 8;
+  const Data data = makeData(7, kSteps * kWorld * kBatch, 10, 3);
+  auto sgdOptions = torch::optim::SGDOptions(0.1).momentum(0.9);
+
+  // Reference: one process, batch 2B.
+  auto reference = std::make_shared<Mlp>(std::vector<int64_t>{10, 32, 32}, 3);
+  initParameters(*reference, 42);
+  {
+    torch::optim::SGD opt(reference->parameters(), sgdOptions);
+    for (int k = 0; k < kSteps; ++k) {
+      const int64_t from = k * kWorld * kBatch, to = from + kWorld * kBatch;
+      opt.zero_grad();
+      lossOf(*reference, data.x.slice(0, from, to), data.y.slice(0, from, to)).backward();
+      opt.step();
+    }
+  }
+
+  std::vector<std::vector<at::Tensor>> afterStep(kWorld, std::vector<at::Tensor>(kSteps));
+  std::vector<size_t> buckets(kWorld);
+  auto errors = runRanks(kBackend, kWorld, [&](int rank, ProcessGroup& pg) {
+    auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 32, 32}, 3);
+    // Rank 1 starts elsewhere: the construction broadcast must fix it.
+    initParameters(*model, rank == 0 ? 42 : 1000 + rank);
+    DdpOptions options;
+    options.bucketCapBytes = 2048;
+    options.firstBucketCapBytes = 512;
+    DistributedDataParallel ddp(model, borrow(pg), options);
+    buckets[rank] = ddp.bucketCount();
+    torch::optim::SGD opt(model->parameters(), sgdOptions);
+    for (int k = 0; k < kSteps; ++k) {
+      const int64_t from = (k * kWorld + rank) * kBatch, to = from + kBatch;
+      opt.zero_grad();
+      lossOf(*model, data.x.slice(0, from, to), data.y.slice(0, from, to)).backward();
+      ddp.finishGradientSync();
+      opt.step();
+      afterStep[rank][k] = flatParameters(*model);
+    }
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+  CHECK(buckets[0] >= 3);
+  for (int k = 0; k < kSteps; ++k) {
+    INFO("step " << k);
+    CHECK(at::equal(afterStep[0][k], afterStep[1][k]));
+  }
+  const double diff = maxAbsDiff(afterStep[0].back(), flatParameters(*reference));
+  INFO("max abs diff to the single-process reference: " << diff);
+  CHECK(diff <= 1e-5);
+}
+
+TEST_CASE("DDP broadcasts rank 0's parameters and buffers at construction", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  struct WithBuffers : torch::nn::Module {
+    torch::nn::Linear fc{nullptr};
+    torch::nn::BatchNorm1d bn{nullptr};
+    WithBuffers() {
+      fc = register_module("fc", torch::nn::Linear(6, 5));
+      bn = register_module("bn", torch::nn::BatchNorm1d(5));
+    }
+    at::Tensor forward(const at::Tensor& x) { return bn->forward(fc->forward(x)); }
+  };
+  auto flatState = [](torch::nn::Module& m) {
+    std::vector<at::Tensor> pieces;
+    for (auto& p : m.parameters()) pieces.push_back(p.detach().reshape({-1}).to(at::kDouble));
+    for (auto& b : m.buffers()) pieces.push_back(b.detach().reshape({-1}).to(at::kDouble));
+    return at::cat(pieces);
+  };
+  constexpr int kWorld = 3;
+  std::vector<at::Tensor> atStart(kWorld), afterConstruction(kWorld), afterStep(kWorld);
+  auto errors = runRanks(kBackend, kWorld, [&](int rank, ProcessGroup& pg) {
+    auto model = std::make_shared<WithBuffers>();
+    initParameters(*model, 100 + rank);
+    {
+      at::NoGradGuard noGrad;
+      model->bn->running_mean.fill_(rank + 1.0);
+      model->bn->num_batches_tracked.fill_(rank + 5);  // int64: a second dtype
+    }
+    atStart[rank] = flatState(*model);
+    DistributedDataParallel ddp(model, borrow(pg));
+    afterConstruction[rank] = flatState(*model);
+    // Training-mode batch norm updates running stats from local data; the
+    // sync after backward puts rank 0's back everywhere.
+    const Data data = makeData(200 + rank, 8, 6, 5);
+    model->forward(data.x).pow(2).mean().backward();
+    ddp.finishGradientSync();
+    afterStep[rank] = flatState(*model);
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+  CHECK_FALSE(at::equal(atStart[0], atStart[1]));
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r);
+    CHECK(at::equal(afterConstruction[r], atStart[0]));
+    CHECK(at::equal(afterStep[r], afterStep[0]));
+  }
+}
+
+TEST_CASE("DDP names the first parameter that differs across ranks", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  auto expectError = [](const std::function<std::shared_ptr<Mlp>(int)>& build, const std::string& expected) {
+    auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+      DistributedDataParallel ddp(build(rank), borrow(pg));
+    });
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << ": " << errors[r]);
+      CHECK_THAT(errors[r], Contains(expected));
+      CHECK_THAT(errors[r], Contains("HINT:"));
+    }
+  };
+  SECTION("shape") {
+    expectError([](int rank) { return std::make_shared<Mlp>(std::vector<int64_t>{10, 32}, rank == 0 ? 3 : 4); },
+                "DDP: parameter 'head.weight' has shape [3, 32] on rank 0 but [4, 32] on rank 1");
+  }
+  SECTION("dtype") {
+    expectError(
+        [](int rank) {
+          auto m = std::make_shared<Mlp>(std::vector<int64_t>{10, 32}, 3);
+          if (rank == 1) m->layers[0]->to(at::kDouble);
+          return m;
+        },
+        "DDP: parameter 'layers.0.weight' has dtype float32 on rank 0 but float64 on rank 1");
+  }
+  SECTION("missing parameter") {
+    expectError([](int rank) { return std::make_shared<Mlp>(std::vector<int64_t>{10, 32}, 3, rank == 1); },
+                "DDP: parameter 'unused.weight' exists on rank 1 but not on rank 0");
+  }
+}
+
+TEST_CASE("DDP launches allreduces during backward when overlap is on", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  for (bool overlap : {true, false}) {
+    DYNAMIC_SECTION("overlap " << overlap) {
+      std::vector<DistributedDataParallel::SyncTimeline> timelines(2);
+      std::vector<size_t> bucketCounts(2);
+      auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+        auto model = std::make_shared<Mlp>(std::vector<int64_t>{256, 256, 256, 256, 256, 256}, 10);
+        DdpOptions options;
+        options.bucketCapBytes = 300 * 1024;
+        options.firstBucketCapBytes = 64 * 1024;
+        options.overlap = overlap;
+        DistributedDataParallel ddp(model, borrow(pg), options);
+        bucketCounts[rank] = ddp.bucketCount();
+        const Data data = makeData(rank, 64, 256, 10);
+        for (int step = 0; step < 3; ++step) {
+          model->zero_grad();
+          lossOf(*model, data.x, data.y).backward();
+          ddp.finishGradientSync();
+        }
+        timelines[rank] = ddp.lastSyncTimeline();
+      });
+      INFO(joinErrors(errors));
+      REQUIRE(joinErrors(errors).empty());
+      REQUIRE(bucketCounts[0] >= 3);
+      for (int r = 0; r < 2; ++r) {
+        const auto& t = timelines[r];
+        REQUIRE(t.bucketLaunch.size() == bucketCounts[0]);
+        for (size_t b = 1; b < t.bucketLaunch.size(); ++b) CHECK(t.bucketLaunch[b - 1] <= t.bucketLaunch[b]);
+        CHECK(t.backwardStart <= t.backwardEnd);
+        CHECK(t.finishStart <= t.finishEnd);
+        if (overlap) {
+          CHECK(t.launchedDuringBackward[0]);
+          CHECK(t.bucketLaunch[0] < t.backwardEnd);
+          const auto lead = std::chrono::duration<double, std::micro>(t.backwardEnd - t.bucketLaunch[0]).count();
+          INFO("rank " << r << ": first allreduce started " << lead << " us before backward ended");
+          CHECK(lead > 0);
+        } else {
+          for (size_t b = 0; b < t.bucketLaunch.size(); ++b) {
+            CHECK_FALSE(t.launchedDuringBackward[b]);
+            CHECK(t.bucketLaunch[b] >= t.finishStart);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("DDP reports parameters without gradient, or zeroes them with findUnusedParameters", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  SECTION("default: error naming them") {
+    auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+      auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 16}, 3, /*withUnused=*/true);
+      DistributedDataParallel ddp(model, borrow(pg));
+      const Data data = makeData(rank, 4, 10, 3);
+      lossOf(*model, data.x, data.y).backward();
+      ddp.finishGradientSync();
+    });
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << ": " << errors[r]);
+      CHECK_THAT(errors[r], Contains("DDP: parameters received no gradient in this iteration: unused.bias, unused.weight"));
+      CHECK_THAT(errors[r], Contains("HINT: set distributed.find_unused_parameters = true"));
+    }
+  }
+  SECTION("findUnusedParameters: zero, or the average where some rank used them") {
+    std::vector<at::Tensor> params(2), unusedGrad(2), usedOnRank0Local(2), usedOnRank0Averaged(2);
+    auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+      auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 16}, 3, /*withUnused=*/true);
+      DdpOptions options;
+      options.findUnusedParameters = true;
+      options.firstBucketCapBytes = 64;  // several buckets
+      DistributedDataParallel ddp(model, borrow(pg), options);
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+      const Data data = makeData(rank, 4, 10, 3);
+      for (int step = 0; step < 3; ++step) {
+        opt.zero_grad();
+        lossOf(*model, data.x, data.y).backward();
+        ddp.finishGradientSync();
+        opt.step();
+      }
+      unusedGrad[rank] = model->unused->weight.grad().defined() ? model->unused->weight.grad().clone() : at::Tensor();
+      params[rank] = flatParameters(*model);
+
+      // Only rank 0 uses the extra layer: both end with half its gradient.
+      opt.zero_grad();
+      at::Tensor loss = lossOf(*model, data.x, data.y);
+      if (rank == 0) loss = loss + model->unused->forward(model->hidden(data.x)).pow(2).mean();
+      loss.backward();
+      usedOnRank0Local[rank] = model->unused->weight.grad().defined() ? model->unused->weight.grad().clone()
+                                                                       : at::zeros_like(model->unused->weight);
+      ddp.finishGradientSync();
+      usedOnRank0Averaged[rank] = model->unused->weight.grad().clone();
+    });
+    INFO(joinErrors(errors));
+    REQUIRE(joinErrors(errors).empty());
+    CHECK(at::equal(params[0], params[1]));
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(unusedGrad[r].defined());
+      CHECK(unusedGrad[r].abs().max().item<double>() == 0.0);
+      CHECK(at::equal(usedOnRank0Averaged[r], usedOnRank0Averaged[0]));
+    }
+    CHECK(usedOnRank0Local[0].abs().max().item<double>() > 0.0);
+    CHECK(maxAbsDiff(usedOnRank0Averaged[0], usedOnRank0Local[0] / 2) <= 1e-7);
+  }
+}
+
+TEST_CASE("DDP noSync accumulation equals one synced step on the whole batch", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  for (bool lastPassSynced : {true, false}) {
+    DYNAMIC_SECTION((lastPassSynced ? "second micro-batch synced" : "both under noSync, then finish")) {
+      std::vector<double> diffs(2, -1.0);
+      std::vector<double> rankSpread(2, -1.0);
+      auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+        constexpr int64_t kMicro = 6;
+        const Data data = makeData(10 + rank, 2 * kMicro, 10, 3);
+        DdpOptions options;
+        options.bucketCapBytes = 1024;
+        options.firstBucketCapBytes = 256;
+
+        auto accumulated = std::make_shared<Mlp>(std::vector<int64_t>{10, 16, 16}, 3);
+        initParameters(*accumulated, 5);
+        DistributedDataParallel ddpA(accumulated, borrow(pg), options);
+        {
+          auto guard = ddpA.noSync();
+          (lossOf(*accumulated, data.x.slice(0, 0, kMicro), data.y.slice(0, 0, kMicro)) / 2).backward();
+          if (!lastPassSynced)
+            (lossOf(*accumulated, data.x.slice(0, kMicro), data.y.slice(0, kMicro)) / 2).backward();
+        }
+        if (lastPassSynced) (lossOf(*accumulated, data.x.slice(0, kMicro), data.y.slice(0, kMicro)) / 2).backward();
+        ddpA.finishGradientSync();
+
+        auto whole = std::make_shared<Mlp>(std::vector<int64_t>{10, 16, 16}, 3);
+        initParameters(*whole, 5);
+        DistributedDataParallel ddpB(whole, borrow(pg), options);
+        lossOf(*whole, data.x, data.y).backward();
+        ddpB.finishGradientSync();
+
+        diffs[rank] = maxAbsDiff(flatGradients(*accumulated), flatGradients(*whole));
+      });
+      INFO(joinErrors(errors));
+      REQUIRE(joinErrors(errors).empty());
+      for (int r = 0; r < 2; ++r) {
+        INFO("rank " << r << " max abs gradient diff " << diffs[r]);
+        CHECK(diffs[r] >= 0.0);
+        CHECK(diffs[r] <= 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("DDP at world size 1 leaves gradients unchanged", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  at::Tensor plain, synced;
+  auto errors = runRanks(kBackend, 1, [&](int, ProcessGroup& pg) {
+    const Data data = makeData(3, 16, 10, 3);
+    auto reference = std::make_shared<Mlp>(std::vector<int64_t>{10, 32, 32}, 3);
+    initParameters(*reference, 9);
+    lossOf(*reference, data.x, data.y).backward();
+    plain = flatGradients(*reference);
+
+    auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 32, 32}, 3);
+    initParameters(*model, 9);
+    DdpOptions options;
+    options.bucketCapBytes = 1024;
+    options.firstBucketCapBytes = 128;
+    DistributedDataParallel ddp(model, borrow(pg), options);
+    lossOf(*model, data.x, data.y).backward();
+    ddp.finishGradientSync();
+    synced = flatGradients(*model);
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+  CHECK(at::equal(plain, synced));
+}
+
+TEST_CASE("DDP detects a missing or doubled finishGradientSync", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  std::vector<std::string> messages;
+  auto errors = runRanks(kBackend, 1, [&](int, ProcessGroup& pg) {
+    auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 8}, 3);
+    DistributedDataParallel ddp(model, borrow(pg));
+    const Data data = makeData(1, 4, 10, 3);
+    auto capture = [&](const std::function<void()>& f) {
+      try {
+        f();
+        messages.push_back("(no error)");
+      } catch (const std::exception& e) {
+        messages.push_back(e.what());
+      }
+    };
+    capture([&] { ddp.finishGradientSync(); });
+    lossOf(*model, data.x, data.y).backward();
+    capture([&] { lossOf(*model, data.x, data.y).backward(); });
+    capture([&] { ddp.finishGradientSync(); });  // the first pass is still pending and completes
+    lossOf(*model, data.x, data.y).backward();
+    capture([&] {
+      auto guard = ddp.noSync();
+      ddp.finishGradientSync();
+    });
+    capture([&] { ddp.finishGradientSync(); });
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+  REQUIRE(messages.size() == 5);
+  CHECK_THAT(messages[0], Contains("finishGradientSync() called with no backward pass since the last one"));
+  CHECK_THAT(messages[1], Contains("a backward pass started before finishGradientSync()"));
+  CHECK(messages[2] == "(no error)");
+  CHECK_THAT(messages[3], Contains("finishGradientSync() called inside noSync()"));
+  CHECK(messages[4] == "(no error)");
+}
+
+TEST_CASE("averageAcrossRanks averages scalars and vectors", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  std::vector<double> scalar(3);
+  std::vector<std::vector<double>> vec(3);
+  auto errors = runRanks(kBackend, 3, [&](int rank, ProcessGroup& pg) {
+    scalar[rank] = averageAcrossRanks(pg, rank + 1.0);
+    vec[rank] = averageAcrossRanks(pg, std::vector<double>{double(rank), 10.0 * rank});
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+  for (int r = 0; r < 3; ++r) {
+    CHECK(scalar[r] == 2.0);
+    CHECK(vec[r] == std::vector<double>{1.0, 10.0});
+  }
+}
+
+// ---- DistributedSampler ---------------------------------------------------
+
+namespace {
+
+std::vector<std::vector<int64_t>> shards(int64_t n, int world, uint64_t seed, bool dropLast, int64_t epoch = 0) {
+  std::vector<std::vector<int64_t>> out;
+  for (int r = 0; r < world; ++r) out.push_back(DistributedSampler(n, r, world, seed, true, dropLast).indicesForEpoch(epoch));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("DistributedSampler shards are disjoint and cover the dataset", "[sampler]") {
+  SECTION("divisible: every index exactly once") {
+    auto s = shards(12, 3, 1, false);
+    std::vector<int64_t> all;
+    for (auto& shard : s) {
+      CHECK(shard.size() == 4);
+      all.insert(all.end(), shard.begin(), shard.end());
+    }
+    std::sort(all.begin(), all.end());
+    std::vector<int64_t> expected(12);
+    std::iota(expected.begin(), expected.end(), 0);
+    CHECK(all == expected);
+  }
+  SECTION("not divisible: ceil(N/w) each, padded from the start of the permutation") {
+    auto s = shards(10, 3, 1, false);
+    std::map<int64_t, int> count;
+    for (auto& shard : s) {
+      CHECK(shard.size() == 4);
+      for (auto i : shard) ++count[i];
+    }
+    CHECK(count.size() == 10);
+    int repeated = 0;
+    for (auto& [i, c] : count) repeated += c - 1;
+    CHECK(repeated == 2);
+    // The padding is positions 10 and 11 = the permutation's first two,
+    // which are rank 0's and rank 1's first samples.
+    CHECK(s[1][3] == s[0][0]);
+    CHECK(s[2][3] == s[1][0]);
+  }
+  SECTION("dropLast: floor(N/w) each, disjoint") {
+    auto s = shards(10, 3, 1, true);
+    std::set<int64_t> distinct;
+    for (auto& shard : s) {
+      CHECK(shard.size() == 3);
+      distinct.insert(shard.begin(), shard.end());
+    }
+    CHECK(distinct.size() == 9);
+  }
+  SECTION("fewer samples than ranks") {
+    auto s = shards(2, 3, 1, false);
+    for (auto& shard : s) CHECK(shard.size() == 1);
+    CHECK(shards(2, 3, 1, true)[0].empty());
+    CHECK(shards(0, 3, 1, false)[0].empty());
+  }
+  SECTION("without shuffle rank r takes r, r+w, ...") {
+    DistributedSampler s(7, 1, 3, 0, /*shuffle=*/false);
+    CHECK(s.nextEpoch() == std::vector<int64_t>{1, 4, 0});
+  }
+  SECTION("bad arguments") {
+    CHECK_THROWS_AS(DistributedSampler(10, 3, 3), UsageError);
+    CHECK_THROWS_AS(DistributedSampler(-1, 0, 1), UsageError);
+  }
+}
+
+TEST_CASE("DistributedSampler reshuffles every epoch, reproducibly", "[sampler]") {
+  DistributedSampler a(100, 0, 2, 17), b(100, 0, 2, 17);
+  CHECK(a.epoch() == 0);
+  auto e0 = a.nextEpoch();
+  auto e1 = a.nextEpoch();
+  CHECK(a.epoch() == 2);
+  CHECK(e0 != e1);
+  CHECK(b.nextEpoch() == e0);
+  CHECK(b.nextEpoch() == e1);
+  DistributedSampler resumed(100, 0, 2, 17);
+  resumed.setEpoch(1);
+  CHECK(resumed.nextEpoch() == e1);
+  CHECK(DistributedSampler(100, 0, 2, 18).nextEpoch() != e0);
+  // Pinned: the order must not depend on the platform or standard library.
+  CHECK(DistributedSampler(10, 0, 1, 0).nextEpoch() == std::vector<int64_t>{7, 2, 0, 8, 3, 9, 6, 1, 5, 4});
+}
