@@ -55,18 +55,27 @@ class TCPStore : public Store {
 
   // The port actually bound (useful with port 0).
   uint16_t port() const { return port_; }
-  // Connections refused for a bad token so far (server side only).
+  // Connections refused so far: bad token, garbage, oversized frames (server side only).
   int64_t refusedConnections() const;
 
  private:
   Bytes request(uint8_t command, const std::vector<std::string>& keys, const Bytes& value,
                 std::chrono::milliseconds timeout);
+  int borrowConnection();
+  void returnConnection(int fd);
+  int connect(std::chrono::milliseconds connectTimeout);
+  std::string hostPort() const;
 
   TCPStoreOptions options_;
+  std::string token_;
   uint16_t port_ = 0;
   std::unique_ptr<TCPStoreServer> server_;
-  int socket_ = -1;
-  std::mutex requestMutex_;  // one request in flight per client connection
+  // Idle connections to the server. One request is in flight per connection;
+  // a request borrows an idle one or opens another, so a get() blocked in
+  // one thread never holds up a set() from another thread of this process.
+  std::mutex poolMutex_;
+  std::vector<int> idleSockets_;
+  std::string lostReason_;  // why the server went away; "" while it is up
 };
 
 }  // namespace ddp

@@ -1,0 +1,621 @@
+// Stores: the Store contract for HashStore, FileStore and TCPStore alike,
+// then what only TCPStore promises (errors that say what to fix, refusing
+// rogue peers, failing instead of hanging, several processes).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "framework/file_store.hpp"
+#include "framework/hash_store.hpp"
+#include "framework/prefix_store.hpp"
+#include "framework/tcp_store.hpp"
+
+using namespace ddp;
+using Catch::Matchers::Contains;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr milliseconds kShortTimeout{200};
+const std::string kToken = "test-token";
+
+milliseconds since(Clock::time_point start) {
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+}
+
+// A fresh directory under /tmp, removed with its contents at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/ddp-store-test-XXXXXX";
+    const char* made = mkdtemp(pattern);
+    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = made;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TCPStoreOptions serverOptions(uint16_t port = 0) {
+  TCPStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;  // 0: let the kernel pick, so parallel test runs never collide
+  o.isServer = true;
+  o.token = kToken;
+  o.connectTimeout = milliseconds(5000);
+  o.timeout = milliseconds(30000);
+  return o;
+}
+
+TCPStoreOptions clientOptions(uint16_t port) {
+  TCPStoreOptions o = serverOptions(port);
+  o.isServer = false;
+  return o;
+}
+
+// One store under test: a first handle, and a way to open another handle on
+// the same data (a second client, a second FileStore on the file), so that
+// tests also cross handles the way separate ranks do.
+struct StoreUnderTest {
+  std::shared_ptr<Store> first;
+  std::function<std::shared_ptr<Store>()> another;
+};
+
+const std::map<std::string, std::function<StoreUnderTest()>>& factories() {
+  static const std::map<std::string, std::function<StoreUnderTest()>> table = {
+      {"hash",
+       [] {
+         auto store = std::make_shared<HashStore>();
+         return StoreUnderTest{store, [store] { return store; }};
+       }},
+      {"file",
+       [] {
+         auto dir = std::make_shared<TempDir>();
+         const std::string path = dir->path() + "/store";
+         // Each handle holds the directory, which goes with the last of them.
+         auto open = [dir, path]() -> std::shared_ptr<Store> {
+           auto* store = new FileStore(path);
+           return std::shared_ptr<Store>(store, [dir](Store* s) { delete s; });
+         };
+         return StoreUnderTest{open(), open};
+       }},
+      {"tcp",
+       [] {
+         auto server = std::make_shared<TCPStore>(serverOptions());
+         const uint16_t port = server->port();
+         // Clients keep the server alive until the last of them is gone.
+         auto open = [server, port]() -> std::shared_ptr<Store> {
+           auto* client = new TCPStore(clientOptions(port));
+           return std::shared_ptr<Store>(client, [server](Store* s) { delete s; });
+         };
+         return StoreUnderTest{server, open};
+       }},
+  };
+  return table;
+}
+
+StoreUnderTest makeStore(const std::string& kind) {
+  StoreUnderTest s = factories().at(kind)();
+  s.first->setTimeout(milliseconds(30000));
+  return s;
+}
+
+// Runs f, which must throw StoreTimeout; returns how long it took and the message.
+template <typename F>
+std::pair<milliseconds, std::string> expectTimeout(F f) {
+  const auto start = Clock::now();
+  try {
+    f();
+  } catch (const StoreTimeout& e) {
+    return {since(start), e.what()};
+  }
+  FAIL("expected StoreTimeout, nothing was thrown");
+  return {};
+}
+
+// Runs f, which must throw a StoreError that is not a timeout.
+template <typename F>
+std::pair<milliseconds, std::string> expectStoreError(F f) {
+  const auto start = Clock::now();
+  try {
+    f();
+  } catch (const StoreTimeout& e) {
+    FAIL("expected a StoreError other than a timeout, got: " << e.what());
+  } catch (const StoreError& e) {
+    return {since(start), e.what()};
+  }
+  FAIL("expected StoreError, nothing was thrown");
+  return {};
+}
+
+// ---- raw sockets, for playing a misbehaving peer ---------------------------
+
+int connectRaw(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    throw std::runtime_error("raw connect failed");
+  }
+  return fd;
+}
+
+void sendRaw(int fd, const std::string& bytes) {
+  REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+}
+
+// Reads until the peer closes (true) or `limit` passes (false).
+std::pair<bool, std::string> readUntilClosed(int fd, milliseconds limit) {
+  std::string received;
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return {true, received};  // EOF, or a reset: closed either way
+    received.append(buf, static_cast<size_t>(n));
+  }
+  return {false, received};
+}
+
+// A handshake frame as tcp_store.cpp's protocol comment describes it.
+std::string handshakeFrame(const std::string& token) {
+  std::string payload = "DDPSTORE";
+  payload.push_back('\x01');
+  payload += token;
+  const uint32_t len = htonl(static_cast<uint32_t>(payload.size()));
+  return std::string(reinterpret_cast<const char*>(&len), 4) + payload;
+}
+
+// A local port with nobody listening on it.
+uint16_t closedPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace
+
+// ============================================================================
+// The Store contract, for every implementation
+// ============================================================================
+
+TEST_CASE("stores round-trip values, empty and binary ones included", "[store]") {
+  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+  INFO("store: " << kind);
+  auto s = makeStore(kind);
+  auto other = s.another();
+
+  s.first->setString("greeting", "hello");
+  CHECK(s.first->getString("greeting") == "hello");
+  CHECK(other->getString("greeting") == "hello");
+
+  s.first->set("empty", {});
+  CHECK(s.first->get("empty").empty());
+  CHECK(other->check({"empty"}));
+
+  Bytes binary;
+  for (int round = 0; round < 4; ++round) {
+    for (int b = 0; b < 256; ++b) binary.push_back(static_cast<uint8_t>(b));  // NULs and high bytes
+  }
+  other->set("binary", binary);
+  CHECK(s.first->get("binary") == binary);
+
+  Bytes big(3 << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 7919 >> 3);
+  s.first->set("big", big);
+  CHECK(other->get("big") == big);
+
+  other->setString("greeting", "overwritten");
+  CHECK(s.first->getString("greeting") == "overwritten");
+  CHECK(s.first->get("binary") == binary);  // other keys untouched
+}
+
+TEST_CASE("get blocks until another thread sets the key", "[store]") {
+  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+  INFO("store: " << kind);
+  auto s = makeStore(kind);
+  auto other = s.another();
+
+  std::string setterError;
+  const auto start = Clock::now();
+  std::thread setter([&] {
+    try {
+      std::this_thread::sleep_for(milliseconds(150));
+      other->setString("late", "arrived");
+    } catch (const std::exception& e) {
+      setterError = e.what();
+    }
+  });
+  const std::string value = s.first->getString("late");
+  const auto waited = since(start);
+  setter.join();
+  REQUIRE(setterError.empty());
+  CHECK(value == "arrived");
+  CHECK(waited >= milliseconds(100));
+  CHECK(waited < milliseconds(5000));
+
+  // wait() on several keys returns once the last one appears.
+  s.first->setString("w1", "x");
+  std::thread late([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    try {
+      other->setString("w2", "y");
+    } catch (const std::exception& e) {
+      setterError = e.what();
+    }
+  });
+  s.first->wait({"w1", "w2"}, milliseconds(10000));
+  late.join();
+  REQUIRE(setterError.empty());
+  CHECK(s.first->check({"w1", "w2"}));
+}
+
+TEST_CASE("add is atomic across threads and handles", "[store]") {
+  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+  INFO("store: " << kind);
+  auto s = makeStore(kind);
+
+  constexpr int kThreads = 4;
+  constexpr int kIncrements = 100;
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    // Half the threads share the first handle, half have their own.
+    std::shared_ptr<Store> handle = t % 2 == 0 ? s.first : s.another();
+    threads.emplace_back([&errors, handle, t] {
+      try {
+        for (int i = 0; i < kIncrements; ++i) handle->add("counter", 1);
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) CHECK(e.empty());
+
+  CHECK(s.first->add("counter", 0) == kThreads * kIncrements);
+  CHECK(s.first->getString("counter") == "400");  // counters are decimal text in every store
+  CHECK(s.first->add("counter", -50) == 350);
+  CHECK(s.first->add("fresh", 5) == 5);
+
+  s.first->setString("text", "not a number");
+  CHECK_THROWS_AS(s.first->add("text", 1), StoreError);
+  CHECK(s.first->add("counter", 0) == 350);  // still usable after the error
+}
+
+TEST_CASE("check reports whether every key exists, without blocking", "[store]") {
+  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+  INFO("store: " << kind);
+  auto s = makeStore(kind);
+  auto other = s.another();
+
+  CHECK(s.first->check({}));
+  CHECK_FALSE(s.first->check({"x"}));
+  s.first->setString("x", "1");
+  CHECK(s.first->check({"x"}));
+  CHECK(other->check({"x"}));
+  CHECK_FALSE(s.first->check({"x", "y"}));
+  other->setString("y", "2");
+  CHECK(s.first->check({"x", "y", "x"}));
+}
+
+TEST_CASE("wait and get time out with StoreTimeout", "[store]") {
+  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+  INFO("store: " << kind);
+  auto s = makeStore(kind);
+  s.first->setString("present", "1");
+
+  s.first->wait({"present"}, kShortTimeout);  // present: returns at once
+
+  auto [waited, message] = expectTimeout([&] { s.first->wait({"present", "missing"}, kShortTimeout); });
+  CHECK(waited >= milliseconds(190));
+  CHECK(waited < milliseconds(2000));
+  CHECK_THAT(message, Contains("missing") && Contains(s.first->describe()) && Contains("200 ms"));
+
+  s.first->setTimeout(kShortTimeout);
+  std::tie(waited, message) = expectTimeout([&] { s.first->get("absent"); });
+  CHECK(waited >= milliseconds(190));
+  CHECK(waited < milliseconds(2000));
+  CHECK_THAT(message, Contains("absent"));
+
+  // A timeout leaves the store usable.
+  s.first->setString("missing", "now");
+  s.first->wait({"present", "missing"}, kShortTimeout);
+  CHECK(s.first->getString("missing") == "now");
+}
+
+TEST_CASE("PrefixStore keeps namespaces apart", "[store]") {
+  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+  INFO("store: " << kind);
+  auto s = makeStore(kind);
+  PrefixStore a("a", s.first);
+  PrefixStore b("b", s.another());
+
+  a.setString("k", "from a");
+  CHECK(a.check({"k"}));
+  CHECK_FALSE(b.check({"k"}));
+  CHECK(s.first->check({"a/k"}));
+  CHECK(s.first->getString("a/k") == "from a");
+
+  b.setString("k", "from b");
+  CHECK(a.getString("k") == "from a");
+  CHECK(b.getString("k") == "from b");
+
+  CHECK(a.add("n", 1) == 1);
+  CHECK(b.add("n", 5) == 5);
+  CHECK(a.add("n", 0) == 1);
+
+  a.setString("only-in-a", "1");
+  auto [waited, message] = expectTimeout([&] { b.wait({"only-in-a"}, kShortTimeout); });
+  CHECK(waited < milliseconds(2000));
+  CHECK_THAT(message, Contains("b/only-in-a"));
+}
+
+// ============================================================================
+// FileStore
+// ============================================================================
+
+TEST_CASE("FileStore: a missing directory fails, naming the path", "[store][file]") {
+  TempDir dir;
+  const std::string path = dir.path() + "/no-such-dir/store";
+  auto [took, message] = expectStoreError([&] { FileStore store(path); });
+  CHECK_THAT(message, Contains(path) && Contains("No such file or directory"));
+}
+
+TEST_CASE("FileStore: refuses a file that is not a store, survives a torn record", "[store][file]") {
+  TempDir dir;
+  const std::string foreign = dir.path() + "/notes.txt";
+  std::ofstream(foreign) << "precious notes, not a store\n";
+  auto [took, message] = expectStoreError([&] { FileStore store(foreign); });
+  CHECK_THAT(message, Contains(foreign) && Contains("not a store file"));
+
+  const std::string path = dir.path() + "/store";
+  {
+    FileStore store(path);
+    store.setString("a", "1");
+  }
+  // A writer killed mid-record leaves a partial record at the end.
+  std::ofstream(path, std::ios::app | std::ios::binary) << std::string("\x05\0\0\0\0\0\0\0ab", 10);
+  FileStore store(path);
+  CHECK(store.getString("a") == "1");
+  store.setString("b", "2");
+  CHECK(store.getString("b") == "2");
+  CHECK(FileStore(path).getString("a") == "1");
+}
+
+// ============================================================================
+// TCPStore
+// ============================================================================
+
+TEST_CASE("TCPStore: a port in use fails at once, naming the port", "[store][tcp]") {
+  TCPStore first(serverOptions());
+  const uint16_t port = first.port();
+  REQUIRE(port != 0);
+  auto [took, message] = expectStoreError([&] { TCPStore second(serverOptions(port)); });
+  CHECK(took < milliseconds(1000));
+  CHECK_THAT(message, Contains(std::to_string(port)) && Contains("in use") && Contains("HINT:") &&
+                          Contains("MASTER_PORT"));
+  first.setString("still", "serving");
+  CHECK(first.getString("still") == "serving");
+}
+
+TEST_CASE("TCPStore: an unreachable master fails after connectTimeout, naming host:port", "[store][tcp]") {
+  const uint16_t port = closedPort();
+  TCPStoreOptions options = clientOptions(port);
+  options.connectTimeout = milliseconds(500);
+  auto [took, message] = expectStoreError([&] { TCPStore client(options); });
+  CHECK(took >= milliseconds(450));
+  CHECK(took < milliseconds(3000));
+  CHECK_THAT(message, Contains("127.0.0.1:" + std::to_string(port)) && Contains("Connection refused") &&
+                          Contains("HINT:") && Contains("MASTER_ADDR"));
+}
+
+TEST_CASE("TCPStore: a client with the wrong token is refused with a hint", "[store][tcp]") {
+  TCPStore server(serverOptions());
+  TCPStoreOptions options = clientOptions(server.port());
+  options.token = "some-other-job";
+  auto [took, message] = expectStoreError([&] { TCPStore client(options); });
+  CHECK(took < milliseconds(2000));  // a refusal is final, not retried
+  CHECK_THAT(message, Contains("refused by the store server at 127.0.0.1:" + std::to_string(server.port())) &&
+                          Contains("wrong job token") && Contains("HINT:") && Contains(kStoreTokenEnv));
+  CHECK(server.refusedConnections() == 1);
+}
+
+TEST_CASE("TCPStore: the token comes from DDP_STORE_TOKEN unless given", "[store][tcp]") {
+  const char* saved = std::getenv(kStoreTokenEnv);
+  const std::string savedValue = saved ? saved : "";
+  ::setenv(kStoreTokenEnv, "from-env", 1);
+  TCPStoreOptions options = serverOptions();
+  options.token.clear();
+  TCPStore server(options);
+
+  TCPStoreOptions explicitSame = clientOptions(server.port());
+  explicitSame.token = "from-env";
+  TCPStore client(explicitSame);
+  client.setString("k", "v");
+  CHECK(server.getString("k") == "v");
+
+  TCPStoreOptions ignoringEnv = clientOptions(server.port());
+  ignoringEnv.token.clear();
+  ignoringEnv.tokenFromEnvironment = false;  // token "" != "from-env"
+  expectStoreError([&] { TCPStore rejected(ignoringEnv); });
+  CHECK(server.refusedConnections() == 1);
+
+  if (saved) {
+    ::setenv(kStoreTokenEnv, savedValue.c_str(), 1);
+  } else {
+    ::unsetenv(kStoreTokenEnv);
+  }
+}
+
+TEST_CASE("TCPStore: rogue peers are refused and the others keep working", "[store][tcp]") {
+  TCPStore server(serverOptions());
+  const uint16_t port = server.port();
+  TCPStore client(clientOptions(port));
+
+  // A legitimate get that stays pending while the rogues come and go.
+  std::string pendingValue, pendingError;
+  std::thread pending([&] {
+    try {
+      pendingValue = client.getString("after-rogues");
+    } catch (const std::exception& e) {
+      pendingError = e.what();
+    }
+  });
+
+  // A peer that connects and stalls mid-header must not hold anybody up.
+  const int stalled = connectRaw(port);
+  sendRaw(stalled, std::string("\0\0", 2));
+
+  const int wrongToken = connectRaw(port);
+  sendRaw(wrongToken, handshakeFrame("guessed-token"));
+  auto [closed1, reply1] = readUntilClosed(wrongToken, milliseconds(5000));
+  ::close(wrongToken);
+  CHECK(closed1);
+  CHECK_THAT(reply1, Contains("wrong job token"));
+
+  const int http = connectRaw(port);  // "GET " reads as a ~1.1 GiB frame length
+  sendRaw(http, "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  auto [closed2, reply2] = readUntilClosed(http, milliseconds(5000));
+  ::close(http);
+  CHECK(closed2);
+  CHECK_THAT(reply2, Contains("exceeds"));
+
+  const int garbage = connectRaw(port);
+  sendRaw(garbage, std::string("\0\0\0\x06garbag", 10));
+  auto [closed3, reply3] = readUntilClosed(garbage, milliseconds(5000));
+  ::close(garbage);
+  CHECK(closed3);
+  CHECK_THAT(reply3, Contains("malformed handshake"));
+
+  // The right token, then a request claiming 2^32-1 keys: refused after the handshake.
+  const int malformed = connectRaw(port);
+  sendRaw(malformed, handshakeFrame(kToken) + std::string("\0\0\0\x05\x02\xff\xff\xff\xff", 9));
+  auto [closed4, reply4] = readUntilClosed(malformed, milliseconds(5000));
+  ::close(malformed);
+  CHECK(closed4);
+  CHECK_THAT(reply4, Contains("malformed request"));
+
+  CHECK(server.refusedConnections() == 4);
+
+  // Old and new legitimate clients alike are still served.
+  TCPStore late(clientOptions(port));
+  late.setString("after-rogues", "served");
+  pending.join();
+  CHECK(pendingError.empty());
+  CHECK(pendingValue == "served");
+  CHECK(client.add("n", 2) == 2);
+  CHECK(server.add("n", 3) == 5);
+  ::close(stalled);
+}
+
+TEST_CASE("TCPStore: a blocked get fails, not hangs, when the server goes away", "[store][tcp]") {
+  auto server = std::make_unique<TCPStore>(serverOptions());
+  const uint16_t port = server->port();
+  TCPStore client(clientOptions(port));  // timeout 30 s: far longer than the test allows
+
+  std::string error;
+  bool timedOut = false;
+  milliseconds blocked{0};
+  std::thread waiter([&] {
+    const auto start = Clock::now();
+    try {
+      client.get("never-set");
+    } catch (const StoreTimeout& e) {
+      timedOut = true;
+      error = e.what();
+    } catch (const StoreError& e) {
+      error = e.what();
+    }
+    blocked = since(start);
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  server.reset();
+  waiter.join();
+
+  CHECK_FALSE(timedOut);
+  CHECK_THAT(error, Contains("127.0.0.1:" + std::to_string(port)));
+  CHECK(blocked < milliseconds(5000));
+
+  // Later calls fail at once too.
+  auto [took, message] = expectStoreError([&] { client.setString("k", "v"); });
+  CHECK(took < milliseconds(1000));
+  CHECK_THAT(message, Contains("gone away"));
+}
+
+TEST_CASE("TCPStore: ranks in separate processes share one store", "[store][tcp]") {
+  TCPStore server(serverOptions());
+  const uint16_t port = server.port();
+  constexpr int kChildren = 3;
+
+  std::vector<pid_t> children;
+  for (int i = 0; i < kChildren; ++i) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      // Child: no Catch2 here (its state belongs to the parent); report by exit code.
+      ::alarm(30);  // a hung child dies instead of hanging the test
+      int code = 1;
+      try {
+        TCPStore store(clientOptions(port));
+        store.add("counter", 1);
+        store.wait({"go"});
+        store.setString("done/" + std::to_string(i), store.getString("go"));
+        code = 0;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "child %d: %s\n", i, e.what());
+      }
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+
+  // Every child has checked in before the go signal.
+  const auto deadline = Clock::now() + milliseconds(20000);
+  int64_t arrived = 0;
+  while ((arrived = server.add("counter", 0)) < kChildren && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  CHECK(arrived == kChildren);
+  server.setString("go", "now");
+
+  for (pid_t pid : children) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    INFO("child pid " << pid << " status " << status);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  for (int i = 0; i < kChildren; ++i) CHECK(server.getString("done/" + std::to_string(i)) == "now");
+}
