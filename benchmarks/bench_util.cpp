@@ -1,0 +1,300 @@
+#include "benchmarks/bench_util.hpp"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+namespace ddp::bench {
+
+namespace fs = std::filesystem;
+
+double median(std::vector<double> samples) {
+  if (samples.empty()) throw BenchError("median of no samples");
+  const size_t mid = samples.size() / 2;
+  std::nth_element(samples.begin(), samples.begin() + mid, samples.end());
+  const double upper = samples[mid];
+  if (samples.size() % 2 == 1) return upper;
+  // The lower middle is the largest element of the left part.
+  const double lower = *std::max_element(samples.begin(), samples.begin() + mid);
+  return (lower + upper) / 2;
+}
+
+int64_t parseByteSize(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  std::string suffix = text.substr(digits);
+  std::transform(suffix.begin(), suffix.end(), suffix.begin(), [](unsigned char c) { return std::toupper(c); });
+  if (digits == 0 || digits > 15) throw BenchError("bad byte size '" + text + "' (expected e.g. 4096, 4K, 64M)");
+  int64_t multiplier = 0;
+  if (suffix.empty() || suffix == "B") multiplier = 1;
+  else if (suffix == "K" || suffix == "KB" || suffix == "KIB") multiplier = int64_t{1} << 10;
+  else if (suffix == "M" || suffix == "MB" || suffix == "MIB") multiplier = int64_t{1} << 20;
+  else if (suffix == "G" || suffix == "GB" || suffix == "GIB") multiplier = int64_t{1} << 30;
+  else throw BenchError("bad byte size '" + text + "': unknown suffix '" + suffix + "' (use K, M or G)");
+  return std::stoll(text.substr(0, digits)) * multiplier;
+}
+
+std::string formatBytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int unit = 0;
+  while (unit < 3 && bytes >= 1024 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return fmt::format("{} {}", bytes, units[unit]);
+}
+
+std::vector<int64_t> geometricSizes(int64_t minBytes, int64_t maxBytes, int64_t factor) {
+  if (minBytes <= 0 || maxBytes < minBytes) {
+    throw BenchError(fmt::format("bad size range: min {} B, max {} B", minBytes, maxBytes));
+  }
+  if (factor < 2) throw BenchError("size factor must be at least 2");
+  std::vector<int64_t> sizes;
+  for (int64_t s = minBytes; s <= maxBytes; s *= factor) {
+    sizes.push_back(s);
+    if (s > maxBytes / factor) break;  // the next step would overflow or pass max
+  }
+  return sizes;
+}
+
+std::vector<std::string> splitList(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, separator)) {
+    if (!part.empty()) parts.push_back(part);
+  }
+  return parts;
+}
+
+// ---- output -----------------------------------------------------------------
+
+Table::Table(std::vector<std::string> header, size_t leftAlignedColumns)
+    : header_(std::move(header)), leftAligned_(leftAlignedColumns) {}
+
+void Table::addRow(std::vector<std::string> row) {
+  row.resize(header_.size());
+  rows_.push_back(std::move(row));
+}
+
+std::string Table::render() const {
+  std::vector<size_t> width(header_.size());
+  for (size_t c = 0; c < header_.size(); ++c) {
+    width[c] = header_[c].size();
+    for (const auto& row : rows_) width[c] = std::max(width[c], row[c].size());
+  }
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string out;
+    for (size_t c = 0; c < cells.size(); ++c) {
+      if (c > 0) out += "  ";
+      const std::string pad(width[c] - cells[c].size(), ' ');
+      out += c < leftAligned_ ? cells[c] + pad : pad + cells[c];
+    }
+    // No trailing blanks from a padded last column.
+    out.erase(out.find_last_not_of(' ') + 1);
+    return out + "\n";
+  };
+  std::string out = line(header_);
+  for (const auto& row : rows_) out += line(row);
+  return out;
+}
+
+std::string formatNumber(double value, int decimals) {
+  if (std::isnan(value)) return "n/a";
+  return fmt::format("{:.{}f}", value, decimals);
+}
+
+void writeJsonFile(const std::string& path, const nlohmann::json& value) {
+  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(temporary);
+    if (!out) throw BenchError("cannot write " + temporary + ": " + std::strerror(errno));
+    out << value.dump(2) << "\n";
+    if (!out.flush()) throw BenchError("cannot write " + temporary + ": " + std::strerror(errno));
+  }
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  if (error) throw BenchError("cannot rename " + temporary + " to " + path + ": " + error.message());
+}
+
+nlohmann::json readJsonFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw BenchError("cannot read " + path + ": " + std::strerror(errno));
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw BenchError("cannot parse " + path + ": " + e.what());
+  }
+}
+
+// ---- worker processes -------------------------------------------------------
+
+TempDir::TempDir(const std::string& prefix) {
+  const char* base = std::getenv("TMPDIR");
+  std::string pattern = std::string(base && *base ? base : "/tmp") + "/" + prefix + "XXXXXX";
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  if (!::mkdtemp(buffer.data())) {
+    throw BenchError("cannot create a temporary directory " + pattern + ": " + std::strerror(errno));
+  }
+  path_ = buffer.data();
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  fs::remove_all(path_, ignored);
+}
+
+std::string randomToken() {
+  std::random_device device;  // /dev/urandom on Linux
+  std::string token;
+  for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", device());
+  return token;
+}
+
+std::string workerErrorPath(const std::string& dir, const std::string& tag, int rank) {
+  return fmt::format("{}/error.{}.rank{}", dir, tag, rank);
+}
+
+void reportWorkerError(const std::string& dir, const std::string& tag, int rank, const std::string& message) {
+  std::ofstream out(workerErrorPath(dir, tag, rank));
+  out << message;
+}
+
+namespace {
+
+std::string describeStatus(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
+  }
+  return fmt::format("ended with wait status {}", status);
+}
+
+bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+// Forks and executes /proc/self/exe with `argv`. Everything the child needs
+// is prepared by the caller, since only async-signal-safe calls are allowed
+// between fork and exec in a process that may have threads.
+pid_t spawnSelf(const std::vector<char*>& argv) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw BenchError(std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    // A worker must not outlive the launcher (e.g. when it is killed), or
+    // it would hold the cores and ports of the next run.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
+    ::execv("/proc/self/exe", argv.data());
+    const char message[] = "ddp-bench: cannot execute /proc/self/exe for a worker\n";
+    (void)!::write(STDERR_FILENO, message, sizeof(message) - 1);
+    ::_exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+void launchRanks(int worldSize, const std::function<std::vector<std::string>(int rank)>& argumentsForRank,
+                 std::chrono::seconds timeLimit, const std::string& errorDir, const std::string& tag) {
+  // argv storage for every rank, built before the first fork.
+  std::vector<std::vector<std::string>> arguments;
+  std::vector<std::vector<char*>> argvs;
+  for (int r = 0; r < worldSize; ++r) {
+    arguments.push_back(argumentsForRank(r));
+    arguments.back().insert(arguments.back().begin(), "ddp-bench");
+  }
+  for (auto& args : arguments) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    argvs.push_back(std::move(argv));
+  }
+
+  std::vector<pid_t> pids(worldSize, -1);
+  std::vector<bool> running(worldSize, false);
+  auto killRunning = [&] {
+    for (int r = 0; r < worldSize; ++r) {
+      if (running[r]) ::kill(pids[r], SIGKILL);
+    }
+    for (int r = 0; r < worldSize; ++r) {
+      if (running[r]) ::waitpid(pids[r], nullptr, 0);
+      running[r] = false;
+    }
+  };
+
+  try {
+    for (int r = 0; r < worldSize; ++r) {
+      pids[r] = spawnSelf(argvs[r]);
+      running[r] = true;
+    }
+  } catch (...) {
+    killRunning();
+    throw;
+  }
+
+  // Poll rather than block in waitpid, so that the first failure or the
+  // time limit is noticed whichever rank it concerns.
+  const auto deadline = std::chrono::steady_clock::now() + timeLimit;
+  std::vector<std::string> failures;
+  int remaining = worldSize;
+  while (remaining > 0 && failures.empty()) {
+    for (int r = 0; r < worldSize; ++r) {
+      if (!running[r]) continue;
+      int status = 0;
+      const pid_t done = ::waitpid(pids[r], &status, WNOHANG);
+      if (done == 0) continue;
+      running[r] = false;
+      --remaining;
+      if (done < 0) {
+        failures.push_back(fmt::format("rank {}: waitpid failed: {}", r, std::strerror(errno)));
+      } else if (!succeeded(status)) {
+        failures.push_back(fmt::format("rank {} {}", r, describeStatus(status)));
+      }
+    }
+    if (remaining > 0 && failures.empty()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::string ranks;
+        for (int r = 0; r < worldSize; ++r) {
+          if (running[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+        }
+        failures.push_back(fmt::format("rank(s) {} still running after the time limit of {} s (--timeout)", ranks,
+                                       timeLimit.count()));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (failures.empty()) return;
+
+  // Once one rank has failed, the others would only wait for it until
+  // their collective timeout: stop them now.
+  killRunning();
+  std::string message = tag + " workers failed:";
+  for (const auto& f : failures) message += "\n  " + f;
+  for (int r = 0; r < worldSize; ++r) {
+    std::ifstream in(workerErrorPath(errorDir, tag, r));
+    if (!in) continue;
+    std::stringstream text;
+    text << in.rdbuf();
+    message += fmt::format("\n  rank {} reported: {}", r, text.str());
+  }
+  throw BenchError(message);
+}
+
+}  // namespace ddp::bench

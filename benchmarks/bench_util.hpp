@@ -1,0 +1,97 @@
+// Utilities shared by the ddp-bench subcommands: statistics, byte sizes,
+// table and JSON output, and launching one worker process per rank.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::bench {
+
+// A failure that ends a benchmark with a message for the user (exit code 1).
+class BenchError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// ---- statistics and units ---------------------------------------------------
+
+// The median of `samples` (mean of the two middle ones for an even count).
+double median(std::vector<double> samples);
+
+// "4096", "4K", "4KiB", "64M", "1G" -> bytes (K/M/G are powers of 1024).
+// Throws BenchError on anything else.
+int64_t parseByteSize(const std::string& text);
+// 4096 -> "4 KiB", 1536 -> "1536 B": exact, for labels.
+std::string formatBytes(int64_t bytes);
+
+// min, min*factor, min*factor^2, ... up to and including max.
+std::vector<int64_t> geometricSizes(int64_t minBytes, int64_t maxBytes, int64_t factor);
+
+// Splits "a,b,,c" into {"a","b","c"}.
+std::vector<std::string> splitList(const std::string& text, char separator = ',');
+
+// ---- output -----------------------------------------------------------------
+
+// A plain-text table: left-aligned first columns, right-aligned numbers.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header, size_t leftAlignedColumns = 1);
+  void addRow(std::vector<std::string> row);
+  std::string render() const;
+
+ private:
+  std::vector<std::string> header_;
+  size_t leftAligned_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// printf-style "%.*f"; "n/a" for NaN, so unsupported cells read clearly.
+std::string formatNumber(double value, int decimals);
+
+// Writes `value` to `path` (pretty-printed), via a temporary file and a
+// rename so that a reader never sees half a file.
+void writeJsonFile(const std::string& path, const nlohmann::json& value);
+nlohmann::json readJsonFile(const std::string& path);
+
+// ---- worker processes -------------------------------------------------------
+
+// A private directory under $TMPDIR (or /tmp), removed with its files when
+// this object goes away. Workers leave their results and errors there.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// 32 hex digits from the kernel's random source, for DDP_STORE_TOKEN.
+std::string randomToken();
+
+// The file in which worker `rank` describes why it failed (see launchRanks).
+std::string workerErrorPath(const std::string& dir, const std::string& tag, int rank);
+
+// Runs `worldSize` copies of this executable (/proc/self/exe), the i-th with
+// argumentsForRank(i), and waits for all of them. Returns when every one has
+// exited with status 0. Otherwise (a non-zero status, a signal, or
+// `timeLimit` passing) it kills the ones still running and throws
+// BenchError naming each failed rank, with the text the rank left in
+// workerErrorPath(errorDir, tag, rank) if any. Workers inherit stdout,
+// stderr and the environment; they also die if this process dies.
+void launchRanks(int worldSize, const std::function<std::vector<std::string>(int rank)>& argumentsForRank,
+                 std::chrono::seconds timeLimit, const std::string& errorDir, const std::string& tag);
+
+// For a worker: records `message` where launchRanks looks for it.
+void reportWorkerError(const std::string& dir, const std::string& tag, int rank, const std::string& message);
+
+}  // namespace ddp::bench

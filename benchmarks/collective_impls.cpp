@@ -1,0 +1,225 @@
+// LibTorch's c10d ProcessGroupGloo header is empty unless this is defined.
+// Torch's CMake config usually passes -DUSE_C10D_GLOO; do not rely on it.
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO 1
+#endif
+
+#include "benchmarks/collective_impls.hpp"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "benchmarks/bench_util.hpp"
+#include "framework/backend_registry.hpp"
+#include "framework/errors.hpp"
+#include "framework/tcp_store.hpp"
+
+namespace ddp::bench {
+
+const char* opName(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::Allreduce: return "allreduce";
+    case CollectiveOp::Allgather: return "allgather";
+    case CollectiveOp::Broadcast: return "broadcast";
+    case CollectiveOp::ReduceScatter: return "reduce_scatter";
+  }
+  return "?";
+}
+
+std::optional<CollectiveOp> parseOp(const std::string& name) {
+  for (auto op : {CollectiveOp::Allreduce, CollectiveOp::Allgather, CollectiveOp::Broadcast,
+                  CollectiveOp::ReduceScatter}) {
+    if (name == opName(op)) return op;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+constexpr const char* kLoopback = "127.0.0.1";
+
+// Rank 0: makes the store's port known to the other ranks. The rename makes
+// the file appear complete or not at all.
+void publishPort(const std::string& portFile, uint16_t port) {
+  const std::string temporary = portFile + ".tmp";
+  {
+    std::ofstream out(temporary);
+    out << port << "\n";
+    if (!out.flush()) throw BenchError("cannot write " + temporary);
+  }
+  std::filesystem::rename(temporary, portFile);
+}
+
+// Other ranks: waits for rank 0 to publish its port.
+uint16_t awaitPort(const Rendezvous& rendezvous) {
+  const auto deadline = std::chrono::steady_clock::now() + rendezvous.timeout;
+  while (true) {
+    std::ifstream in(rendezvous.portFile);
+    int port = 0;
+    if (in >> port && port > 0 && port < 65536) return static_cast<uint16_t>(port);
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw BenchError(fmt::format("rank {}: rank 0 did not publish its store port in {} within {} ms",
+                                   rendezvous.rank, rendezvous.portFile, rendezvous.timeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// The chunks of a flat tensor that belong to each rank.
+std::vector<at::Tensor> chunksOf(const at::Tensor& flat, int worldSize) {
+  const int64_t chunk = flat.numel() / worldSize;
+  std::vector<at::Tensor> chunks;
+  for (int r = 0; r < worldSize; ++r) chunks.push_back(flat.narrow(0, r * chunk, chunk));
+  return chunks;
+}
+
+// ---- our backends -------------------------------------------------------------
+
+class DdpCommunicator : public Communicator {
+ public:
+  DdpCommunicator(const std::string& backend, const Rendezvous& rendezvous) {
+    TCPStoreOptions storeOptions;
+    storeOptions.host = kLoopback;
+    storeOptions.isServer = rendezvous.rank == 0;
+    storeOptions.port = storeOptions.isServer ? 0 : awaitPort(rendezvous);
+    storeOptions.connectTimeout = rendezvous.timeout;
+    storeOptions.timeout = rendezvous.timeout;
+    auto store = std::make_shared<TCPStore>(storeOptions);
+    if (storeOptions.isServer) publishPort(rendezvous.portFile, store->port());
+
+    ProcessGroupOptions groupOptions;
+    groupOptions.timeout = rendezvous.timeout;
+    groupOptions.masterAddr = kLoopback;
+    group_ = BackendRegistry::global().create(backend, store, rendezvous.rank, rendezvous.worldSize, groupOptions);
+    store_ = std::move(store);
+  }
+
+  std::function<void()> bind(CollectiveOp op, Buffers& buffers) override {
+    ProcessGroup& group = *group_;
+    switch (op) {
+      case CollectiveOp::Allreduce:
+        return [&group, &buffers] { start([&] { return group.allreduce(buffers.input); })->wait(); };
+      case CollectiveOp::Broadcast:
+        return [&group, &buffers] { start([&] { return group.broadcast(buffers.input); })->wait(); };
+      case CollectiveOp::Allgather:
+        return [&group, &buffers] {
+          start([&] { return group.allgather(buffers.input, buffers.output); })->wait();
+        };
+      case CollectiveOp::ReduceScatter:
+        return [&group, &buffers] {
+          start([&] { return group.reduceScatter(buffers.input, buffers.output); })->wait();
+        };
+    }
+    throw BenchError("unknown collective");
+  }
+
+  void barrier() override { group_->barrier()->wait(); }
+
+ private:
+  // A backend without the operation throws NotSupportedError at the call.
+  template <typename Call>
+  static WorkPtr start(Call call) {
+    try {
+      return call();
+    } catch (const NotSupportedError& e) {
+      throw UnsupportedOp(e.what());
+    }
+  }
+
+  std::shared_ptr<Store> store_;
+  ProcessGroupPtr group_;  // declared last: destroyed before the store it uses
+};
+
+// ---- the reference: LibTorch's c10d::ProcessGroupGloo ------------------------
+
+class C10dGlooCommunicator : public Communicator {
+ public:
+  explicit C10dGlooCommunicator(const Rendezvous& rendezvous) : worldSize_(rendezvous.worldSize) {
+    c10d::TCPStoreOptions storeOptions;
+    storeOptions.isServer = rendezvous.rank == 0;
+    storeOptions.port = storeOptions.isServer ? 0 : awaitPort(rendezvous);
+    storeOptions.numWorkers = rendezvous.worldSize;
+    // Rank 0 publishes the port only after its constructor returns, so it
+    // must not wait there for the others to connect.
+    storeOptions.waitWorkers = false;
+    storeOptions.timeout = rendezvous.timeout;
+    auto store = c10::make_intrusive<c10d::TCPStore>(kLoopback, storeOptions);
+    if (storeOptions.isServer) publishPort(rendezvous.portFile, store->getPort());
+    store_ = store;
+
+    auto options = c10d::ProcessGroupGloo::Options::create(rendezvous.timeout);
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(kLoopback));
+    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rendezvous.rank, rendezvous.worldSize, options);
+  }
+
+  std::function<void()> bind(CollectiveOp op, Buffers& buffers) override {
+    c10d::ProcessGroupGloo& group = *group_;
+    // c10d takes vectors of tensors; they are built once here.
+    switch (op) {
+      case CollectiveOp::Allreduce: {
+        std::vector<at::Tensor> tensors{buffers.input};
+        return [&group, tensors]() mutable { start([&] { return group.allreduce(tensors); })->wait(); };
+      }
+      case CollectiveOp::Broadcast: {
+        std::vector<at::Tensor> tensors{buffers.input};
+        c10d::BroadcastOptions options;
+        options.rootRank = 0;
+        return [&group, tensors, options]() mutable {
+          start([&] { return group.broadcast(tensors, options); })->wait();
+        };
+      }
+      case CollectiveOp::Allgather: {
+        // Views of our flat output, so the result lands where ours does;
+        // _allgather_base (flat output) is not supported by c10d's Gloo.
+        std::vector<std::vector<at::Tensor>> outputs{chunksOf(buffers.output, worldSize_)};
+        std::vector<at::Tensor> inputs{buffers.input};
+        return [&group, outputs, inputs]() mutable {
+          start([&] { return group.allgather(outputs, inputs); })->wait();
+        };
+      }
+      case CollectiveOp::ReduceScatter: {
+        std::vector<at::Tensor> outputs{buffers.output};
+        std::vector<std::vector<at::Tensor>> inputs{chunksOf(buffers.input, worldSize_)};
+        return [&group, outputs, inputs]() mutable {
+          start([&] { return group.reduce_scatter(outputs, inputs); })->wait();
+        };
+      }
+    }
+    throw BenchError("unknown collective");
+  }
+
+  void barrier() override { group_->barrier()->wait(); }
+
+ private:
+  // c10d's base ProcessGroup rejects an operation the backend lacks with
+  // "... does not support <op>" at the call (LibTorch 1.13's Gloo:
+  // reduce_scatter). Any other error is a real failure.
+  template <typename Call>
+  static c10::intrusive_ptr<c10d::Work> start(Call call) {
+    try {
+      return call();
+    } catch (const c10::Error& e) {
+      const std::string message = e.what_without_backtrace();
+      if (message.find("does not support") != std::string::npos) throw UnsupportedOp(message);
+      throw;
+    }
+  }
+
+  const int worldSize_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;  // last: destroyed before the store
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> makeCommunicator(const std::string& impl, const Rendezvous& rendezvous) {
+  if (impl == kC10dGloo) return std::make_unique<C10dGlooCommunicator>(rendezvous);
+  return std::make_unique<DdpCommunicator>(impl, rendezvous);
+}
+
+}  // namespace ddp::bench

@@ -1,0 +1,67 @@
+// The implementations that `ddp-bench collectives` compares, behind one
+// small interface: our backends (ddp::ProcessGroup from the registry) and
+// LibTorch's own c10d::ProcessGroupGloo as the reference.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace ddp::bench {
+
+enum class CollectiveOp { Allreduce, Allgather, Broadcast, ReduceScatter };
+
+const char* opName(CollectiveOp op);  // "allreduce", "reduce_scatter", ...
+std::optional<CollectiveOp> parseOp(const std::string& name);
+
+// The name under which LibTorch's ProcessGroupGloo is benchmarked.
+constexpr const char* kC10dGloo = "c10d-gloo";
+
+// Thrown by a bound collective when the implementation lacks the operation.
+// Every rank throws it at the same call, before any data moves, so the
+// ranks can skip the operation together.
+class UnsupportedOp : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The tensors of one (operation, size) point. Allreduce and broadcast work
+// in place on `input`; allgather writes `output` (world x input);
+// reduce_scatter reads `input` (world x output).
+struct Buffers {
+  at::Tensor input;
+  at::Tensor output;
+};
+
+// How ranks of one implementation meet: rank 0 serves a TCP store on a free
+// port of 127.0.0.1 and publishes the port in `portFile`, which the others
+// poll (no port race, unlike picking a free port in the launcher).
+struct Rendezvous {
+  int rank = 0;
+  int worldSize = 1;
+  std::string portFile;
+  std::chrono::milliseconds timeout{120000};  // store and collectives
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // Returns a callable that runs `op` on `buffers` once and waits for it
+  // (sum for reductions, root 0 for broadcast). Everything that does not
+  // belong to the collective itself (argument vectors, views) is prepared
+  // here, outside the timed calls. `buffers` must outlive the callable.
+  virtual std::function<void()> bind(CollectiveOp op, Buffers& buffers) = 0;
+
+  virtual void barrier() = 0;
+};
+
+// `impl` is a backend name from ddp::BackendRegistry::global() or kC10dGloo.
+std::unique_ptr<Communicator> makeCommunicator(const std::string& impl, const Rendezvous& rendezvous);
+
+}  // namespace ddp::bench

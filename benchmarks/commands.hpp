@@ -1,0 +1,20 @@
+// The subcommands of ddp-bench. Each lives in its own bench_<name>.cpp and
+// adds itself to the application through one register function; main()
+// (ddp_bench.cpp) calls them all.
+//
+// A subcommand does its work in its CLI11 callback. To fail, it prints its
+// message to stderr and throws CLI::RuntimeError(exitCode), which main()
+// turns into the process's exit status without printing anything more.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace ddp::bench {
+
+// `ddp-bench collectives`: bandwidth of allreduce/allgather/broadcast/
+// reduce_scatter for each CPU backend against LibTorch's c10d Gloo.
+void registerCollectivesCommand(CLI::App& app);
+
+}  // namespace ddp::bench

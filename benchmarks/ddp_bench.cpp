@@ -1,0 +1,25 @@
+// ddp-bench: benchmarks of the ddp framework, one subcommand each
+// (see commands.hpp for how a subcommand plugs in).
+#include <CLI/CLI.hpp>
+
+#include <exception>
+#include <iostream>
+
+#include "benchmarks/commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddp-bench: benchmarks of the ddp framework"};
+  app.require_subcommand(1);
+
+  ddp::bench::registerCollectivesCommand(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);  // also the path of CLI::RuntimeError from a failed subcommand
+  } catch (const std::exception& e) {
+    std::cerr << "ddp-bench: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
