@@ -46,7 +46,7 @@ const char* opName(uint32_t op) {
 
 // Slots tell apart the messages of concurrent phases. Ours keep the top byte
 // zero; Gloo's own collectives put an algorithm prefix there.
-enum Phase : uint64_t { kHeaderPhase = 1, kScatterPhase = 2, kGatherPhase = 3 };
+enum Phase : uint64_t { kFramePhase = 1, kScatterPhase = 2, kGatherPhase = 3 };
 uint64_t slotFor(uint64_t seq, Phase phase) { return (seq << 8) | phase; }
 
 // Pipelining granularity of the ring: large enough to amortize a message,
@@ -243,6 +243,29 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
                           "see docs/clusters.md");
   }
   context_ = context;
+
+  if (size_ > 1) {
+    if (size_ <= kAllToAllMaxRanks) {
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) framePeers_.push_back(r);
+      }
+    } else {
+      framePeers_ = {(rank_ + 1) % size_};  // sent to the right, received from the left
+    }
+    sendFrame_.assign(kFrameBytes, 0);
+    sendFrameBuffer_ = context_->createUnboundBuffer(sendFrame_.data(), kFrameBytes);
+    for (int b = 0; b < 2; ++b) {
+      recvFrames_[b].assign(kFrameBytes * size_, 0);
+      recvFrameBuffers_[b].resize(size_);
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        recvFrameBuffers_[b][peer] =
+            context_->createUnboundBuffer(recvFrames_[b].data() + peer * kFrameBytes, kFrameBytes);
+      }
+    }
+    postFrameReceives(0);
+    postFrameReceives(1);
+  }
   worker_ = std::thread([this] { workerLoop(); });
 }
 
@@ -253,7 +276,12 @@ ProcessGroupGloo::~ProcessGroupGloo() {
   }
   queued_.notify_all();
   if (worker_.joinable()) worker_.join();
-  context_.reset();  // closes the connections before scratch_ goes away
+  // Unbound buffers first (pending receives into them are dropped), then the
+  // connections, then the memory.
+  sendFrameBuffer_.reset();
+  recvFrameBuffers_[0].clear();
+  recvFrameBuffers_[1].clear();
+  context_.reset();
 }
 
 // ---- the queue -----------------------------------------------------------------
@@ -288,8 +316,12 @@ void ProcessGroupGloo::workerLoop() {
     } else {
       const auto started = Clock::now();
       try {
-        if (size_ > 1) checkAgreement(task.descriptor, task.deadline);
         task.run(task.descriptor, task.deadline);
+        if (size_ > 1) {
+          // The frame buffer of this collective is consumed: reuse it two ahead.
+          postFrameReceives(task.descriptor.seq + 2);
+          for (size_t i = 0; i < framePeers_.size(); ++i) sendFrameBuffer_->waitSend(remaining(task.deadline));
+        }
       } catch (const CollectiveError&) {
         error = std::current_exception();
       } catch (const std::exception& e) {
@@ -307,26 +339,38 @@ void ProcessGroupGloo::workerLoop() {
   }
 }
 
-// Each rank checks its left neighbour's descriptor; around the ring, that
-// makes every rank agree with every other.
-void ProcessGroupGloo::checkAgreement(const Descriptor& mine, Deadline deadline) {
-  const int right = (rank_ + 1) % size_;
-  const int left = (rank_ + size_ - 1) % size_;
-  Descriptor theirs;
-  Descriptor sent = mine;
-  auto in = context_->createUnboundBuffer(&theirs, sizeof(theirs));
-  auto out = context_->createUnboundBuffer(&sent, sizeof(sent));
-  const uint64_t slot = slotFor(mine.seq, kHeaderPhase);
-  in->recv(left, slot);
-  out->send(right, slot);
-  in->waitRecv(remaining(deadline));
-  out->waitSend(remaining(deadline));
-  if (std::memcmp(&theirs, &mine, sizeof(mine)) != 0) {
-    throw CollectiveError(describeCall(rank_, size_, mine, describePeer(mine)) + " does not match rank " +
-                          std::to_string(left) + ", which called " + describePeer(theirs) +
-                          ". HINT: every rank must call the same collectives in the same order with the same "
-                          "dtype, element count and root");
+// Frames of collective `seq` land in recvFrames_[seq % 2], rank p's at
+// offset p * kFrameBytes. Posting them early means a peer's frame needs no
+// "ready to receive" round trip before it flows.
+void ProcessGroupGloo::postFrameReceives(uint64_t seq) {
+  auto& buffers = recvFrameBuffers_[seq % 2];
+  const uint64_t slot = slotFor(seq, kFramePhase);
+  for (int peer : framePeersIn()) buffers[peer]->recv(peer, slot, 0, kFrameBytes);
+}
+
+std::vector<const uint8_t*> ProcessGroupGloo::exchangeFrames(const Descriptor& mine, const void* payload,
+                                                             size_t payloadBytes, Deadline deadline) {
+  DDP_CHECK(payloadBytes <= kSmallPayloadBytes, "frame payload too large");
+  std::memcpy(sendFrame_.data(), &mine, sizeof(mine));
+  if (payloadBytes) std::memcpy(sendFrame_.data() + sizeof(Descriptor), payload, payloadBytes);
+  const uint64_t slot = slotFor(mine.seq, kFramePhase);
+  for (int peer : framePeers_) sendFrameBuffer_->send(peer, slot, 0, kFrameBytes);
+  uint8_t* frames = recvFrames_[mine.seq % 2].data();
+  std::vector<const uint8_t*> payloads(size_, nullptr);
+  for (int from : framePeersIn()) {
+    recvFrameBuffers_[mine.seq % 2][from]->waitRecv(remaining(deadline));
+    const uint8_t* frame = frames + static_cast<size_t>(from) * kFrameBytes;
+    Descriptor theirs;
+    std::memcpy(&theirs, frame, sizeof(theirs));
+    if (std::memcmp(&theirs, &mine, sizeof(mine)) != 0) {
+      throw CollectiveError(describeCall(rank_, size_, mine, describePeer(mine)) + " does not match rank " +
+                            std::to_string(from) + ", which called " + describePeer(theirs) +
+                            ". HINT: every rank must call the same collectives in the same order with the same "
+                            "dtype, element count and root");
+    }
+    payloads[from] = frame + sizeof(Descriptor);
   }
+  return payloads;
 }
 
 // ---- the ring ------------------------------------------------------------------
@@ -434,11 +478,26 @@ WorkPtr ProcessGroupGloo::allreduce(at::Tensor& tensor, const AllreduceOptions& 
   at::Tensor target = tensor;
   return enqueue(d, summarize(tensor, reduceOpName(opts.op)), timeout,
                  [this, target, op = opts.op](const Descriptor& d, Deadline deadline) mutable {
-                   if (size_ == 1 || target.numel() == 0) return;
+                   if (size_ == 1) return;
                    at::Tensor host = hostView(target);
-                   ringReduceScatter(static_cast<uint8_t*>(host.data_ptr()), host.numel(), host.element_size(),
+                   const size_t bytes = host.nbytes();
+                   if (smallPath(bytes)) {
+                     // Every rank folds the same frames in rank order: identical bits everywhere.
+                     auto frames = exchangeFrames(d, host.data_ptr(), bytes, deadline);
+                     if (bytes == 0) return;
+                     std::vector<uint8_t> mine(static_cast<uint8_t*>(host.data_ptr()),
+                                               static_cast<uint8_t*>(host.data_ptr()) + bytes);
+                     frames[rank_] = mine.data();
+                     const ReduceFn reduce = reduceFnFor(host.scalar_type());
+                     uint8_t* out = static_cast<uint8_t*>(host.data_ptr());
+                     std::memcpy(out, frames[0], bytes);
+                     for (int p = 1; p < size_; ++p) reduce(out, frames[p], host.numel(), static_cast<int>(op));
+                   } else {
+                     exchangeFrames(d, nullptr, 0, deadline);
+                     ringReduceScatter(static_cast<uint8_t*>(host.data_ptr()), host.numel(), host.element_size(),
                                      static_cast<int>(op), static_cast<int>(host.scalar_type()), d.seq, deadline,
                                      /*thenAllgather=*/true);
+                   }
                    if (op == ReduceOp::Avg) divideInPlace(host, size_);
                    if (!host.is_same(target)) target.copy_(host);
                  });
@@ -460,13 +519,33 @@ WorkPtr ProcessGroupGloo::reduceScatter(const at::Tensor& input, at::Tensor& out
   at::Tensor in = input, out = output;
   return enqueue(d, summarize(input, reduceOpName(opts.op)), resolveTimeout(opts.timeout),
                  [this, in, out, op = opts.op](const Descriptor& d, Deadline deadline) mutable {
-                   at::Tensor work = in.to(at::kCPU).contiguous().clone();
-                   if (size_ > 1 && work.numel() > 0) {
-                     ringReduceScatter(static_cast<uint8_t*>(work.data_ptr()), work.numel(), work.element_size(),
-                                       static_cast<int>(op), static_cast<int>(work.scalar_type()), d.seq,
-                                       deadline, /*thenAllgather=*/false);
+                   at::Tensor src = hostView(in);
+                   const size_t bytes = src.nbytes(), sliceBytes = bytes / size_;
+                   const size_t elementSize = src.element_size();
+                   at::Tensor mine = at::empty({out.numel()}, src.options());
+                   if (size_ == 1) {
+                     mine.copy_(src.view({-1}));
+                   } else if (smallPath(bytes)) {
+                     auto frames = exchangeFrames(d, src.data_ptr(), bytes, deadline);
+                     frames[rank_] = static_cast<const uint8_t*>(src.data_ptr());
+                     if (sliceBytes > 0) {
+                       const ReduceFn reduce = reduceFnFor(src.scalar_type());
+                       uint8_t* acc = static_cast<uint8_t*>(mine.data_ptr());
+                       std::memcpy(acc, frames[0] + rank_ * sliceBytes, sliceBytes);
+                       for (int p = 1; p < size_; ++p) {
+                         reduce(acc, frames[p] + rank_ * sliceBytes, out.numel(), static_cast<int>(op));
+                       }
+                     }
+                   } else {
+                     exchangeFrames(d, nullptr, 0, deadline);
+                     // The ring reduces in place; work on a reused copy of the input.
+                     if (reduceScatterIn_.size() < bytes) reduceScatterIn_.resize(bytes);
+                     std::memcpy(reduceScatterIn_.data(), src.data_ptr(), bytes);
+                     ringReduceScatter(reduceScatterIn_.data(), src.numel(), elementSize, static_cast<int>(op),
+                                       static_cast<int>(src.scalar_type()), d.seq, deadline,
+                                       /*thenAllgather=*/false);
+                     std::memcpy(mine.data_ptr(), reduceScatterIn_.data() + rank_ * sliceBytes, sliceBytes);
                    }
-                   at::Tensor mine = work.view({-1}).narrow(0, rank_ * out.numel(), out.numel());
                    if (op == ReduceOp::Avg) divideInPlace(mine, size_);
                    out.copy_(mine.view(out.sizes()));
                  });
@@ -486,8 +565,17 @@ WorkPtr ProcessGroupGloo::broadcast(at::Tensor& tensor, const BroadcastOptions& 
   at::Tensor target = tensor;
   return enqueue(d, summarize(tensor, ("root " + std::to_string(opts.root)).c_str()), resolveTimeout(opts.timeout),
                  [this, target, root = opts.root](const Descriptor& d, Deadline deadline) mutable {
-                   if (size_ == 1 || target.numel() == 0) return;
+                   if (size_ == 1) return;
                    at::Tensor host = hostView(target);
+                   const size_t bytes = host.nbytes();
+                   if (smallPath(bytes)) {
+                     auto frames = exchangeFrames(d, rank_ == root ? host.data_ptr() : nullptr,
+                                                  rank_ == root ? bytes : 0, deadline);
+                     if (rank_ != root && bytes) std::memcpy(host.data_ptr(), frames[root], bytes);
+                     if (!host.is_same(target)) target.copy_(host);
+                     return;
+                   }
+                   exchangeFrames(d, nullptr, 0, deadline);
                    gloo::BroadcastOptions bo(context_);
                    bo.setOutput(static_cast<uint8_t*>(host.data_ptr()), host.nbytes());
                    bo.setRoot(root);
@@ -514,9 +602,16 @@ WorkPtr ProcessGroupGloo::allgather(const at::Tensor& input, at::Tensor& output,
                  [this, in, out](const Descriptor& d, Deadline deadline) mutable {
                    at::Tensor src = hostView(in);
                    at::Tensor dst = hostView(out);
-                   if (size_ == 1 || src.numel() == 0) {
-                     if (src.numel() > 0) dst.view({-1}).copy_(src.view({-1}));
+                   const size_t bytes = src.nbytes();
+                   if (size_ == 1) {
+                     if (bytes > 0) dst.view({-1}).copy_(src.view({-1}));
+                   } else if (smallPath(bytes)) {
+                     auto frames = exchangeFrames(d, src.data_ptr(), bytes, deadline);
+                     frames[rank_] = static_cast<const uint8_t*>(src.data_ptr());
+                     uint8_t* outBytes = static_cast<uint8_t*>(dst.data_ptr());
+                     for (int p = 0; p < size_ && bytes; ++p) std::memcpy(outBytes + p * bytes, frames[p], bytes);
                    } else {
+                     exchangeFrames(d, nullptr, 0, deadline);
                      gloo::AllgatherOptions ao(context_);
                      ao.setInput(static_cast<uint8_t*>(src.data_ptr()), src.nbytes());
                      ao.setOutput(static_cast<uint8_t*>(dst.data_ptr()), dst.nbytes());
@@ -531,12 +626,18 @@ WorkPtr ProcessGroupGloo::allgather(const at::Tensor& input, at::Tensor& output,
 WorkPtr ProcessGroupGloo::barrier(const BarrierOptions& opts) {
   Descriptor d;
   d.op = kBarrier;
+  // With every rank framing every other, the frame exchange is the barrier;
+  // beyond kAllToAllMaxRanks frames go around the ring, so Gloo's barrier
+  // follows.
   return enqueue(d, "no data", resolveTimeout(opts.timeout), [this](const Descriptor& d, Deadline deadline) {
     if (size_ == 1) return;
-    gloo::BarrierOptions bo(context_);
-    bo.setTag(static_cast<uint32_t>(d.seq));
-    bo.setTimeout(remaining(deadline));
-    gloo::barrier(bo);
+    exchangeFrames(d, nullptr, 0, deadline);
+    if (size_ > kAllToAllMaxRanks) {
+      gloo::BarrierOptions bo(context_);
+      bo.setTag(static_cast<uint32_t>(d.seq));
+      bo.setTimeout(remaining(deadline));
+      gloo::barrier(bo);
+    }
   });
 }
 

@@ -8,13 +8,17 @@
 // - One worker thread runs the collectives in call order; callers get a
 //   Work at once. Non-contiguous or non-CPU tensors are staged through a
 //   contiguous host copy.
-// - Allreduce and reduce_scatter use our own pipelined ring over Gloo's
-//   unbound buffers (faster than Gloo's ring at every size measured; see
-//   docs/performance.md). Broadcast, allgather and barrier use Gloo's.
-// - Before each collective a rank sends a 32-byte descriptor (sequence
-//   number, operation, dtype, element count, root) to its right neighbour
-//   and checks the one from its left, so ranks that disagree fail with a
-//   CollectiveError before any payload moves.
+// - Every collective starts with a fixed-size frame from each rank to each
+//   other rank (to the right neighbour only above kAllToAllMaxRanks ranks),
+//   received into buffers posted two collectives ahead, so it costs one
+//   network hop. The frame carries a descriptor (sequence number, operation,
+//   dtype, element count, root, reduce op) that each rank checks against its
+//   own: ranks that disagree fail with a CollectiveError before any payload
+//   moves. Payloads up to kSmallPayloadBytes travel inside the frame, so a
+//   small collective is that one hop, reduced locally in rank order (the
+//   same bits on every rank).
+// - Larger allreduce and reduce_scatter use our own pipelined ring over
+//   Gloo's unbound buffers; larger broadcast and allgather use Gloo's.
 #pragma once
 
 #include <condition_variable>
@@ -30,7 +34,10 @@
 
 namespace gloo {
 class Context;
+namespace transport {
+class UnboundBuffer;
 }
+}  // namespace gloo
 
 namespace ddp {
 
@@ -75,13 +82,41 @@ class ProcessGroupGloo : public ProcessGroup {
   WorkPtr enqueue(Descriptor descriptor, const std::string& summary, Milliseconds timeout,
                   std::function<void(const Descriptor&, Deadline)> run);
   void workerLoop();
-  void checkAgreement(const Descriptor& mine, Deadline deadline);
+  // Sends this collective's frame and checks the peers' frames; returns
+  // their payload area, indexed by rank (null for this rank).
+  std::vector<const uint8_t*> exchangeFrames(const Descriptor& mine, const void* payload, size_t payloadBytes,
+                                             Deadline deadline);
+  void postFrameReceives(uint64_t seq);
+  // The ranks whose frames we receive: every other, or the left neighbour.
+  std::vector<int> framePeersIn() const {
+    return size_ <= kAllToAllMaxRanks ? framePeers_ : std::vector<int>{(rank_ + size_ - 1) % size_};
+  }
+  bool smallPath(size_t payloadBytes) const {
+    return payloadBytes <= kSmallPayloadBytes && size_ <= kAllToAllMaxRanks;
+  }
+  void runTask(Task& task);
   void ringReduceScatter(uint8_t* data, size_t count, size_t elementSize, int reduceOp, int dtype,
                          uint64_t seq, Deadline deadline, bool thenAllgather);
 
+  static constexpr size_t kSmallPayloadBytes = 16 * 1024;
+  static constexpr int kAllToAllMaxRanks = 8;
+  static constexpr size_t kFrameBytes = 32 + kSmallPayloadBytes;  // descriptor + payload
+
+  // Worker-thread state. The destructor drops the unbound buffers and the
+  // context first, so no connection writes into freed memory.
+  std::vector<uint8_t> scratch_;         // receive space for the ring
+  std::vector<uint8_t> reduceScatterIn_;  // reused: a fresh 64 MiB buffer per call costs page faults
+  std::vector<uint8_t> sendFrame_;
+  std::vector<uint8_t> recvFrames_[2];   // [seq % 2]: one frame per rank
+  std::unique_ptr<gloo::transport::UnboundBuffer> sendFrameBuffer_;
+  // [seq % 2][peer]: one unbound buffer per peer, since Gloo reports only
+  // the rank of the latest completed receive of a buffer.
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvFrameBuffers_[2];
+
   std::shared_ptr<gloo::Context> context_;
   std::string listenAddress_;
-  std::vector<uint8_t> scratch_;  // receive space for the ring; worker thread only
+  std::vector<int> framePeers_;  // ranks we send frames to and expect frames from
+
 
   std::mutex mutex_;
   std::condition_variable queued_;
