@@ -233,7 +233,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
 
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(options_.timeout);
-  GlooStoreAdapter adapter(std::make_shared<PrefixStore>("gloo", store));
+  store_ = std::make_shared<PrefixStore>("gloo", store);
+  GlooStoreAdapter adapter(store_);
   try {
     context->connectFullMesh(adapter, device);
   } catch (const std::exception& e) {
@@ -276,6 +277,20 @@ ProcessGroupGloo::~ProcessGroupGloo() {
   }
   queued_.notify_all();
   if (worker_.joinable()) worker_.join();
+  // A rank that closes its connections while a peer still waits for the end
+  // of the last collective would fail that peer ("connection closed by
+  // peer"): healthy groups first agree through the store that all are done.
+  // A broken rank still says it is closing, so that its peers need not wait.
+  if (size_ > 1) {
+    try {
+      std::vector<std::string> keys;
+      for (int r = 0; r < size_; ++r) keys.push_back("closed/" + std::to_string(r));
+      store_->setString(keys[rank_], "1");
+      if (!broken_) store_->wait(keys, std::chrono::milliseconds(10000));
+    } catch (const std::exception&) {
+      // A peer that is gone cannot be waited for; close anyway.
+    }
+  }
   // Unbound buffers first (pending receives into them are dropped), then the
   // connections, then the memory.
   sendFrameBuffer_.reset();
@@ -522,7 +537,10 @@ WorkPtr ProcessGroupGloo::reduceScatter(const at::Tensor& input, at::Tensor& out
                    at::Tensor src = hostView(in);
                    const size_t bytes = src.nbytes(), sliceBytes = bytes / size_;
                    const size_t elementSize = src.element_size();
-                   at::Tensor mine = at::empty({out.numel()}, src.options());
+                   // Reduce straight into the output when it is a contiguous host
+                   // tensor: a fresh buffer per call costs page faults at every size.
+                   at::Tensor outHost = hostView(out);
+                   at::Tensor mine = outHost.view({-1});
                    if (size_ == 1) {
                      mine.copy_(src.view({-1}));
                    } else if (smallPath(bytes)) {
@@ -547,7 +565,7 @@ WorkPtr ProcessGroupGloo::reduceScatter(const at::Tensor& input, at::Tensor& out
                      std::memcpy(mine.data_ptr(), reduceScatterIn_.data() + rank_ * sliceBytes, sliceBytes);
                    }
                    if (op == ReduceOp::Avg) divideInPlace(mine, size_);
-                   out.copy_(mine.view(out.sizes()));
+                   if (!outHost.is_same(out)) out.copy_(outHost);
                  });
 }
 

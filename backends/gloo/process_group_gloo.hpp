@@ -114,6 +114,7 @@ class ProcessGroupGloo : public ProcessGroup {
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvFrameBuffers_[2];
 
   std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<Store> store_;  // "gloo/"-prefixed; also used to close in step
   std::string listenAddress_;
   std::vector<int> framePeers_;  // ranks we send frames to and expect frames from
 
