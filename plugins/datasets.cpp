@@ -1,0 +1,376 @@
+// Datasets: the vendored UCI Wine table, any numeric CSV, and synthetic
+// Gaussian blobs. All split train/test with the same seeded shuffle, so every
+// rank (and every machine) that uses the same seed sees the same split.
+#include <torch/torch.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "ddp/config.hpp"
+#include "plugins/builtin.hpp"
+
+namespace ddp::plugins {
+
+namespace {
+
+constexpr PluginKind kDataset = PluginKind::Dataset;
+
+// ---- seeded randomness, identical on every platform -----------------------------
+// std::shuffle and std::*_distribution are implementation-defined; the
+// engine mt19937_64 is not, so everything random is derived from it by hand.
+
+// Uniform in [0, bound) without modulo bias: reject the short last block.
+uint64_t uniformBelow(std::mt19937_64& rng, uint64_t bound) {
+  const uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound
+  for (;;) {
+    uint64_t r = rng();
+    if (r >= threshold) return r % bound;
+  }
+}
+
+// Uniform in (0, 1], from the top 53 bits.
+double uniformOpenClosed(std::mt19937_64& rng) { return static_cast<double>((rng() >> 11) + 1) * 0x1.0p-53; }
+
+double standardNormal(std::mt19937_64& rng) {
+  // Box-Muller, one value per call: simple and stateless.
+  const double radius = std::sqrt(-2.0 * std::log(uniformOpenClosed(rng)));
+  return radius * std::cos(2.0 * M_PI * uniformOpenClosed(rng));
+}
+
+std::vector<int64_t> seededPermutation(int64_t n, uint64_t seed) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  std::mt19937_64 rng(seed);
+  for (int64_t i = n - 1; i > 0; --i) {
+    auto j = static_cast<int64_t>(uniformBelow(rng, static_cast<uint64_t>(i) + 1));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  return order;
+}
+
+// ---- splitting and scaling --------------------------------------------------------
+
+// features: [N, F] float64; targets: [N] int64 (classification) or float64.
+DatasetSplits splitAndScale(const at::Tensor& features, const at::Tensor& targets, int64_t numClasses,
+                            double testFraction, bool standardize, uint64_t seed) {
+  const int64_t n = features.size(0);
+  requireBelow(kDataset, "test_fraction", testFraction, 1.0);
+  const auto numTest = static_cast<int64_t>(std::llround(static_cast<double>(n) * testFraction));
+  if (numTest < 1 || numTest > n - 1) {
+    paramError(kDataset, "test_fraction",
+               showValue(testFraction) + " of " + std::to_string(n) + " rows leaves " +
+                   (numTest < 1 ? "no test rows" : "no training rows"));
+  }
+  const auto order = seededPermutation(n, seed);
+  auto index = torch::tensor(order, torch::kInt64);
+  auto testIndex = index.slice(0, 0, numTest);
+  auto trainIndex = index.slice(0, numTest, n);
+
+  at::Tensor train = features.index_select(0, trainIndex);
+  at::Tensor test = features.index_select(0, testIndex);
+  if (standardize) {
+    // Fitted on the training rows only: the test rows must not leak into
+    // the model through the scaling.
+    auto mean = train.mean(0);
+    auto stddev = (train - mean).pow(2).mean(0).sqrt();  // population std, as scikit-learn's scaler
+    // A constant column has a std of 0, or of rounding noise; leave it unscaled.
+    auto tiny = 1e-12 * torch::clamp_min(mean.abs(), 1.0);
+    stddev = torch::where(stddev > tiny, stddev, torch::ones_like(stddev));
+    train = (train - mean) / stddev;
+    test = (test - mean) / stddev;
+  }
+
+  DatasetSplits splits;
+  splits.trainFeatures = train.to(torch::kFloat32).contiguous();
+  splits.testFeatures = test.to(torch::kFloat32).contiguous();
+  const auto targetType = numClasses > 0 ? torch::kInt64 : torch::kFloat32;
+  splits.trainTargets = targets.index_select(0, trainIndex).to(targetType).contiguous();
+  splits.testTargets = targets.index_select(0, testIndex).to(targetType).contiguous();
+  splits.numFeatures = features.size(1);
+  splits.numClasses = numClasses;
+  return splits;
+}
+
+// ---- reading files ----------------------------------------------------------------
+
+// A relative path is looked up next to the config, then in the current
+// directory, then in the source tree (where data/ ships), so that
+// experiments/*.json work from any directory.
+std::string resolvePath(const std::string& path, const DatasetContext& context) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::path(path).is_absolute()) {
+    if (fs::exists(path, ec)) return path;
+    paramError(kDataset, "path", "file '" + path + "' not found");
+  }
+  std::vector<fs::path> candidates;
+  if (!context.configDir.empty()) candidates.push_back(fs::path(context.configDir) / path);
+  candidates.push_back(fs::path(path));
+  candidates.push_back(fs::path(DDP_SOURCE_DIR) / path);
+  std::string tried;
+  for (const auto& candidate : candidates) {
+    if (fs::is_regular_file(candidate, ec)) return candidate.string();
+    tried += (tried.empty() ? "" : ", ") + fs::absolute(candidate, ec).string();
+  }
+  paramError(kDataset, "path", "file '" + path + "' not found (looked for " + tried + ")");
+}
+
+struct CsvRow {
+  int64_t line = 0;
+  std::vector<std::string> fields;
+};
+
+std::string trim(const std::string& s) {
+  size_t begin = s.find_first_not_of(" \t\r");
+  if (begin == std::string::npos) return "";
+  size_t end = s.find_last_not_of(" \t\r");
+  return s.substr(begin, end - begin + 1);
+}
+
+// Non-blank lines split on commas, with their 1-based line numbers.
+std::vector<CsvRow> readCsvRows(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("dataset file '" + path + "' cannot be opened: " + std::strerror(errno));
+  std::vector<CsvRow> rows;
+  std::string line;
+  int64_t lineNumber = 0;
+  while (std::getline(in, line)) {
+    ++lineNumber;
+    if (trim(line).empty()) continue;
+    CsvRow row;
+    row.line = lineNumber;
+    size_t start = 0;
+    for (;;) {
+      size_t comma = line.find(',', start);
+      row.fields.push_back(trim(line.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    rows.push_back(std::move(row));
+  }
+  if (rows.empty()) throw UsageError(path + ": empty file");
+  return rows;
+}
+
+// column is 1-based, as a spreadsheet shows it.
+double parseNumber(const std::string& path, const CsvRow& row, size_t column) {
+  const std::string& text = row.fields[column - 1];
+  const std::string where = path + ":" + std::to_string(row.line) + ": column " + std::to_string(column) + ": ";
+  if (text.empty()) throw UsageError(where + "empty value");
+  // from_chars: locale-independent, unlike strtod. It rejects a leading '+'.
+  const char* begin = text.data() + (text[0] == '+' ? 1 : 0);
+  const char* end = text.data() + text.size();
+  double value = 0;
+  auto [next, ec] = std::from_chars(begin, end, value);
+  if (ec == std::errc::result_out_of_range) throw UsageError(where + "'" + text + "' is out of range");
+  if (ec != std::errc() || next != end) throw UsageError(where + "'" + text + "' is not a number");
+  if (!std::isfinite(value)) throw UsageError(where + "'" + text + "' is not a finite number");
+  return value;
+}
+
+void checkColumns(const std::string& path, const CsvRow& row, size_t expected) {
+  if (row.fields.size() != expected) {
+    throw UsageError(path + ":" + std::to_string(row.line) + ": expected " + std::to_string(expected) +
+                     " columns, found " + std::to_string(row.fields.size()));
+  }
+}
+
+int64_t classIndex(const std::string& path, const CsvRow& row, double value) {
+  if (value < 0 || value != std::floor(value) || value > 1e9) {
+    throw UsageError(path + ":" + std::to_string(row.line) + ": target " + showValue(value) +
+                     " is not a class index (a non-negative integer). HINT: set \"task\": \"regression\" for "
+                     "continuous targets");
+  }
+  return static_cast<int64_t>(value);
+}
+
+// ---- wine -------------------------------------------------------------------------
+
+// scikit-learn's wine_data.csv: a first line "178,13,class_0,class_1,class_2"
+// (rows, features, class names), then 13 features and the class per row.
+DatasetSplits loadWine(const Params& params, const DatasetContext& context) {
+  const std::string path = resolvePath(params.getString("path"), context);
+  const auto rows = readCsvRows(path);
+  const CsvRow& head = rows[0];
+  if (head.fields.size() < 3) {
+    throw UsageError(path + ":" + std::to_string(head.line) +
+                     ": expected the scikit-learn header 'rows,features,class names...'");
+  }
+  const auto numRows = static_cast<int64_t>(parseNumber(path, head, 1));
+  const auto numFeatures = static_cast<int64_t>(parseNumber(path, head, 2));
+  const auto numClasses = static_cast<int64_t>(head.fields.size()) - 2;
+  if (numRows < 1 || numFeatures < 1) {
+    throw UsageError(path + ":" + std::to_string(head.line) + ": the header gives no rows or no features");
+  }
+  if (static_cast<int64_t>(rows.size()) - 1 != numRows) {
+    throw UsageError(path + ": the header says " + std::to_string(numRows) + " rows, the file has " +
+                     std::to_string(rows.size() - 1));
+  }
+  std::vector<double> features;
+  std::vector<int64_t> targets;
+  features.reserve(static_cast<size_t>(numRows * numFeatures));
+  for (size_t r = 1; r < rows.size(); ++r) {
+    checkColumns(path, rows[r], static_cast<size_t>(numFeatures) + 1);
+    for (int64_t c = 1; c <= numFeatures; ++c) features.push_back(parseNumber(path, rows[r], static_cast<size_t>(c)));
+    int64_t label = classIndex(path, rows[r], parseNumber(path, rows[r], static_cast<size_t>(numFeatures) + 1));
+    if (label >= numClasses) {
+      throw UsageError(path + ":" + std::to_string(rows[r].line) + ": class " + std::to_string(label) +
+                       " but the header names " + std::to_string(numClasses) + " classes");
+    }
+    targets.push_back(label);
+  }
+  auto x = torch::tensor(features, torch::kFloat64).view({numRows, numFeatures});
+  auto y = torch::tensor(targets, torch::kInt64);
+  return splitAndScale(x, y, numClasses, params.getDouble("test_fraction"), params.getBool("standardize"),
+                       context.seed);
+}
+
+// ---- csv --------------------------------------------------------------------------
+
+DatasetSplits loadCsv(const Params& params, const DatasetContext& context) {
+  const std::string path = resolvePath(params.getString("path"), context);
+  const bool classification = params.getString("task") == "classification";
+  const auto rows = readCsvRows(path);
+  const bool header = params.getBool("header");
+  const size_t firstData = header ? 1 : 0;
+  if (rows.size() <= firstData) throw UsageError(path + ": no data rows after the header");
+  const size_t numColumns = rows[0].fields.size();
+  if (numColumns < 2) {
+    throw UsageError(path + ":" + std::to_string(rows[0].line) +
+                     ": expected at least 2 columns (features and a target), found " + std::to_string(numColumns));
+  }
+  int64_t target = params.getInt("target_column");
+  const auto signedColumns = static_cast<int64_t>(numColumns);
+  if (target < -signedColumns || target >= signedColumns) {
+    paramError(kDataset, "target_column",
+               std::to_string(target) + " is out of range for " + std::to_string(numColumns) + " columns (0.." +
+                   std::to_string(numColumns - 1) + ", or negative from the end)");
+  }
+  if (target < 0) target += signedColumns;
+
+  const auto numRows = static_cast<int64_t>(rows.size() - firstData);
+  const auto numFeatures = signedColumns - 1;
+  std::vector<double> features;
+  std::vector<double> targets;
+  features.reserve(static_cast<size_t>(numRows * numFeatures));
+  int64_t numClasses = 0;
+  for (size_t r = firstData; r < rows.size(); ++r) {
+    checkColumns(path, rows[r], numColumns);
+    for (size_t c = 0; c < numColumns; ++c) {
+      double value = parseNumber(path, rows[r], c + 1);
+      if (static_cast<int64_t>(c) != target) {
+        features.push_back(value);
+      } else {
+        if (classification) numClasses = std::max(numClasses, classIndex(path, rows[r], value) + 1);
+        targets.push_back(value);
+      }
+    }
+  }
+  auto x = torch::tensor(features, torch::kFloat64).view({numRows, numFeatures});
+  auto y = torch::tensor(targets, torch::kFloat64);
+  if (classification) y = y.to(torch::kInt64);
+  return splitAndScale(x, y, numClasses, params.getDouble("test_fraction"), params.getBool("standardize"),
+                       context.seed);
+}
+
+// ---- synthetic --------------------------------------------------------------------
+
+// Gaussian blobs: class c's rows scatter with std `noise` around a centroid
+// drawn from N(0, 1) per feature. Balanced classes (row i has class i % C).
+DatasetSplits makeSynthetic(const Params& params, const DatasetContext& context) {
+  const int64_t samples = params.getInt("samples");
+  const int64_t numFeatures = params.getInt("features");
+  const int64_t numClasses = params.getInt("classes");
+  const double noise = params.getDouble("noise");
+  if (samples < numClasses) {
+    paramError(kDataset, "samples",
+               std::to_string(samples) + " is fewer than the " + std::to_string(numClasses) + " classes");
+  }
+  // A stream of its own, so that the data does not correlate with the split.
+  std::mt19937_64 rng(context.seed ^ 0x9E3779B97F4A7C15ULL);
+  std::vector<double> centroids(static_cast<size_t>(numClasses * numFeatures));
+  for (auto& v : centroids) v = standardNormal(rng);
+  std::vector<double> features(static_cast<size_t>(samples * numFeatures));
+  std::vector<int64_t> targets(static_cast<size_t>(samples));
+  for (int64_t i = 0; i < samples; ++i) {
+    const int64_t c = i % numClasses;
+    targets[static_cast<size_t>(i)] = c;
+    for (int64_t f = 0; f < numFeatures; ++f) {
+      features[static_cast<size_t>(i * numFeatures + f)] =
+          centroids[static_cast<size_t>(c * numFeatures + f)] + noise * standardNormal(rng);
+    }
+  }
+  auto x = torch::tensor(features, torch::kFloat64).view({samples, numFeatures});
+  auto y = torch::tensor(targets, torch::kInt64);
+  return splitAndScale(x, y, numClasses, params.getDouble("test_fraction"), /*standardize=*/false, context.seed);
+}
+
+ParamSpec testFractionParam() {
+  return Param("test_fraction", ParamType::Float, 0.2, "fraction of rows held out for testing, < 1").above(0).atMost(1);
+}
+
+ParamSpec standardizeParam() {
+  return Param("standardize", ParamType::Bool, true,
+               "scale each feature to mean 0, std 1 (fitted on the training rows)");
+}
+
+}  // namespace
+
+void registerDatasets(PluginRegistry& registry) {
+  {
+    PluginSpec spec;
+    spec.kind = kDataset;
+    spec.name = "wine";
+    spec.doc = "UCI Wine recognition: 178 wines, 13 chemical features, 3 cultivars (data/wine.csv)";
+    spec.params = {
+        Param("path", ParamType::String, "data/wine.csv",
+              "the scikit-learn wine_data.csv; relative to the config, the current or the source directory"),
+        testFractionParam(),
+        standardizeParam(),
+    };
+    spec.dataset = loadWine;
+    registry.add(std::move(spec));
+  }
+  {
+    PluginSpec spec;
+    spec.kind = kDataset;
+    spec.name = "csv";
+    spec.doc = "a numeric table from a CSV file: one target column, the others features";
+    spec.params = {
+        Param("path", ParamType::String, nullptr,
+              "the CSV file; relative to the config, the current or the source directory"),
+        Param("target_column", ParamType::Int, -1, "0-based column of the target; negative counts from the end"),
+        Param("header", ParamType::Bool, true, "the first line names the columns"),
+        standardizeParam(),
+        Param("task", ParamType::String, "classification",
+              "classification: targets are class indices 0..C-1; regression: real targets")
+            .oneOf({"classification", "regression"}),
+        testFractionParam(),
+    };
+    spec.dataset = loadCsv;
+    registry.add(std::move(spec));
+  }
+  {
+    PluginSpec spec;
+    spec.kind = kDataset;
+    spec.name = "synthetic";
+    spec.doc = "Gaussian blobs around random class centroids, generated from the seed";
+    spec.params = {
+        Param("samples", ParamType::Int, 1024, "rows in all (train + test)").atLeast(2),
+        Param("features", ParamType::Int, 16, "features per row").atLeast(1),
+        Param("classes", ParamType::Int, 4, "number of classes").atLeast(2),
+        Param("noise", ParamType::Float, 0.1, "std of the scatter around each centroid (centroids are N(0, 1))")
+            .atLeast(0),
+        testFractionParam(),
+    };
+    spec.dataset = makeSynthetic;
+    registry.add(std::move(spec));
+  }
+}
+
+}  // namespace ddp::plugins

@@ -1,0 +1,694 @@
+// Plugins: the registry (listing, describing, errors), each built-in plugin
+// against its contract (datasets' splits and file errors, the MLP's shapes,
+// Adam/AdamW against LibTorch's, schedulers' closed forms, losses), and
+// loading an out-of-tree plugin library.
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "framework/errors.hpp"
+#include "framework/plugin_registry.hpp"
+
+using namespace ddp;
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+
+namespace {
+
+// What experiment validation hands a factory: every declared parameter, the
+// defaults filled in, overridden by `values`.
+Params paramsFor(const PluginSpec& spec, const Json& values = Json::object()) {
+  Json all = Json::object();
+  for (const auto& p : spec.params) {
+    if (!p.defaultValue.is_null()) all[p.name] = p.defaultValue;
+  }
+  for (const auto& [key, value] : values.items()) all[key] = value;
+  return Params(all);
+}
+
+const PluginSpec& builtin(PluginKind kind, const std::string& name) { return PluginRegistry::global().get(kind, name); }
+
+DatasetSplits loadDataset(const std::string& name, const Json& values = Json::object(), uint64_t seed = 0,
+                          const std::string& configDir = "") {
+  const auto& spec = builtin(PluginKind::Dataset, name);
+  DatasetContext context;
+  context.seed = seed;
+  context.configDir = configDir;
+  return spec.dataset(paramsFor(spec, values), context);
+}
+
+ModelPtr makeModel(const Json& values, int64_t features, int64_t classes) {
+  const auto& spec = builtin(PluginKind::Model, "mlp");
+  ModelContext context;
+  context.numFeatures = features;
+  context.numClasses = classes;
+  return spec.model(paramsFor(spec, values), context);
+}
+
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const std::string& name, std::vector<at::Tensor> params,
+                                                       const Json& values = Json::object()) {
+  const auto& spec = builtin(PluginKind::Optimizer, name);
+  return spec.optimizer(std::move(params), paramsFor(spec, values));
+}
+
+// The message of the UsageError that `fn` throws ("" when none).
+template <typename Fn>
+std::string usageErrorOf(Fn&& fn) {
+  try {
+    fn();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A directory of its own under /tmp, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    static int counter = 0;
+    path_ = std::filesystem::temp_directory_path() /
+            ("ddp_test_plugins_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string write(const std::string& name, const std::string& content) const {
+    auto file = path_ / name;
+    std::ofstream(file) << content;
+    return file.string();
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+double maxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+}  // namespace
+
+// ---- registry ----------------------------------------------------------------------
+
+TEST_CASE("plugin registry: kinds, types and closest names", "[plugins]") {
+  for (auto kind :
+       {PluginKind::Dataset, PluginKind::Model, PluginKind::Optimizer, PluginKind::Scheduler, PluginKind::Loss}) {
+    auto back = pluginKindFromName(pluginKindName(kind));
+    REQUIRE(back.has_value());
+    CHECK(*back == kind);
+  }
+  CHECK(std::string(pluginKindName(PluginKind::Optimizer)) == "optimizer");
+  CHECK_FALSE(pluginKindFromName("optimiser").has_value());
+  CHECK(std::string(paramTypeName(ParamType::IntList)) == "int list");
+  CHECK(std::string(paramTypeName(ParamType::Float)) == "float");
+
+  CHECK(closestName("mpl", {"mlp"}) == "mlp");
+  CHECK(closestName("adma", {"adam", "adamw", "sgd"}) == "adam");
+  CHECK(closestName("cross_entropi", {"cross_entropy", "mse"}) == "cross_entropy");
+  CHECK(closestName("transformer", {"mlp"}).empty());
+  CHECK(closestName("x", {}).empty());
+}
+
+TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]") {
+  const auto& registry = PluginRegistry::global();
+  CHECK(registry.names(PluginKind::Dataset) == std::vector<std::string>{"csv", "synthetic", "wine"});
+  CHECK(registry.names(PluginKind::Model) == std::vector<std::string>{"mlp"});
+  CHECK(registry.names(PluginKind::Optimizer) == std::vector<std::string>{"adam", "adamw", "sgd"});
+  CHECK(registry.names(PluginKind::Scheduler) == std::vector<std::string>{"cosine", "step"});
+  CHECK(registry.names(PluginKind::Loss) == std::vector<std::string>{"cross_entropy", "mse"});
+  CHECK(registry.has(PluginKind::Optimizer, "adam"));
+  CHECK_FALSE(registry.has(PluginKind::Model, "adam"));
+
+  const std::string listing = registry.listing();
+  for (const char* expected : {"datasets:", "models:", "optimizers:", "schedulers:", "losses:", "wine", "synthetic",
+                               "csv", "mlp", "adamw", "cosine", "cross_entropy", "UCI Wine"}) {
+    CHECK_THAT(listing, Contains(expected));
+  }
+
+  const std::string adam = registry.describe("optimizer.adam");
+  CHECK_THAT(adam, StartsWith("optimizer.adam: Adam"));
+  for (const char* expected : {"param", "type", "default", "range", "lr", "float", "0.001", "> 0", "beta2", "0.999",
+                               "1e-08", "weight_decay", ">= 0"}) {
+    CHECK_THAT(adam, Contains(expected));
+  }
+  const std::string mlp = registry.describe("model.mlp");
+  CHECK_THAT(mlp, Contains("int list"));
+  CHECK_THAT(mlp, Contains("[13,64,3]"));
+  CHECK_THAT(mlp, Contains("relu|tanh|gelu|sigmoid"));
+  CHECK_THAT(registry.describe("dataset.csv"), Contains("(required)"));
+  CHECK_THAT(registry.describe("loss.mse"), Contains("(no parameters)"));
+  CHECK_THAT(registry.describe("dataset.wine"), Contains("(0, 1]"));
+
+  const std::string typo = usageErrorOf([&] { registry.describe("optimizer.adma"); });
+  CHECK_THAT(typo, Contains("unknown optimizer 'adma'; did you mean 'adam'?"));
+  CHECK_THAT(typo, Contains("known optimizers: adam, adamw, sgd"));
+  const std::string noKind = usageErrorOf([&] { registry.describe("adam"); });
+  CHECK_THAT(noKind, StartsWith("cannot describe 'adam': expected KIND.NAME; did you mean 'optimizer.adam'? known "
+                                "plugins: dataset.csv, dataset.synthetic, dataset.wine, model.mlp, optimizer.adam,"));
+  CHECK_THAT(usageErrorOf([&] { registry.describe("zzz"); }),
+             StartsWith("cannot describe 'zzz': expected KIND.NAME; known plugins: dataset.csv,"));
+  CHECK_THAT(noKind, Contains("optimizer.adam"));
+  CHECK_THAT(noKind, Contains("dataset.wine"));
+  CHECK_THAT(usageErrorOf([&] { registry.describe("optimiser.adam"); }), Contains("did you mean 'optimizer.adam'?"));
+}
+
+TEST_CASE("plugin registry: duplicate and unknown names are usage errors", "[plugins]") {
+  PluginRegistry registry;
+  PluginSpec spec;
+  spec.kind = PluginKind::Model;
+  spec.name = "mlp";
+  spec.model = [](const Params&, const ModelContext&) -> ModelPtr { return nullptr; };
+  registry.add(spec);
+  CHECK(usageErrorOf([&] { registry.add(spec); }) == "plugin registry: model 'mlp' is registered twice");
+  // The same name of another kind is a different plugin.
+  PluginSpec loss;
+  loss.kind = PluginKind::Loss;
+  loss.name = "mlp";
+  loss.loss = [](const Params&) -> LossFn { return nullptr; };
+  CHECK_NOTHROW(registry.add(loss));
+  PluginSpec noFactory;
+  noFactory.kind = PluginKind::Dataset;
+  noFactory.name = "broken";
+  CHECK_THAT(usageErrorOf([&] { registry.add(noFactory); }), Contains("has no dataset factory"));
+
+  CHECK(usageErrorOf([&] { registry.get(PluginKind::Model, "mpl"); }) ==
+        "unknown model 'mpl'; did you mean 'mlp'? known models: mlp");
+  CHECK(usageErrorOf([&] { registry.get(PluginKind::Model, "resnet50"); }) ==
+        "unknown model 'resnet50'; known models: mlp");
+  CHECK(usageErrorOf([&] { registry.get(PluginKind::Scheduler, "step"); }) ==
+        "unknown scheduler 'step'; known schedulers: (none)");
+  CHECK(usageErrorOf([&] { PluginRegistry::global().get(PluginKind::Loss, "mes"); }) ==
+        "unknown loss 'mes'; did you mean 'mse'? known losses: cross_entropy, mse");
+}
+
+// ---- datasets ----------------------------------------------------------------------
+
+TEST_CASE("dataset wine: 178 rows split 80/20, standardized on the training rows", "[plugins]") {
+  auto wine = loadDataset("wine");
+  CHECK(wine.numFeatures == 13);
+  CHECK(wine.numClasses == 3);
+  CHECK(wine.trainFeatures.sizes() == at::IntArrayRef{142, 13});
+  CHECK(wine.testFeatures.sizes() == at::IntArrayRef{36, 13});
+  CHECK(wine.trainFeatures.size(0) + wine.testFeatures.size(0) == 178);
+  CHECK(wine.trainTargets.sizes() == at::IntArrayRef{142});
+  CHECK(wine.testTargets.sizes() == at::IntArrayRef{36});
+  CHECK(wine.trainFeatures.scalar_type() == torch::kFloat32);
+  CHECK(wine.trainTargets.scalar_type() == torch::kInt64);
+  // All 59 + 71 + 48 rows arrive, once each.
+  auto counts = torch::bincount(torch::cat({wine.trainTargets, wine.testTargets}));
+  CHECK(counts.equal(torch::tensor({59, 71, 48}, torch::kInt64)));
+
+  auto trainMean = wine.trainFeatures.mean(0);
+  auto trainStd = (wine.trainFeatures - trainMean).pow(2).mean(0).sqrt();
+  CHECK(trainMean.abs().max().item<double>() < 1e-5);
+  CHECK((trainStd - 1).abs().max().item<double>() < 1e-4);
+  // The test rows are scaled with the training statistics, so theirs differ.
+  CHECK(wine.testFeatures.mean(0).abs().max().item<double>() > 1e-3);
+
+  SECTION("the split depends on the seed only") {
+    auto again = loadDataset("wine");
+    CHECK(again.trainFeatures.equal(wine.trainFeatures));
+    CHECK(again.testTargets.equal(wine.testTargets));
+    auto other = loadDataset("wine", Json::object(), /*seed=*/1);
+    CHECK_FALSE(other.testFeatures.equal(wine.testFeatures));
+    CHECK(other.testFeatures.size(0) == 36);
+  }
+  SECTION("without standardizing, the file's values come through") {
+    auto raw = loadDataset("wine", {{"standardize", false}});
+    // Proline (last feature) is in the hundreds; magnesium (5th) 70..162.
+    CHECK(raw.trainFeatures.select(1, 12).min().item<double>() >= 278);
+    CHECK(raw.trainFeatures.select(1, 4).max().item<double>() <= 162);
+  }
+  SECTION("test_fraction sets the split") {
+    auto half = loadDataset("wine", {{"test_fraction", 0.5}});
+    CHECK(half.trainFeatures.size(0) == 89);
+    CHECK(half.testFeatures.size(0) == 89);
+    CHECK_THAT(usageErrorOf([] {
+                 loadDataset("wine", {{"test_fraction", 1.0}});
+               }),
+               Contains("dataset.test_fraction: must be < 1"));
+    CHECK_THAT(usageErrorOf([] { loadDataset("wine", {{"test_fraction", 0.001}}); }), Contains("no test rows"));
+  }
+  SECTION("the path resolves against the config directory first") {
+    TempDir dir;
+    std::filesystem::create_directories(dir.path() + "/data");
+    std::string rows = "3,2,a,b\n1,2,0\n3,4,1\n5,6,1\n";
+    dir.write("data/wine.csv", rows);
+    auto tiny = loadDataset("wine", {{"test_fraction", 0.34}, {"standardize", false}}, 0, dir.path());
+    CHECK(tiny.numFeatures == 2);
+    CHECK(tiny.trainFeatures.size(0) + tiny.testFeatures.size(0) == 3);
+    CHECK_THAT(usageErrorOf([] {
+                 loadDataset("wine", {{"path", "no/such/wine.csv"}});
+               }),
+               Contains("dataset.path: file 'no/such/wine.csv' not found"));
+  }
+}
+
+TEST_CASE("dataset csv: reads a numeric table", "[plugins]") {
+  TempDir dir;
+  std::string table = "f1,f2,f3,label\n";
+  for (int i = 0; i < 20; ++i) {
+    table += std::to_string(i) + "," + std::to_string(i * 2) + ".5,-" + std::to_string(i) + "e-1," +
+             std::to_string(i % 3) + "\n";
+  }
+  const std::string path = dir.write("table.csv", table);
+
+  auto data = loadDataset("csv", {{"path", path}, {"standardize", false}, {"test_fraction", 0.25}});
+  CHECK(data.numFeatures == 3);
+  CHECK(data.numClasses == 3);
+  CHECK(data.trainFeatures.size(0) == 15);
+  CHECK(data.testFeatures.size(0) == 5);
+  // Every row keeps its own target: f1 is the row number, the label f1 % 3.
+  auto all = torch::cat({data.trainFeatures, data.testFeatures});
+  auto labels = torch::cat({data.trainTargets, data.testTargets});
+  CHECK(all.select(1, 0).to(torch::kInt64).remainder(3).equal(labels));
+  CHECK(all.select(1, 1).sub(all.select(1, 0) * 2).eq(0.5).all().item<bool>());
+
+  SECTION("target column from the front, regression, no header") {
+    auto first = loadDataset("csv", {{"path", path}, {"target_column", 0}, {"task", "regression"}});
+    CHECK(first.numClasses == 0);
+    CHECK(first.trainTargets.scalar_type() == torch::kFloat32);
+    CHECK(first.trainTargets.dim() == 1);
+    const std::string bare = dir.write("bare.csv", "1,2,3\n4,5,6\n7,8,9\n10,11,12\n");
+    auto noHeader = loadDataset("csv", {{"path", bare}, {"header", false}, {"task", "regression"}});
+    CHECK(noHeader.trainFeatures.size(0) + noHeader.testFeatures.size(0) == 4);
+    CHECK_THAT(usageErrorOf([&] {
+                 loadDataset("csv", {{"path", path}, {"target_column", 4}});
+               }),
+               Contains("dataset.target_column: 4 is out of range for 4 columns"));
+  }
+}
+
+TEST_CASE("dataset csv: bad files fail naming file and line", "[plugins]") {
+  TempDir dir;
+  const std::string good = "a,b,c,d,y\n1,2,3,4,0\n";
+  auto errorFor = [&](const std::string& name, const std::string& content, Json extra = Json::object()) {
+    std::string path = dir.write(name, content);
+    extra["path"] = path;
+    return usageErrorOf([&] { loadDataset("csv", extra); });
+  };
+  const std::string base = dir.path() + "/";
+
+  CHECK(errorFor("ragged.csv", good + "1,2,3,4,1\n5,6,7,8,0\n1,1,1,1,1\n2,2,2,2,2\n1,2,3,0\n") ==
+        base + "ragged.csv:7: expected 5 columns, found 4");
+  CHECK(errorFor("text.csv", good + "1,abc,3,4,1\n") == base + "text.csv:3: column 2: 'abc' is not a number");
+  CHECK(errorFor("nan.csv", good + "1,2,nan,4,1\n") == base + "nan.csv:3: column 3: 'nan' is not a finite number");
+  CHECK(errorFor("inf.csv", good + "1,2,3,-inf,1\n") == base + "inf.csv:3: column 4: '-inf' is not a finite number");
+  CHECK(errorFor("blank.csv", good + "1,,3,4,1\n") == base + "blank.csv:3: column 2: empty value");
+  CHECK(errorFor("empty.csv", "") == base + "empty.csv: empty file");
+  CHECK(errorFor("spaces.csv", "\n  \n") == base + "spaces.csv: empty file");
+  CHECK_THAT(errorFor("header_only.csv", "a,b,c\n"), Contains("header_only.csv: no data rows"));
+  CHECK_THAT(errorFor("fraction.csv", good + "1,2,3,4,1.5\n"),
+             StartsWith(base + "fraction.csv:3: target 1.5 is not a class index"));
+  CHECK_THAT(errorFor("negative.csv", good + "1,2,3,4,-1\n"), StartsWith(base + "negative.csv:3: target -1"));
+  // A blank line still counts for the line numbers.
+  CHECK(errorFor("gap.csv", good + "\n1,2,3,x,0\n") == base + "gap.csv:4: column 4: 'x' is not a number");
+  // Regression takes any finite target.
+  CHECK_NOTHROW(loadDataset(
+      "csv", {{"path", dir.write("real.csv", good + "1,2,3,4,1.5\n1,2,3,4,2.5\n")}, {"task", "regression"}}));
+
+  const std::string missing = base + "missing.csv";
+  CHECK_THAT(usageErrorOf([&] {
+               loadDataset("csv", {{"path", missing}});
+             }),
+             Contains("dataset.path: file '" + missing + "' not found"));
+}
+
+TEST_CASE("dataset synthetic: shapes, determinism, learnable", "[plugins]") {
+  auto data = loadDataset("synthetic", {{"samples", 100}, {"features", 5}, {"classes", 3}}, 7);
+  CHECK(data.trainFeatures.sizes() == at::IntArrayRef{80, 5});
+  CHECK(data.testFeatures.sizes() == at::IntArrayRef{20, 5});
+  CHECK(data.numFeatures == 5);
+  CHECK(data.numClasses == 3);
+  CHECK(torch::cat({data.trainTargets, data.testTargets}).max().item<int64_t>() == 2);
+  CHECK(torch::isfinite(data.trainFeatures).all().item<bool>());
+
+  auto again = loadDataset("synthetic", {{"samples", 100}, {"features", 5}, {"classes", 3}}, 7);
+  CHECK(again.trainFeatures.equal(data.trainFeatures));
+  CHECK(again.testTargets.equal(data.testTargets));
+  auto other = loadDataset("synthetic", {{"samples", 100}, {"features", 5}, {"classes", 3}}, 8);
+  CHECK_FALSE(other.trainFeatures.equal(data.trainFeatures));
+
+  // The defaults make an easy problem: a few full-batch Adam steps solve it.
+  torch::manual_seed(0);
+  auto blobs = loadDataset("synthetic");
+  CHECK(blobs.trainFeatures.sizes() == at::IntArrayRef{819, 16});
+  auto model = makeModel({{"layers", {0, 32, 0}}}, blobs.numFeatures, blobs.numClasses);
+  auto optimizer = makeOptimizer("adam", model->parameters(), {{"lr", 0.01}});
+  for (int step = 0; step < 100; ++step) {
+    optimizer->zero_grad();
+    torch::cross_entropy_loss(model->forward(blobs.trainFeatures), blobs.trainTargets).backward();
+    optimizer->step();
+  }
+  torch::NoGradGuard noGrad;
+  auto accuracy = model->forward(blobs.testFeatures).argmax(1).eq(blobs.testTargets).to(torch::kFloat).mean();
+  CHECK(accuracy.item<double>() > 0.95);
+}
+
+// ---- models ------------------------------------------------------------------------
+
+TEST_CASE("model mlp: shapes, names, and widths checked against the dataset", "[plugins]") {
+  auto model = makeModel(Json::object(), 13, 3);
+  std::vector<std::string> names;
+  for (const auto& item : model->named_parameters()) names.push_back(item.key());
+  CHECK(names == std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"});
+  CHECK(model->named_parameters()["layers.0.weight"].sizes() == at::IntArrayRef{64, 13});
+  CHECK(model->named_parameters()["layers.1.weight"].sizes() == at::IntArrayRef{3, 64});
+  CHECK(model->forward(torch::randn({5, 13})).sizes() == at::IntArrayRef{5, 3});
+
+  auto deep = makeModel({{"layers", {0, 8, 6, 0}}, {"activation", "gelu"}}, 7, 4);
+  CHECK(deep->parameters().size() == 6);
+  CHECK(deep->named_parameters().contains("layers.2.bias"));
+  CHECK(deep->forward(torch::randn({2, 7})).sizes() == at::IntArrayRef{2, 4});
+  // Regression: no classes, one output.
+  auto regression = makeModel({{"layers", {0, 4, 0}}}, 3, 0);
+  CHECK(regression->forward(torch::randn({2, 3})).sizes() == at::IntArrayRef{2, 1});
+
+  for (const char* activation : {"relu", "tanh", "gelu", "sigmoid"}) {
+    auto m = makeModel({{"activation", activation}}, 13, 3);
+    CHECK(torch::isfinite(m->forward(torch::randn({4, 13}))).all().item<bool>());
+  }
+
+  CHECK_THAT(usageErrorOf([] {
+               makeModel({{"layers", {12, 64, 3}}}, 13, 3);
+             }),
+             StartsWith("model.layers: first width 12 does not match the dataset's 13 features"));
+  CHECK_THAT(usageErrorOf([] {
+               makeModel({{"layers", {13, 64, 4}}}, 13, 3);
+             }),
+             StartsWith("model.layers: last width 4 does not match the dataset's 3 classes"));
+  CHECK_THAT(usageErrorOf([] {
+               makeModel({{"layers", Json::array({13})}}, 13, 3);
+             }),
+             StartsWith("model.layers: needs at least"));
+  CHECK_THAT(usageErrorOf([] { makeModel({{"layers", {13, 0, 3}}}, 13, 3); }), Contains("width 0 at position 1"));
+  CHECK_THAT(usageErrorOf([] { makeModel({{"dropout", 1.0}}, 13, 3); }), StartsWith("model.dropout: must be < 1"));
+  CHECK_THAT(usageErrorOf([&] { model->forward(torch::randn({2, 12})); }), Contains("expected input [batch, 13]"));
+
+  // Dropout acts in training mode only.
+  auto dropping = makeModel({{"dropout", 0.5}}, 13, 3);
+  auto x = torch::randn({64, 13});
+  dropping->eval();
+  CHECK(dropping->forward(x).equal(dropping->forward(x)));
+  dropping->train();
+  CHECK_FALSE(dropping->forward(x).equal(dropping->forward(x)));
+}
+
+// ---- optimizers --------------------------------------------------------------------
+
+namespace {
+
+// Steps `ours` and `theirs` side by side on copies of the same parameters
+// with the same random gradients; returns the largest difference seen.
+double runSideBySide(const std::string& name, const Json& values, torch::optim::Optimizer& theirs,
+                     std::vector<at::Tensor>& theirParams, int steps = 6) {
+  std::vector<at::Tensor> ourParams;
+  for (const auto& p : theirParams) {
+    // Same strides as theirs (clone keeps them), so non-contiguous stays so.
+    ourParams.push_back(p.detach().clone().requires_grad_(true));
+  }
+  auto ours = makeOptimizer(name, ourParams, values);
+  double worst = 0;
+  for (int step = 0; step < steps; ++step) {
+    for (size_t i = 0; i < ourParams.size(); ++i) {
+      auto grad = torch::randn_like(theirParams[i]);
+      theirParams[i].mutable_grad() = grad.clone();
+      ourParams[i].mutable_grad() = grad.clone();
+    }
+    theirs.step();
+    ours->step();
+    for (size_t i = 0; i < ourParams.size(); ++i) worst = std::max(worst, maxAbsDiff(ourParams[i], theirParams[i]));
+  }
+  return worst;
+}
+
+std::vector<at::Tensor> randomParams(at::ScalarType dtype) {
+  std::vector<at::Tensor> params;
+  params.push_back(torch::randn({64, 13}, dtype).requires_grad_(true));
+  params.push_back(torch::randn({64}, dtype).requires_grad_(true));
+  // Non-contiguous: takes the tensor-op path.
+  params.push_back(torch::randn({5, 7}, dtype).t().detach().requires_grad_(true));
+  return params;
+}
+
+}  // namespace
+
+TEST_CASE("optimizers adam and adamw match LibTorch's", "[plugins]") {
+  torch::manual_seed(1);
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    CAPTURE(dtype);
+    {
+      auto params = randomParams(dtype);
+      REQUIRE_FALSE(params[2].is_contiguous());
+      torch::optim::Adam theirs(params, torch::optim::AdamOptions(0.01));
+      CHECK(runSideBySide("adam", {{"lr", 0.01}}, theirs, params) < 1e-6);
+    }
+    {
+      auto params = randomParams(dtype);
+      torch::optim::Adam theirs(
+          params, torch::optim::AdamOptions(0.05).betas(std::make_tuple(0.8, 0.99)).eps(1e-6).weight_decay(0.1));
+      CHECK(runSideBySide("adam", {{"lr", 0.05}, {"beta1", 0.8}, {"beta2", 0.99}, {"eps", 1e-6}, {"weight_decay", 0.1}},
+                          theirs, params) < 1e-6);
+    }
+    {
+      auto params = randomParams(dtype);
+      torch::optim::AdamW theirs(params, torch::optim::AdamWOptions(1e-3));  // weight_decay 0.01 in both
+      CHECK(runSideBySide("adamw", Json::object(), theirs, params) < 1e-6);
+    }
+    {
+      auto params = randomParams(dtype);
+      torch::optim::AdamW theirs(params, torch::optim::AdamWOptions(0.02).weight_decay(0.3));
+      CHECK(runSideBySide("adamw", {{"lr", 0.02}, {"weight_decay", 0.3}}, theirs, params) < 1e-6);
+    }
+  }
+
+  SECTION("amsgrad, set through the group options, also matches") {
+    auto params = randomParams(torch::kFloat32);
+    torch::optim::Adam theirs(params, torch::optim::AdamOptions(0.01).amsgrad(true));
+    std::vector<at::Tensor> ourParams;
+    for (const auto& p : params) ourParams.push_back(p.detach().clone().requires_grad_(true));
+    auto ours = makeOptimizer("adam", ourParams, {{"lr", 0.01}});
+    static_cast<torch::optim::AdamOptions&>(ours->param_groups()[0].options()).amsgrad(true);
+    double worst = 0;
+    for (int step = 0; step < 6; ++step) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        // Shrinking gradients, so that the max of the second moment matters.
+        auto grad = torch::randn_like(params[i]) / (step + 1);
+        params[i].mutable_grad() = grad.clone();
+        ourParams[i].mutable_grad() = grad.clone();
+      }
+      theirs.step();
+      ours->step();
+      for (size_t i = 0; i < params.size(); ++i) worst = std::max(worst, maxAbsDiff(ourParams[i], params[i]));
+    }
+    CHECK(worst < 1e-6);
+  }
+
+  SECTION("parameters without a gradient are left alone") {
+    auto p = torch::ones({3}).requires_grad_(true);
+    auto optimizer = makeOptimizer("adam", {p});
+    optimizer->step();
+    CHECK(p.equal(torch::ones({3})));
+  }
+}
+
+TEST_CASE("optimizers: lr through param groups, save and load", "[plugins]") {
+  torch::manual_seed(2);
+  for (const char* name : {"adam", "adamw", "sgd"}) {
+    CAPTURE(name);
+    Json values = std::string(name) == "sgd" ? Json{{"lr", 0.1}, {"momentum", 0.9}} : Json{{"lr", 0.01}};
+    auto a = torch::randn({4, 3}).requires_grad_(true);
+    auto b = torch::randn({3}).requires_grad_(true);
+    auto first = makeOptimizer(name, {a, b}, values);
+    auto& options = first->param_groups()[0].options();
+    CHECK(options.get_lr() == Approx(values["lr"].get<double>()));
+    options.set_lr(0.005);
+    CHECK(first->param_groups()[0].options().get_lr() == 0.005);
+
+    auto stepWith = [](torch::optim::Optimizer& optimizer, std::vector<at::Tensor> params, int seed) {
+      torch::manual_seed(seed);
+      for (auto& p : params) p.mutable_grad() = torch::randn_like(p);
+      optimizer.step();
+    };
+    for (int s = 0; s < 3; ++s) stepWith(*first, {a, b}, 10 + s);
+
+    std::stringstream buffer;
+    {
+      torch::serialize::OutputArchive archive;
+      first->save(archive);
+      archive.save_to(buffer);
+    }
+    // A fresh optimizer over copies of the parameters, as a resumed run has.
+    auto a2 = a.detach().clone().requires_grad_(true);
+    auto b2 = b.detach().clone().requires_grad_(true);
+    auto second = makeOptimizer(name, {a2, b2}, values);
+    {
+      torch::serialize::InputArchive archive;
+      archive.load_from(buffer);
+      second->load(archive);
+    }
+    CHECK(second->param_groups()[0].options().get_lr() == 0.005);
+    // With the moments restored, the next steps are identical.
+    for (int s = 0; s < 2; ++s) {
+      stepWith(*first, {a, b}, 20 + s);
+      stepWith(*second, {a2, b2}, 20 + s);
+    }
+    CHECK(a.equal(a2));
+    CHECK(b.equal(b2));
+  }
+
+  CHECK_THAT(usageErrorOf([] {
+               makeOptimizer("sgd", {torch::zeros({1})}, {{"nesterov", true}});
+             }),
+             Contains("optimizer.nesterov: needs momentum > 0"));
+  CHECK_THAT(usageErrorOf([] {
+               makeOptimizer("sgd", {torch::zeros({1})}, {{"momentum", 1.0}});
+             }),
+             Contains("optimizer.momentum: must be < 1, got 1"));
+  CHECK_THAT(usageErrorOf([] {
+               makeOptimizer("adam", {torch::zeros({1})}, {{"beta2", 1.0}});
+             }),
+             Contains("optimizer.beta2: must be < 1"));
+}
+
+TEST_CASE("training wine with the built-ins is fast and accurate", "[plugins]") {
+  auto wine = loadDataset("wine");
+  auto trainOnce = [&](bool ours) {
+    torch::manual_seed(3);
+    auto model = makeModel(Json::object(), 13, 3);
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+    if (ours) {
+      optimizer = makeOptimizer("adam", model->parameters(), {{"lr", 0.01}});
+    } else {
+      optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(0.01));
+    }
+    auto loss = builtin(PluginKind::Loss, "cross_entropy").loss(Params(Json{{"label_smoothing", 0.0}}));
+    const int64_t n = wine.trainFeatures.size(0);
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t step = 0, offset = 0; step < 500; ++step) {
+      if (offset >= n) offset = 0;
+      const int64_t end = std::min(offset + 32, n);
+      optimizer->zero_grad();
+      loss(model->forward(wine.trainFeatures.slice(0, offset, end)), wine.trainTargets.slice(0, offset, end))
+          .backward();
+      optimizer->step();
+      offset = end;
+    }
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    torch::NoGradGuard noGrad;
+    double accuracy =
+        model->forward(wine.testFeatures).argmax(1).eq(wine.testTargets).to(torch::kFloat).mean().item<double>();
+    return std::make_pair(seconds, accuracy);
+  };
+  auto [ourSeconds, ourAccuracy] = trainOnce(true);
+  auto [torchSeconds, torchAccuracy] = trainOnce(false);
+  INFO("wine, 500 Adam steps of batch 32: fused " << ourSeconds * 1e3 << " ms, torch::optim::Adam "
+                                                  << torchSeconds * 1e3 << " ms");
+  CHECK(ourAccuracy >= 0.9);
+  CHECK(ourAccuracy == Approx(torchAccuracy).margin(0.06));
+  // Generous: a loaded CI machine must not fail this, but a regression to
+  // many tensor ops per parameter would show.
+  CHECK(ourSeconds < 5.0);
+}
+
+// ---- schedulers and losses ---------------------------------------------------------
+
+TEST_CASE("schedulers: closed-form learning rates", "[plugins]") {
+  const auto& stepSpec = builtin(PluginKind::Scheduler, "step");
+  auto step = stepSpec.scheduler(paramsFor(stepSpec, {{"step_size", 10}, {"gamma", 0.5}}));
+  CHECK(step->lrAt(0, 0.1) == Approx(0.1));
+  CHECK(step->lrAt(9, 0.1) == Approx(0.1));
+  CHECK(step->lrAt(10, 0.1) == Approx(0.05));
+  CHECK(step->lrAt(25, 0.1) == Approx(0.025));
+  auto defaults = stepSpec.scheduler(paramsFor(stepSpec));
+  CHECK(defaults->lrAt(30, 1.0) == Approx(0.1));
+  CHECK(defaults->lrAt(60, 1.0) == Approx(0.01));
+
+  const auto& cosineSpec = builtin(PluginKind::Scheduler, "cosine");
+  auto cosine = cosineSpec.scheduler(paramsFor(cosineSpec, {{"t_max", 10}, {"eta_min", 0.1}}));
+  CHECK(cosine->lrAt(0, 1.0) == Approx(1.0));
+  CHECK(cosine->lrAt(5, 1.0) == Approx(0.55));
+  CHECK(cosine->lrAt(2, 1.0) == Approx(0.1 + 0.9 * (1 + std::cos(M_PI * 0.2)) / 2));
+  CHECK(cosine->lrAt(10, 1.0) == Approx(0.1));
+  CHECK(cosine->lrAt(25, 1.0) == Approx(0.1));  // stays at eta_min
+  auto plain = cosineSpec.scheduler(paramsFor(cosineSpec));
+  CHECK(plain->lrAt(50, 0.2) == Approx(0.1));
+  CHECK(plain->lrAt(100, 0.2) == Approx(0.0).margin(1e-12));
+}
+
+TEST_CASE("losses: cross entropy and mse", "[plugins]") {
+  torch::manual_seed(4);
+  auto output = torch::randn({6, 3});
+  auto target = torch::tensor({0, 1, 2, 2, 1, 0}, torch::kInt64);
+  const auto& ceSpec = builtin(PluginKind::Loss, "cross_entropy");
+  auto ce = ceSpec.loss(paramsFor(ceSpec));
+  CHECK(ce(output, target).item<double>() == Approx(torch::cross_entropy_loss(output, target).item<double>()));
+  // Label smoothing eps: (1 - eps) * NLL + eps * mean over classes of -log p.
+  auto smooth = ceSpec.loss(paramsFor(ceSpec, {{"label_smoothing", 0.2}}));
+  auto logp = torch::log_softmax(output, 1);
+  double expected = (0.8 * -logp.gather(1, target.unsqueeze(1)).squeeze(1) + 0.2 * -logp.mean(1)).mean().item<double>();
+  CHECK(smooth(output, target).item<double>() == Approx(expected));
+  CHECK_THAT(usageErrorOf([&] { ce(output, torch::randn({6, 3, 2})); }), Contains("HINT: use the mse loss"));
+
+  const auto& mseSpec = builtin(PluginKind::Loss, "mse");
+  auto mse = mseSpec.loss(paramsFor(mseSpec));
+  auto prediction = torch::tensor({{1.0f}, {2.0f}, {4.0f}});
+  CHECK(mse(prediction, torch::tensor({1.0f, 1.0f, 1.0f})).item<double>() == Approx((0 + 1 + 9) / 3.0));
+  CHECK(mse(output, target).item<double>() ==
+        Approx(torch::mse_loss(output, torch::one_hot(target, 3).to(torch::kFloat)).item<double>()));
+  CHECK_THAT(usageErrorOf([&] { mse(prediction, torch::ones({4})); }), Contains("do not match"));
+}
+
+// ---- plugin libraries --------------------------------------------------------------
+
+TEST_CASE("plugin libraries: the example loads, bad ones fail clearly", "[plugins]") {
+  PluginRegistry registry;
+  registerBuiltinPlugins(registry);
+  REQUIRE_FALSE(registry.has(PluginKind::Model, "linear"));
+  loadPluginLibrary(DDP_EXAMPLE_PLUGIN_PATH, registry);
+  CHECK(registry.has(PluginKind::Model, "linear"));
+  CHECK(registry.has(PluginKind::Loss, "smooth_l1"));
+  CHECK_THAT(registry.listing(), Contains("example plugin"));
+  CHECK_THAT(registry.describe("loss.smooth_l1"), Contains("beta"));
+  // The global registry is untouched.
+  CHECK_FALSE(PluginRegistry::global().has(PluginKind::Model, "linear"));
+
+  const auto& linear = registry.get(PluginKind::Model, "linear");
+  ModelContext context;
+  context.numFeatures = 13;
+  context.numClasses = 3;
+  auto model = linear.model(Params(), context);
+  CHECK(model->forward(torch::randn({4, 13})).sizes() == at::IntArrayRef{4, 3});
+  CHECK(model->parameters().size() == 2);
+  const auto& smoothL1 = registry.get(PluginKind::Loss, "smooth_l1");
+  auto loss = smoothL1.loss(Params(Json{{"beta", 1.0}}));
+  CHECK(loss(torch::tensor({{0.5f}, {3.0f}}), torch::zeros({2})).item<double>() == Approx((0.125 + 2.5) / 2));
+
+  // Loading it twice registers its names twice; the registry refuses, and
+  // the error crosses back out of the library as a UsageError.
+  CHECK(usageErrorOf([&] { loadPluginLibrary(DDP_EXAMPLE_PLUGIN_PATH, registry); }) ==
+        "plugin registry: model 'linear' is registered twice");
+
+  TempDir dir;
+  const std::string missing = dir.path() + "/libmissing.so";
+  CHECK(usageErrorOf([&] { loadPluginLibrary(missing, registry); }) ==
+        "plugin library '" + missing + "': file not found");
+  CHECK(usageErrorOf([&] { loadPluginLibrary(DDP_NO_SYMBOL_PLUGIN_PATH, registry); }) ==
+        std::string("plugin library '") + DDP_NO_SYMBOL_PLUGIN_PATH +
+            "' has no ddp_register_plugins symbol. HINT: export extern \"C\" void "
+            "ddp_register_plugins(ddp::PluginRegistry&)");
+  const std::string notElf =
+      dir.write("libtext.so", std::string(20, '#') + " not a shared library, just long enough for an ELF header\n" +
+                                  std::string(200, '#') + "\n");
+  const std::string notElfError = usageErrorOf([&] { loadPluginLibrary(notElf, registry); });
+  CHECK_THAT(notElfError, StartsWith("plugin library '" + notElf + "': "));
+  CHECK_THAT(notElfError, Contains("ELF"));
+}
