@@ -24,6 +24,7 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
   ProcessGroupOptions po;
   po.timeout = options.timeout;
   po.masterAddr = env.masterAddr;
+  po.deviceIndex = env.localRank;  // GPU backends: rank -> cuda:LOCAL_RANK
   ctx.group = BackendRegistry::global().create(options.backend, ctx.store, env.rank, env.worldSize, po);
   return ctx;
 }

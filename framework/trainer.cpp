@@ -8,12 +8,14 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 
 #include "framework/ddp.hpp"
+#include "framework/errors.hpp"
 #include "framework/sampler.hpp"
 
 namespace ddp {
@@ -89,7 +91,8 @@ ResumeState loadCheckpoint(const std::string& path, torch::nn::Module& model, to
   archive.read("epoch", epoch);
   archive.read("steps", steps);
   archive.read("rng", rng);
-  at::detail::getDefaultCPUGenerator().set_state(rng);
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  generator.set_state(rng);
   return {epoch.item<int64_t>(), steps.item<int64_t>()};
 }
 
@@ -134,6 +137,17 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
   if (tc.threads > 0) at::set_num_threads(static_cast<int>(tc.threads));
   RunLog log(writer, options.runDir, options.quiet);
 
+  // rank -> cuda:LOCAL_RANK when the experiment asks for GPUs.
+  torch::Device device(torch::kCPU);
+  if (config.distributed.device == "cuda") {
+    if (!torch::cuda::is_available()) {
+      throw UsageError("distributed.device: \"cuda\" needs a CUDA build of LibTorch and a GPU; found " +
+                       std::to_string(torch::cuda::device_count()) + " device(s). HINT: --set distributed.device=cpu");
+    }
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist.env.localRank %
+                                                                       torch::cuda::device_count()));
+  }
+
   // Same seed on every rank: the same split and the same initial weights
   // (DDP broadcasts rank 0's anyway).
   torch::manual_seed(tc.seed);
@@ -141,6 +155,13 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
   DatasetSplits data = registry.get(PluginKind::Dataset, config.dataset.name).dataset(config.dataset.params, dctx);
   ModelPtr model = registry.get(PluginKind::Model, config.model.name)
                        .model(config.model.params, ModelContext{data.numFeatures, data.numClasses});
+  if (device.is_cuda()) {
+    model->to(device);
+    data.trainFeatures = data.trainFeatures.to(device);
+    data.trainTargets = data.trainTargets.to(device);
+    data.testFeatures = data.testFeatures.to(device);
+    data.testTargets = data.testTargets.to(device);
+  }
   auto optimizer = registry.get(PluginKind::Optimizer, config.optimizer.name)
                        .optimizer(model->parameters(), config.optimizer.params);
   std::unique_ptr<LrScheduler> scheduler;
@@ -177,7 +198,7 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
 
   // The test split, sharded: rank r evaluates rows r, r+w, ...; sums are reduced.
   const int64_t testN = data.testFeatures.size(0);
-  at::Tensor testRows = at::arange(rank, std::max<int64_t>(testN, rank), world, at::kLong);
+  at::Tensor testRows = at::arange(rank, std::max<int64_t>(testN, rank), world, at::kLong).to(device);
   at::Tensor testX = data.testFeatures.index_select(0, testRows);
   at::Tensor testY = data.testTargets.index_select(0, testRows);
 
@@ -193,7 +214,17 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
   const bool showProgress = writer && options.progress && !options.quiet && ::isatty(STDERR_FILENO);
   const auto trainStart = Clock::now();
   bool stop = tc.maxSteps > 0 && result.steps >= tc.maxSteps;
+  // Fault injection for the launcher's tests: DDP_FAULT_INJECT="RANK:EPOCH"
+  // makes that rank kill itself (SIGKILL) when the epoch starts, on the
+  // first attempt only (DDP_RESTART unset or 0).
+  int faultRank = -1;
+  int64_t faultEpoch = -1;
+  if (const char* fault = std::getenv("DDP_FAULT_INJECT")) {
+    const char* restart = std::getenv("DDP_RESTART");
+    if (!restart || std::string(restart) == "0") std::sscanf(fault, "%d:%ld", &faultRank, &faultEpoch);
+  }
   for (int64_t epoch = resumed.epoch; epoch < tc.epochs && !stop; ++epoch) {
+    if (rank == faultRank && epoch == faultEpoch) ::raise(SIGKILL);
     const auto epochStart = Clock::now();
     model->train();
     if (scheduler) {
@@ -203,7 +234,7 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
     }
     std::vector<int64_t> indices = sampler.nextEpoch();
     const int64_t myN = static_cast<int64_t>(indices.size());
-    at::Tensor order = at::from_blob(indices.data(), {myN}, at::kLong).clone();
+    at::Tensor order = at::from_blob(indices.data(), {myN}, at::kLong).clone().to(device);
     double lossSum = 0;
     int64_t seen = 0;
     const int64_t batches = (myN + tc.batchSize - 1) / tc.batchSize;

@@ -319,6 +319,13 @@ ParamSpec standardizeParam() {
                "scale each feature to mean 0, std 1 (fitted on the training rows)");
 }
 
+// Marks a parameter as an input file, so validation finds a missing one
+// before anything runs and resolves its path.
+ParamSpec filePath(ParamSpec spec) {
+  spec.isFile = true;
+  return spec;
+}
+
 }  // namespace
 
 void registerDatasets(PluginRegistry& registry) {
@@ -328,8 +335,8 @@ void registerDatasets(PluginRegistry& registry) {
     spec.name = "wine";
     spec.doc = "UCI Wine recognition: 178 wines, 13 chemical features, 3 cultivars (data/wine.csv)";
     spec.params = {
-        Param("path", ParamType::String, "data/wine.csv",
-              "the scikit-learn wine_data.csv; relative to the config, the current or the source directory"),
+        filePath(Param("path", ParamType::String, "data/wine.csv",
+                       "the scikit-learn wine_data.csv; relative to the config, the current or the source directory")),
         testFractionParam(),
         standardizeParam(),
     };
@@ -342,8 +349,8 @@ void registerDatasets(PluginRegistry& registry) {
     spec.name = "csv";
     spec.doc = "a numeric table from a CSV file: one target column, the others features";
     spec.params = {
-        Param("path", ParamType::String, nullptr,
-              "the CSV file; relative to the config, the current or the source directory"),
+        filePath(Param("path", ParamType::String, nullptr,
+              "the CSV file; relative to the config, the current or the source directory")),
         Param("target_column", ParamType::Int, -1, "0-based column of the target; negative counts from the end"),
         Param("header", ParamType::Bool, true, "the first line names the columns"),
         standardizeParam(),

@@ -65,7 +65,7 @@ struct BadConfig {
 
 TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no run folder", "[config]") {
   const std::vector<BadConfig> cases = {
-      {"malformed JSON", "{\n  \"name\": \"x\"\n  \"model\": 1\n}", "", "bad.json:3:3: malformed JSON"},
+      {"malformed JSON", "{\n  \"name\": \"x\"\n  \"model\": 1\n}", "", "bad.json:3:9: malformed JSON"},
       {"empty file", "", "", "bad.json:1:1: malformed JSON"},
       {"not an object", "[1, 2]", "", "expected a JSON object at the top level"},
       {"unknown top-level key", R"({"trainig": {}})", "", "trainig: unknown key; did you mean \"training\"?"},

@@ -1,0 +1,207 @@
+// The trainer and ddp-run end to end: the wine baseline, checkpoints and
+// resume, two ranks, fail-fast and restarts.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "ddp/config.hpp"
+#include "framework/experiment_config.hpp"
+#include "framework/hash_store.hpp"
+#include "framework/trainer.hpp"
+#include "tests/test_support.hpp"
+
+using namespace ddp;
+
+namespace {
+
+std::string tempDir() {
+  char tmpl[] = "/tmp/ddp-train-XXXXXX";
+  return ::mkdtemp(tmpl);
+}
+
+DistributedContext singleProcess() {
+  DistributedContext ctx;
+  ctx.store = std::make_shared<HashStore>();
+  ctx.group = BackendRegistry::global().create("gloo", ctx.store, 0, 1);
+  return ctx;
+}
+
+ExperimentConfig wine(const std::vector<std::string>& overrides) {
+  return loadExperimentConfig(std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json", overrides,
+                              PluginRegistry::global());
+}
+
+struct Outcome {
+  int exitCode = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+Outcome runDdpRun(const std::string& args, const std::string& env = "") {
+  const auto start = std::chrono::steady_clock::now();
+  std::string cmd = env + " " + std::string(DDP_RUN_PATH) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  Outcome o;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) o.output.append(buf, n);
+  int status = ::pclose(pipe);
+  o.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return o;
+}
+
+Json lastMetrics(const std::string& runDir) {
+  std::ifstream in(runDir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return last.empty() ? Json() : Json::parse(last);
+}
+
+// Final parameters from a checkpoint, loaded into the wine experiment's model.
+std::vector<at::Tensor> checkpointParameters(const std::string& path) {
+  torch::serialize::InputArchive archive, modelArchive;
+  archive.load_from(path);
+  archive.read("model", modelArchive);
+  ExperimentConfig config = loadExperimentConfig(std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json", {},
+                                                 PluginRegistry::global());
+  ModelPtr model = PluginRegistry::global().get(PluginKind::Model, "mlp").model(config.model.params, {13, 3});
+  model->load(modelArchive);
+  std::vector<at::Tensor> out;
+  for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+double maxDifference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("the wine baseline reaches the reference's quality", "[training]") {
+  auto ctx = singleProcess();
+  RunOptions ro;
+  ro.runDir = tempDir();
+  ro.quiet = true;
+  auto result = runTraining(wine({"training.save_every=0"}), ctx, ro);
+  REQUIRE(result.history.size() == 100);
+  INFO("final train loss " << result.history.back().trainLoss);
+  CHECK(result.history.back().trainLoss <= 0.05);
+  REQUIRE(result.history.back().testAccuracy);
+  CHECK(*result.history.back().testAccuracy >= 0.94);
+  CHECK(result.steps == 500);  // 142 train rows / batch 32 = 5 steps per epoch
+}
+
+TEST_CASE("a resumed run ends with the parameters of an uninterrupted one", "[training][checkpoint]") {
+  const std::vector<std::string> base = {"training.epochs=6", "training.save_every=2", "model.dropout=0.1"};
+  auto ctx = singleProcess();
+  RunOptions whole;
+  whole.runDir = tempDir();
+  whole.quiet = true;
+  auto uninterrupted = runTraining(wine(base), ctx, whole);
+
+  RunOptions parts;
+  parts.runDir = tempDir();
+  parts.quiet = true;
+  auto firstHalf = base;
+  firstHalf.push_back("training.epochs=4");
+  runTraining(wine(firstHalf), ctx, parts);
+  // A crash while writing the next checkpoint leaves a partial temporary file.
+  std::ofstream(parts.runDir + "/checkpoints/epoch_000006.pt.tmp") << "partial";
+  CHECK(newestCheckpoint(parts.runDir) == parts.runDir + "/checkpoints/epoch_000004.pt");
+  parts.resume = true;
+  auto resumed = runTraining(wine(base), ctx, parts);
+  CHECK(resumed.history.size() == 2);
+  CHECK(resumed.steps == uninterrupted.steps);
+  CHECK(maxDifference(resumed.finalParameters, uninterrupted.finalParameters) == 0.0);
+}
+
+TEST_CASE("a checkpoint round-trips model and optimizer", "[training][checkpoint]") {
+  auto ctx = singleProcess();
+  RunOptions ro;
+  ro.runDir = tempDir();
+  ro.quiet = true;
+  auto result = runTraining(wine({"training.epochs=2", "training.save_every=2"}), ctx, ro);
+  auto saved = checkpointParameters(ro.runDir + "/checkpoints/epoch_000002.pt");
+  CHECK(maxDifference(saved, result.finalParameters) == 0.0);
+}
+
+TEST_CASE("ddp-run trains wine on two ranks", "[training][launcher]") {
+  const std::string runDir = tempDir() + "/run";
+  Outcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json --out " +
+                        runDir);
+  INFO(o.output);
+  REQUIRE(o.exitCode == 0);
+  CHECK(o.output.find("world size 2") != std::string::npos);
+  Json last = lastMetrics(runDir);
+  REQUIRE(last.is_object());
+  CHECK(last["epoch"] == 100);
+  CHECK(last["test_accuracy"].get<double>() >= 0.94);
+  struct stat st;
+  CHECK(::stat((runDir + "/checkpoints/epoch_000100.pt").c_str(), &st) == 0);
+  CHECK(::stat((runDir + "/config.json").c_str(), &st) == 0);
+}
+
+TEST_CASE("a master port in use is named", "[launcher]") {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  Outcome o = runDdpRun("--nproc-per-node 2 --master-port " + std::to_string(port) + " " +
+                        std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json --out " + tempDir() + "/run");
+  ::close(fd);
+  INFO(o.output);
+  CHECK(o.exitCode == 2);
+  CHECK(o.output.find("MASTER_PORT " + std::to_string(port)) != std::string::npos);
+}
+
+TEST_CASE("a rank killed with SIGKILL stops the job quickly, naming it", "[launcher]") {
+  const std::string runDir = tempDir() + "/run";
+  Outcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
+                            "/experiments/wine_ddp.json --set training.epochs=100000 --out " + runDir,
+                        "DDP_FAULT_INJECT=1:3");
+  INFO(o.output);
+  CHECK(o.exitCode != 0);
+  CHECK(o.output.find("rank 1") != std::string::npos);
+  CHECK(o.output.find("failed first: killed by signal 9") != std::string::npos);
+  CHECK(o.seconds < 30);  // the launcher's part is at most its 3 s grace; the rest is start-up
+}
+
+TEST_CASE("--max-restarts resumes after a kill and ends like an uninterrupted run", "[launcher][checkpoint]") {
+  const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
+  const std::string sets = " --set training.epochs=6 --set training.save_every=2";
+  const std::string cleanDir = tempDir() + "/run";
+  Outcome clean = runDdpRun("--nproc-per-node 2 " + exp + sets + " --out " + cleanDir);
+  REQUIRE(clean.exitCode == 0);
+  const std::string restartDir = tempDir() + "/run";
+  Outcome restarted =
+      runDdpRun("--nproc-per-node 2 --max-restarts 1 " + exp + sets + " --out " + restartDir, "DDP_FAULT_INJECT=1:3");
+  INFO(restarted.output);
+  REQUIRE(restarted.exitCode == 0);
+  CHECK(restarted.output.find("restarting all ranks") != std::string::npos);
+  CHECK(restarted.output.find("resumed from") != std::string::npos);
+  auto a = checkpointParameters(cleanDir + "/checkpoints/epoch_000006.pt");
+  auto b = checkpointParameters(restartDir + "/checkpoints/epoch_000006.pt");
+  CHECK(maxDifference(a, b) == 0.0);
+}
