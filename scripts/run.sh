@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-exec ./build/ddp-run --nproc-per-node 2 --demo
+exec ./build/ddp-run --nproc-per-node 2 experiments/wine_ddp.json

@@ -188,7 +188,7 @@ TEST_CASE("a rank killed with SIGKILL stops the job quickly, naming it", "[launc
   CHECK(o.seconds < 30);  // the launcher's part is at most its 3 s grace; the rest is start-up
 }
 
-TEST_CASE("--max-restarts resumes after a kill and ends like an uninterrupted run", "[launcher][checkpoint]") {
+TEST_CASE("max-restarts resumes after a kill and ends like an uninterrupted run", "[launcher][checkpoint]") {
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
   const std::string sets = " --set training.epochs=6 --set training.save_every=2";
   const std::string cleanDir = tempDir() + "/run";
