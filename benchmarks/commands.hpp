@@ -17,4 +17,12 @@ namespace ddp::bench {
 // reduce_scatter for each CPU backend against LibTorch's c10d Gloo.
 void registerCollectivesCommand(CLI::App& app);
 
+// `ddp-bench wine`: wall time of the 100-epoch wine baseline in-process vs
+// the same loop in PyTorch (Python).
+void registerWineCommand(CLI::App& app);
+
+// `ddp-bench train-step`: per-step time and scaling of an MLP training step
+// under DistributedDataParallel vs PyTorch DDP.
+void registerTrainStepCommand(CLI::App& app);
+
 }  // namespace ddp::bench

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   ddp::bench::registerCollectivesCommand(app);
+  ddp::bench::registerWineCommand(app);
+  ddp::bench::registerTrainStepCommand(app);
 
   try {
     app.parse(argc, argv);

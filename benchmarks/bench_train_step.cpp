@@ -1,0 +1,316 @@
+// `ddp-bench train-step`: the time of one training step of an MLP
+// (256-1024-1024-1024-512-10, Adam, cross entropy, 64 samples per rank)
+// under DistributedDataParallel, per world size, against PyTorch DDP
+// (reference/train_step_torch_ddp.py).
+//
+// Like `collectives`, the launcher runs each configuration as one worker
+// process per rank (this executable again, with hidden --worker-* flags),
+// one configuration after the other so they never compete for the cores.
+// Every rank uses one intra-op thread, so adding a rank adds a core's worth
+// of work rather than splitting a thread pool; the scaling line then shows
+// what gradient synchronisation costs.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <thread>
+
+#include "benchmarks/bench_python.hpp"
+#include "benchmarks/bench_util.hpp"
+#include "benchmarks/commands.hpp"
+#include "ddp/config.hpp"
+#include "framework/backend_registry.hpp"
+#include "framework/ddp.hpp"
+#include "framework/plugin_registry.hpp"
+#include "framework/tcp_store.hpp"
+
+namespace ddp::bench {
+namespace {
+
+using nlohmann::json;
+
+const std::vector<int64_t> kWidths = {256, 1024, 1024, 1024, 512, 10};
+constexpr int64_t kBatchPerRank = 64;
+constexpr const char* kLoopback = "127.0.0.1";
+
+struct Options {
+  std::vector<int> worldSizes = {1, 2};
+  int steps = 30;
+  int warmup = 5;
+  std::string jsonPath;
+  double bucketCapMb = 25;
+  bool noOverlap = false;
+  int timeoutSeconds = 600;
+
+  // Hidden: set by the launcher for the processes it starts.
+  int workerRank = -1;
+  int workerWorld = 0;
+  bool workerWrap = false;
+  std::string workerImpl;
+  std::string workerDir;
+};
+
+// One configuration to run: an implementation name, a world size, and
+// whether the model goes through DistributedDataParallel.
+struct Config {
+  std::string impl;
+  int worldSize = 1;
+  bool wrap = false;
+  std::string tag() const { return impl + ".w" + std::to_string(worldSize); }
+};
+
+// ---- worker -----------------------------------------------------------------
+
+std::string resultsPath(const std::string& dir, const std::string& tag) { return dir + "/results." + tag + ".json"; }
+
+// Rank 0's store listens on a free port and names it in a file, so parallel
+// runs never collide on a fixed port.
+void publishPort(const std::string& portFile, uint16_t port) {
+  const std::string temporary = portFile + ".tmp";
+  { std::ofstream(temporary) << port << "\n"; }
+  std::filesystem::rename(temporary, portFile);
+}
+
+uint16_t awaitPort(const std::string& portFile, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    std::ifstream in(portFile);
+    int port = 0;
+    if (in >> port && port > 0 && port < 65536) return static_cast<uint16_t>(port);
+    if (std::chrono::steady_clock::now() > deadline) throw BenchError("rank 0 did not publish its store port");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+std::shared_ptr<torch::nn::Module> buildModel() {
+  torch::nn::Sequential net;
+  for (size_t i = 0; i + 1 < kWidths.size(); ++i) {
+    net->push_back(torch::nn::Linear(kWidths[i], kWidths[i + 1]));
+    if (i + 2 < kWidths.size()) net->push_back(torch::nn::ReLU());
+  }
+  return net.ptr();
+}
+
+// The registry's "adam" (what experiments use), lr 1e-3, other params at
+// their defaults.
+std::unique_ptr<torch::optim::Optimizer> buildOptimizer(std::vector<at::Tensor> parameters) {
+  const PluginSpec& spec = PluginRegistry::global().get(PluginKind::Optimizer, "adam");
+  Json values = Json::object();
+  for (const auto& p : spec.params) {
+    if (!p.defaultValue.is_null()) values[p.name] = p.defaultValue;
+  }
+  values["lr"] = 1e-3;
+  return spec.optimizer(std::move(parameters), Params(values));
+}
+
+void runWorker(const Options& o) {
+  at::set_num_threads(1);
+  const int rank = o.workerRank;
+  const std::string tag = o.workerImpl + ".w" + std::to_string(o.workerWorld);
+  const std::chrono::milliseconds timeout(120000);
+
+  TCPStoreOptions storeOptions;
+  storeOptions.host = kLoopback;
+  storeOptions.isServer = rank == 0;
+  const std::string portFile = o.workerDir + "/port." + tag;
+  storeOptions.port = storeOptions.isServer ? 0 : awaitPort(portFile, timeout);
+  storeOptions.connectTimeout = timeout;
+  storeOptions.timeout = timeout;
+  auto store = std::make_shared<TCPStore>(storeOptions);
+  if (storeOptions.isServer) publishPort(portFile, store->port());
+  ProcessGroupOptions groupOptions;
+  groupOptions.timeout = timeout;
+  groupOptions.masterAddr = kLoopback;
+  ProcessGroupPtr group = BackendRegistry::global().create("gloo", store, rank, o.workerWorld, groupOptions);
+
+  // Same seed on every rank (DDP also broadcasts rank 0's parameters);
+  // different data per rank, as in real data-parallel training.
+  torch::manual_seed(0);
+  auto model = buildModel();
+  std::unique_ptr<DistributedDataParallel> ddpModel;
+  if (o.workerWrap) {
+    DdpOptions ddpOptions;
+    ddpOptions.bucketCapBytes = static_cast<size_t>(o.bucketCapMb * 1024 * 1024);
+    ddpOptions.overlap = !o.noOverlap;
+    ddpModel = std::make_unique<DistributedDataParallel>(model, group, ddpOptions);
+  }
+  auto optimizer = buildOptimizer(model->parameters());
+  auto* net = dynamic_cast<torch::nn::SequentialImpl*>(model.get());
+
+  torch::manual_seed(1 + rank);
+  const at::Tensor x = torch::randn({kBatchPerRank, kWidths.front()});
+  const at::Tensor y = torch::randint(0, kWidths.back(), {kBatchPerRank}, torch::kLong);
+
+  std::vector<double> times;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    optimizer->zero_grad();
+    at::Tensor loss = torch::nn::functional::cross_entropy(net->forward(x), y);
+    loss.backward();
+    if (ddpModel) ddpModel->finishGradientSync();
+    optimizer->step();
+    if (i >= o.warmup) {
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  // Nobody tears down the group while a peer still uses it.
+  group->barrier()->wait();
+  if (rank == 0) {
+    int64_t params = 0;
+    for (const auto& p : model->parameters()) params += p.numel();
+    const double stepSeconds = median(times);
+    writeJsonFile(resultsPath(o.workerDir, tag),
+                  json{{"impl", o.workerImpl},
+                       {"world_size", o.workerWorld},
+                       {"params", params},
+                       {"batch_per_rank", kBatchPerRank},
+                       {"step_ms", stepSeconds * 1e3},
+                       {"samples_per_s", o.workerWorld * kBatchPerRank / stepSeconds}});
+  }
+}
+
+// ---- launcher ------------------------------------------------------------------
+
+std::vector<std::string> workerArguments(const Options& o, const Config& c, int rank, const std::string& dir) {
+  std::vector<std::string> args = {"train-step",
+                                   "--steps", std::to_string(o.steps),
+                                   "--warmup", std::to_string(o.warmup),
+                                   "--bucket-cap-mb", fmt::format("{}", o.bucketCapMb),
+                                   "--worker-rank", std::to_string(rank),
+                                   "--worker-world", std::to_string(c.worldSize),
+                                   "--worker-impl", c.impl,
+                                   "--worker-dir", dir};
+  if (c.wrap) args.push_back("--worker-wrap");
+  if (o.noOverlap) args.push_back("--no-overlap");
+  return args;
+}
+
+const json* findRecord(const json& records, const std::string& impl, int worldSize) {
+  for (const auto& r : records) {
+    if (r["impl"] == impl && r["world_size"] == worldSize) return &r;
+  }
+  return nullptr;
+}
+
+void printScaling(const json& records, const std::string& impl) {
+  const json* one = findRecord(records, impl, 1);
+  const json* two = findRecord(records, impl, 2);
+  if (!one || !two) return;
+  std::cout << fmt::format("scaling {}: 2-rank throughput / 1-rank throughput = {:.2f}x (target >= 1.5)\n", impl,
+                           (*two)["samples_per_s"].get<double>() / (*one)["samples_per_s"].get<double>());
+}
+
+void runLauncher(const Options& o) {
+  if (o.steps < 1 || o.warmup < 0) throw BenchError("--steps must be at least 1 and --warmup at least 0");
+  if (o.worldSizes.empty()) throw BenchError("--world-sizes names no world size");
+  std::vector<Config> configs;
+  for (int w : o.worldSizes) {
+    if (w < 1) throw BenchError("--world-sizes: each must be at least 1");
+    // At world size 1 "ddp" is the bare model (as DDP users run one rank);
+    // the wrapped variant shows what the wrapper itself costs.
+    configs.push_back({"ddp", w, w > 1});
+    if (w == 1) configs.push_back({"ddp-w1-wrapped", 1, true});
+  }
+
+  TempDir dir("ddp-bench-train-step-");
+  ::setenv(kStoreTokenEnv, randomToken().c_str(), 1);
+  json records = json::array();
+  for (const auto& c : configs) {
+    std::cerr << fmt::format("running {} on {} rank(s)...\n", c.impl, c.worldSize);
+    launchRanks(
+        c.worldSize, [&](int rank) { return workerArguments(o, c, rank, dir.path()); },
+        std::chrono::seconds(o.timeoutSeconds), dir.path(), c.tag());
+    records.push_back(readJsonFile(resultsPath(dir.path(), c.tag())));
+  }
+
+  if (auto why = pythonTorchUnavailable()) {
+    std::cout << "skipping torch-ddp: " << *why << "\n";
+  } else {
+    std::string sizes;
+    for (int w : o.worldSizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(w);
+    std::cerr << "running torch-ddp...\n";
+    const std::string command =
+        "python3 " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/train_step_torch_ddp.py") +
+        " --world-sizes " + sizes + " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup);
+    for (auto& r : runJsonLines(command)) {
+      r["impl"] = "torch-ddp";
+      records.push_back(r);
+    }
+  }
+
+  Table table({"impl", "world_size", "params", "batch_per_rank", "step_ms", "samples_per_s"});
+  for (const auto& r : records) {
+    table.addRow({r["impl"].get<std::string>(), std::to_string(r["world_size"].get<int>()),
+                  std::to_string(r["params"].get<int64_t>()), std::to_string(r["batch_per_rank"].get<int64_t>()),
+                  formatNumber(r["step_ms"].get<double>(), 2), formatNumber(r["samples_per_s"].get<double>(), 1)});
+  }
+  std::cout << table.render();
+  const json* ours2 = findRecord(records, "ddp", 2);
+  const json* torch2 = findRecord(records, "torch-ddp", 2);
+  if (ours2 && torch2) {
+    std::cout << fmt::format("ratio ddp/torch-ddp step time at world 2: {:.2f}x (target <= 0.6)\n",
+                             (*ours2)["step_ms"].get<double>() / (*torch2)["step_ms"].get<double>());
+  }
+  printScaling(records, "ddp");
+  printScaling(records, "torch-ddp");
+  if (!o.jsonPath.empty()) {
+    writeJsonFile(o.jsonPath, records);
+    std::cerr << "wrote " << o.jsonPath << "\n";
+  }
+}
+
+}  // namespace
+
+void registerTrainStepCommand(CLI::App& app) {
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "train-step", "Time an MLP training step under DistributedDataParallel vs PyTorch DDP, per world size");
+  cmd->add_option("--world-sizes", options->worldSizes, "Comma-separated world sizes")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--steps", options->steps, "Timed steps (the median is reported)")->capture_default_str();
+  cmd->add_option("--warmup", options->warmup, "Untimed steps first")->capture_default_str();
+  cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->add_option("--bucket-cap-mb", options->bucketCapMb, "DDP gradient bucket size in MiB")->capture_default_str();
+  cmd->add_flag("--no-overlap", options->noOverlap, "Start every allreduce after backward, not during it");
+  cmd->add_option("--timeout", options->timeoutSeconds, "Seconds all ranks of one configuration may take")
+      ->capture_default_str();
+  // Worker flags: set by the launcher; an empty group hides them from --help.
+  cmd->add_option("--worker-rank", options->workerRank)->group("");
+  cmd->add_option("--worker-world", options->workerWorld)->group("");
+  cmd->add_flag("--worker-wrap", options->workerWrap)->group("");
+  cmd->add_option("--worker-impl", options->workerImpl)->group("");
+  cmd->add_option("--worker-dir", options->workerDir)->group("");
+
+  cmd->callback([options] {
+    if (options->workerRank >= 0) {
+      try {
+        runWorker(*options);
+      } catch (const std::exception& e) {
+        const std::string tag = options->workerImpl + ".w" + std::to_string(options->workerWorld);
+        std::cerr << fmt::format("ddp-bench worker ({} rank {}): {}\n", tag, options->workerRank, e.what());
+        reportWorkerError(options->workerDir, tag, options->workerRank, e.what());
+        // Exit without destructors: a group whose peer has gone could block
+        // in its teardown.
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+      return;
+    }
+    try {
+      runLauncher(*options);
+    } catch (const std::exception& e) {
+      std::cerr << "ddp-bench train-step: error: " << e.what() << "\n";
+      throw CLI::RuntimeError(1);
+    }
+  });
+}
+
+}  // namespace ddp::bench
