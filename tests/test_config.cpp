@@ -10,8 +10,11 @@
 
 #include "framework/experiment_config.hpp"
 #include "framework/plugin_registry.hpp"
+#include "tests/test_support.hpp"
 
 using namespace ddp;
+using ddp::test::runDdpRun;
+using ddp::test::tempDir;
 
 namespace {
 
@@ -24,34 +27,11 @@ const char* kValid = R"({
   "training": {"epochs": 2, "batch_size": 16}
 })";
 
-std::string tempDir() {
-  char tmpl[] = "/tmp/ddp-config-XXXXXX";
-  return ::mkdtemp(tmpl);
-}
-
 void writeFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 bool exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
-}
-
-struct Outcome {
-  int exitCode = -1;
-  std::string output;
-};
-
-// Runs ddp-run with `args`, capturing stdout and stderr.
-Outcome runDdpRun(const std::string& args) {
-  std::string cmd = std::string(DDP_RUN_PATH) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  Outcome o;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) o.output.append(buf, n);
-  int status = ::pclose(pipe);
-  o.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return o;
 }
 
 struct BadConfig {
@@ -116,7 +96,7 @@ TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no ru
       const std::string file = dir + "/bad.json";
       writeFile(file, c.text.empty() && std::string(c.what) != "empty file" ? kValid : c.text);
       const std::string runDir = dir + "/run";
-      Outcome o = runDdpRun(file + " --out " + runDir + " " + c.overrides);
+      ddp::test::ProgramOutcome o = runDdpRun(file + " --out " + runDir + " " + c.overrides);
       INFO(c.what << ": " << o.output);
       CHECK(o.exitCode == 2);
       CHECK(o.output.find(c.expected) != std::string::npos);
@@ -126,7 +106,7 @@ TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no ru
     }
   }
   SECTION("a missing experiment file") {
-    Outcome o = runDdpRun(dir + "/absent.json --out " + dir + "/run");
+    ddp::test::ProgramOutcome o = runDdpRun(dir + "/absent.json --out " + dir + "/run");
     CHECK(o.exitCode == 2);
     CHECK(o.output.find("absent.json: cannot open experiment file") != std::string::npos);
   }

@@ -1,6 +1,11 @@
 // Helpers for tests that run several ranks as threads of this process.
 #pragma once
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -60,5 +65,34 @@ inline bool backendRunnable(const std::string& backend, std::string* whyNot) {
   }
   return true;
 }
+
+// A fresh folder under /tmp.
+inline std::string tempDir() {
+  char tmpl[] = "/tmp/ddp-test-XXXXXX";
+  return ::mkdtemp(tmpl);
+}
+
+#ifdef DDP_RUN_PATH
+struct ProgramOutcome {
+  int exitCode = -1;
+  std::string output;  // stdout and stderr together
+  double seconds = 0;
+};
+
+// Runs the ddp-run program with `args` (and `env` assignments before it).
+inline ProgramOutcome runDdpRun(const std::string& args, const std::string& env = "") {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string cmd = env + " " + std::string(DDP_RUN_PATH) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  ProgramOutcome o;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) o.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  o.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return o;
+}
+#endif
 
 }  // namespace ddp::test

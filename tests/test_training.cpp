@@ -22,13 +22,10 @@
 #include "tests/test_support.hpp"
 
 using namespace ddp;
+using ddp::test::runDdpRun;
+using ddp::test::tempDir;
 
 namespace {
-
-std::string tempDir() {
-  char tmpl[] = "/tmp/ddp-train-XXXXXX";
-  return ::mkdtemp(tmpl);
-}
 
 DistributedContext singleProcess() {
   DistributedContext ctx;
@@ -40,26 +37,6 @@ DistributedContext singleProcess() {
 ExperimentConfig wine(const std::vector<std::string>& overrides) {
   return loadExperimentConfig(std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json", overrides,
                               PluginRegistry::global());
-}
-
-struct Outcome {
-  int exitCode = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-Outcome runDdpRun(const std::string& args, const std::string& env = "") {
-  const auto start = std::chrono::steady_clock::now();
-  std::string cmd = env + " " + std::string(DDP_RUN_PATH) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  Outcome o;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) o.output.append(buf, n);
-  int status = ::pclose(pipe);
-  o.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return o;
 }
 
 Json lastMetrics(const std::string& runDir) {
@@ -144,7 +121,7 @@ TEST_CASE("a checkpoint round-trips model and optimizer", "[training][checkpoint
 
 TEST_CASE("ddp-run trains wine on two ranks", "[training][launcher]") {
   const std::string runDir = tempDir() + "/run";
-  Outcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json --out " +
+  ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json --out " +
                         runDir);
   INFO(o.output);
   REQUIRE(o.exitCode == 0);
@@ -168,7 +145,7 @@ TEST_CASE("a master port in use is named", "[launcher]") {
   socklen_t len = sizeof(addr);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   const int port = ntohs(addr.sin_port);
-  Outcome o = runDdpRun("--nproc-per-node 2 --master-port " + std::to_string(port) + " " +
+  ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 --master-port " + std::to_string(port) + " " +
                         std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json --out " + tempDir() + "/run");
   ::close(fd);
   INFO(o.output);
@@ -178,7 +155,7 @@ TEST_CASE("a master port in use is named", "[launcher]") {
 
 TEST_CASE("a rank killed with SIGKILL stops the job quickly, naming it", "[launcher]") {
   const std::string runDir = tempDir() + "/run";
-  Outcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
+  ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
                             "/experiments/wine_ddp.json --set training.epochs=100000 --out " + runDir,
                         "DDP_FAULT_INJECT=1:3");
   INFO(o.output);
@@ -192,10 +169,10 @@ TEST_CASE("max-restarts resumes after a kill and ends like an uninterrupted run"
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
   const std::string sets = " --set training.epochs=6 --set training.save_every=2";
   const std::string cleanDir = tempDir() + "/run";
-  Outcome clean = runDdpRun("--nproc-per-node 2 " + exp + sets + " --out " + cleanDir);
+  ddp::test::ProgramOutcome clean = runDdpRun("--nproc-per-node 2 " + exp + sets + " --out " + cleanDir);
   REQUIRE(clean.exitCode == 0);
   const std::string restartDir = tempDir() + "/run";
-  Outcome restarted =
+  ddp::test::ProgramOutcome restarted =
       runDdpRun("--nproc-per-node 2 --max-restarts 1 " + exp + sets + " --out " + restartDir, "DDP_FAULT_INJECT=1:3");
   INFO(restarted.output);
   REQUIRE(restarted.exitCode == 0);
