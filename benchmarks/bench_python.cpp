@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "benchmarks/bench_util.hpp"
@@ -48,12 +49,33 @@ std::string shellQuote(const std::string& text) {
   return quoted + "'";
 }
 
+namespace {
+// The first interpreter that imports torch: $DDP_PYTHON, then python3 on the
+// PATH, then Debian's own (a pyenv python3 on the PATH lacks python3-torch).
+std::string& chosenPython() {
+  static std::string chosen;
+  return chosen;
+}
+}  // namespace
+
+std::string pythonCommand() { return chosenPython().empty() ? "python3" : chosenPython(); }
+
 std::optional<std::string> pythonTorchUnavailable() {
-  const CommandResult r = capture("python3 -c 'import torch' 2>&1");
-  if (r.status == 0) return std::nullopt;
-  const std::string why = lastLine(r.output);
-  if (r.status == 127) return std::string("python3 not found");
-  return why.empty() ? "python3 -c 'import torch' exited with " + std::to_string(r.status) : why;
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("DDP_PYTHON")) candidates.push_back(env);
+  candidates.push_back("python3");
+  candidates.push_back("/usr/bin/python3");
+  std::string why;
+  for (const auto& python : candidates) {
+    const CommandResult r = capture(shellQuote(python) + " -c 'import torch' 2>&1");
+    if (r.status == 0) {
+      chosenPython() = shellQuote(python);
+      return std::nullopt;
+    }
+    why += (why.empty() ? "" : "; ") + python + ": " +
+           (r.status == 127 ? std::string("not found") : lastLine(r.output));
+  }
+  return why;
 }
 
 std::vector<nlohmann::json> runJsonLines(const std::string& command) {

@@ -16,6 +16,9 @@ namespace ddp::bench {
 // the "skipping torch-python: <reason>" line.
 std::optional<std::string> pythonTorchUnavailable();
 
+// The interpreter pythonTorchUnavailable() found (shell-quoted).
+std::string pythonCommand();
+
 // Runs `command` through the shell and returns every stdout line that parses
 // as a JSON object (the references print one per measurement, among any
 // other output). Throws BenchError when the command fails.

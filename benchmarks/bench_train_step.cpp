@@ -237,7 +237,7 @@ void runLauncher(const Options& o) {
     for (int w : o.worldSizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(w);
     std::cerr << "running torch-ddp...\n";
     const std::string command =
-        "python3 " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/train_step_torch_ddp.py") +
+        pythonCommand() + " " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/train_step_torch_ddp.py") +
         " --world-sizes " + sizes + " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup);
     for (auto& r : runJsonLines(command)) {
       r["impl"] = "torch-ddp";

@@ -70,7 +70,7 @@ json runOurs(const Options& o) {
 }
 
 json runTorchPython(const Options& o) {
-  const std::string command = "python3 " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/wine_torch.py") +
+  const std::string command = pythonCommand() + " " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/wine_torch.py") +
                               " --data " + shellQuote(std::string(DDP_SOURCE_DIR) + "/data/wine.csv");
   std::vector<double> seconds;
   json last;
