@@ -32,10 +32,10 @@ if [ $build_rc != 0 ]; then tail -40 build-gpu.log; printf '%s\n' "${results[@]}
 grep -E '✓|✗' build-gpu.log
 
 # NCCL collectives: world size 1, then each GPU count above 1 (one GPU per rank).
-DDP_TEST_BACKENDS=nccl timeout 300 build-gpu/tests/ddp_tests "[nccl]" > nccl-tests.log 2>&1
+timeout 300 build-gpu/tests/ddp_tests "[nccl]" > nccl-tests.log 2>&1
 record "nccl collectives (tests [nccl])" "$([ $? = 0 ] && echo passed || echo FAILED): $(tail -2 nccl-tests.log | head -1)"
 for ((n = 2; n <= gpus; n++)); do
-  timeout 300 build-gpu/ddp-run --nproc-per-node "$n" --backend nccl --demo > "nccl-demo-$n.log" 2>&1
+  timeout 300 build-gpu/ddp-run --nproc-per-node "$n" --demo --demo-backend nccl > "nccl-demo-$n.log" 2>&1
   record "nccl demo at world size $n" "$([ $? = 0 ] && echo passed || echo FAILED)"
 done
 
@@ -49,10 +49,9 @@ if [ "$gpus" -ge 2 ]; then
   record "wine_ddp on 2 GPUs" "$([ $? = 0 ] && tail -1 wine-ddp-gpu.log || echo FAILED)"
 fi
 
-# DDP step against a plain step on one GPU (goal: <= 1.05x).
-timeout 300 build-gpu/benchmarks/ddp-bench train-step --device cuda --backend nccl --world-sizes 1 \
-  --json runs/gpu-train-step.json > train-step-gpu.log 2>&1
-record "train-step on cuda" "$([ $? = 0 ] && grep -E 'ratio' train-step-gpu.log | head -1 || echo FAILED)"
+# DDP step against a plain step on one GPU (goal: <= 1.05x): ddp-bench
+# train-step has no --device yet, so this step is not run (see issue 5's note).
+record "train-step on cuda" "NOT RUN: ddp-bench train-step has no cuda device option yet"
 
 echo
 echo "GPU check summary ($(date -u +%Y-%m-%d))"

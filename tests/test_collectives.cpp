@@ -51,20 +51,17 @@ std::string caseName(const char* op, at::ScalarType dtype, int64_t count) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE_SIG("collectives match closed forms", "[collectives]", ((int World), World), 1, 2, 3, 4) {
-  const std::string backend = "gloo";
-  std::string whyNot;
-  if (!ddp::test::backendRunnable(backend, &whyNot)) {
-    WARN("SKIPPED: " << whyNot);
-    return;
-  }
+namespace {
+
+// Every collective x dtype x element count at world size n, on `backend`.
+void checkClosedForms(const std::string& backend, int n) {
   std::mutex failuresMutex;
   std::vector<std::string> failures;
   auto fail = [&](int rank, const std::string& what) {
     std::lock_guard<std::mutex> lock(failuresMutex);
     failures.push_back("rank " + std::to_string(rank) + ": " + what);
   };
-  const int n = World;
+  ProcessGroupOptions options;
   auto errors = runRanks(backend, n, [&](int rank, ProcessGroup& pg) {
     for (at::ScalarType dtype : kDtypes) {
       for (int64_t count : kCounts) {
@@ -95,11 +92,37 @@ TEMPLATE_TEST_CASE_SIG("collectives match closed forms", "[collectives]", ((int 
       }
     }
     pg.barrier()->wait();
-  });
+  }, options);
   INFO(joinErrors(errors));
   REQUIRE(joinErrors(errors).empty());
   for (const auto& f : failures) FAIL_CHECK(f);
   REQUIRE(failures.empty());
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE_SIG("gloo collectives match closed forms", "[collectives]", ((int World), World), 1, 2, 3, 4) {
+  std::string whyNot;
+  if (!ddp::test::backendRunnable("gloo", &whyNot)) {
+    WARN("SKIPPED: " << whyNot);
+    return;
+  }
+  checkClosedForms("gloo", World);
+}
+
+// NCCL allows one rank per GPU: world size 1, then every GPU count above 1.
+// CPU tensors are staged through the device, so the same closed forms hold.
+TEST_CASE("nccl collectives match closed forms", "[collectives][nccl]") {
+  std::string whyNot;
+  if (!ddp::test::backendRunnable("nccl", &whyNot)) {
+    WARN("SKIPPED: " << whyNot);
+    return;
+  }
+  const int gpus = ddp::test::cudaDevices();
+  for (int n = 1; n <= gpus; ++n) {
+    INFO("world size " << n);
+    checkClosedForms("nccl", n);
+  }
 }
 
 TEST_CASE("non-contiguous tensors are staged and written back", "[collectives]") {

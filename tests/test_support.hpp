@@ -14,7 +14,11 @@
 #include <thread>
 #include <vector>
 
+#include "ddp/config.hpp"
 #include "framework/backend_registry.hpp"
+#if DDP_HAVE_NCCL
+#include "backends/nccl/process_group_nccl.hpp"
+#endif
 #include "framework/hash_store.hpp"
 
 namespace ddp::test {
@@ -53,14 +57,23 @@ inline std::string joinErrors(const std::vector<std::string>& errors) {
   return all;
 }
 
+// CUDA devices this process sees (0 when NCCL is not compiled in).
+inline int cudaDevices() {
+#if DDP_HAVE_NCCL
+  return ddp::cudaDeviceCount();
+#else
+  return 0;
+#endif
+}
+
 // Backends that can run here; tests of the others are skipped with a reason.
 inline bool backendRunnable(const std::string& backend, std::string* whyNot) {
   if (!BackendRegistry::global().has(backend)) {
     *whyNot = "backend '" + backend + "' is not compiled into this build";
     return false;
   }
-  if (backend == "nccl") {
-    *whyNot = "backend 'nccl' needs CUDA devices";
+  if (backend == "nccl" && cudaDevices() == 0) {
+    *whyNot = "backend 'nccl' needs CUDA devices; found 0";
     return false;
   }
   return true;

@@ -36,11 +36,13 @@ struct Args {
   int masterPort = 0;
   int maxRestarts = 0;
   bool demo = false;
+  std::string demoBackend = "gloo";
 };
 
 // The collective demo: allreduce, broadcast and allgather with checked results.
-int runDemo(const ddp::RankEnv& env) {
+int runDemo(const ddp::RankEnv& env, const std::string& backend) {
   ddp::DistributedOptions dopts;
+  dopts.backend = backend;
   dopts.timeout = std::chrono::milliseconds(60000);
   auto ctx = ddp::initDistributed(env, dopts);
   auto& pg = *ctx.group;
@@ -133,6 +135,7 @@ int main(int argc, char** argv) {
   app.add_option("--master-port", args.masterPort, "port of the rendezvous store (0: pick a free one)");
   app.add_option("--max-restarts", args.maxRestarts, "restart all ranks up to this many times after a failure");
   app.add_flag("--demo", args.demo, "run a collective demo instead of an experiment");
+  app.add_option("--demo-backend", args.demoBackend, "backend of the collective demo (gloo, nccl)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -157,7 +160,7 @@ int main(int argc, char** argv) {
         for (int i = 1; i < argc; ++i) lo.workerArgv.push_back(argv[i]);
         return ddp::launchLocalRanks(lo);
       }
-      return runDemo(env.value_or(ddp::RankEnv{}));
+      return runDemo(env.value_or(ddp::RankEnv{}), args.demoBackend);
     }
     if (args.experiment.empty()) {
       std::cerr << "ddp-run: no experiment given. HINT: ddp-run experiments/wine_baseline.json "
