@@ -410,6 +410,8 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
 
   for (const auto& [section, kind] : kPluginSections) {
     const bool optional = kind == PluginKind::Scheduler;
+    std::string known;  // "mlp, linear": for errors that list what exists
+    for (const auto& n : registry.names(kind)) known += (known.empty() ? "" : ", ") + n;
     Json body = root.contains(section) ? root[section] : Json();
     for (auto& o : overrides) {
       if (o.path == section + ".name") {
@@ -427,15 +429,11 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
     if (body.is_string()) body = Json{{"name", body}};
     if (!body.is_object()) v.fail(section, "expected an object with a \"name\", got " + shown(body));
     if (!body.contains("name") || !body["name"].is_string()) {
-      std::string known;
-      for (const auto& n : registry.names(kind)) known += (known.empty() ? "" : ", ") + n;
       v.fail(section + ".name", std::string("required: the ") + pluginKindName(kind) + " to use (known: " + known +
                                     ")");
     }
     const std::string name = body["name"].get<std::string>();
     if (!registry.has(kind, name)) {
-      std::string known;
-      for (const auto& n : registry.names(kind)) known += (known.empty() ? "" : ", ") + n;
       std::string close = closestName(name, registry.names(kind));
       v.fail(section + ".name", std::string("unknown ") + pluginKindName(kind) + " " + inQuotes(name) +
                                     (close.empty() ? "" : "; did you mean " + inQuotes(close) + "?") + " (known: " +
