@@ -70,25 +70,6 @@ struct Config {
 
 std::string resultsPath(const std::string& dir, const std::string& tag) { return dir + "/results." + tag + ".json"; }
 
-// Rank 0's store listens on a free port and names it in a file, so parallel
-// runs never collide on a fixed port.
-void publishPort(const std::string& portFile, uint16_t port) {
-  const std::string temporary = portFile + ".tmp";
-  { std::ofstream(temporary) << port << "\n"; }
-  std::filesystem::rename(temporary, portFile);
-}
-
-uint16_t awaitPort(const std::string& portFile, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    std::ifstream in(portFile);
-    int port = 0;
-    if (in >> port && port > 0 && port < 65536) return static_cast<uint16_t>(port);
-    if (std::chrono::steady_clock::now() > deadline) throw BenchError("rank 0 did not publish its store port");
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
 std::shared_ptr<torch::nn::Module> buildModel() {
   torch::nn::Sequential net;
   for (size_t i = 0; i + 1 < kWidths.size(); ++i) {
@@ -120,7 +101,7 @@ void runWorker(const Options& o) {
   storeOptions.host = kLoopback;
   storeOptions.isServer = rank == 0;
   const std::string portFile = o.workerDir + "/port." + tag;
-  storeOptions.port = storeOptions.isServer ? 0 : awaitPort(portFile, timeout);
+  storeOptions.port = storeOptions.isServer ? 0 : awaitPort(portFile, timeout, rank);
   storeOptions.connectTimeout = timeout;
   storeOptions.timeout = timeout;
   auto store = std::make_shared<TCPStore>(storeOptions);

@@ -297,4 +297,30 @@ void launchRanks(int worldSize, const std::function<std::vector<std::string>(int
   throw BenchError(message);
 }
 
+// Rank 0 makes its store's port known to the other ranks; the rename makes
+// the file appear complete or not at all.
+void publishPort(const std::string& portFile, uint16_t port) {
+  const std::string temporary = portFile + ".tmp";
+  {
+    std::ofstream out(temporary);
+    out << port << "\n";
+    if (!out.flush()) throw BenchError("cannot write " + temporary);
+  }
+  fs::rename(temporary, portFile);
+}
+
+uint16_t awaitPort(const std::string& portFile, std::chrono::milliseconds timeout, int rank) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    std::ifstream in(portFile);
+    int port = 0;
+    if (in >> port && port > 0 && port < 65536) return static_cast<uint16_t>(port);
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw BenchError(fmt::format("rank {}: rank 0 did not publish its store port in {} within {} ms", rank,
+                                   portFile, timeout.count()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 }  // namespace ddp::bench

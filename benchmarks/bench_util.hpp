@@ -94,4 +94,10 @@ void launchRanks(int worldSize, const std::function<std::vector<std::string>(int
 // For a worker: records `message` where launchRanks looks for it.
 void reportWorkerError(const std::string& dir, const std::string& tag, int rank, const std::string& message);
 
+// Store rendezvous between worker processes: rank 0's store listens on a
+// free port and publishes it in `portFile`; the others wait for it (no race
+// over picking a free port in the launcher).
+void publishPort(const std::string& portFile, uint16_t port);
+uint16_t awaitPort(const std::string& portFile, std::chrono::milliseconds timeout, int rank);
+
 }  // namespace ddp::bench

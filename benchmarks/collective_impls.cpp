@@ -43,33 +43,6 @@ namespace {
 
 constexpr const char* kLoopback = "127.0.0.1";
 
-// Rank 0: makes the store's port known to the other ranks. The rename makes
-// the file appear complete or not at all.
-void publishPort(const std::string& portFile, uint16_t port) {
-  const std::string temporary = portFile + ".tmp";
-  {
-    std::ofstream out(temporary);
-    out << port << "\n";
-    if (!out.flush()) throw BenchError("cannot write " + temporary);
-  }
-  std::filesystem::rename(temporary, portFile);
-}
-
-// Other ranks: waits for rank 0 to publish its port.
-uint16_t awaitPort(const Rendezvous& rendezvous) {
-  const auto deadline = std::chrono::steady_clock::now() + rendezvous.timeout;
-  while (true) {
-    std::ifstream in(rendezvous.portFile);
-    int port = 0;
-    if (in >> port && port > 0 && port < 65536) return static_cast<uint16_t>(port);
-    if (std::chrono::steady_clock::now() > deadline) {
-      throw BenchError(fmt::format("rank {}: rank 0 did not publish its store port in {} within {} ms",
-                                   rendezvous.rank, rendezvous.portFile, rendezvous.timeout.count()));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
 // The chunks of a flat tensor that belong to each rank.
 std::vector<at::Tensor> chunksOf(const at::Tensor& flat, int worldSize) {
   const int64_t chunk = flat.numel() / worldSize;
@@ -86,7 +59,7 @@ class DdpCommunicator : public Communicator {
     TCPStoreOptions storeOptions;
     storeOptions.host = kLoopback;
     storeOptions.isServer = rendezvous.rank == 0;
-    storeOptions.port = storeOptions.isServer ? 0 : awaitPort(rendezvous);
+    storeOptions.port = storeOptions.isServer ? 0 : awaitPort(rendezvous.portFile, rendezvous.timeout, rendezvous.rank);
     storeOptions.connectTimeout = rendezvous.timeout;
     storeOptions.timeout = rendezvous.timeout;
     auto store = std::make_shared<TCPStore>(storeOptions);
@@ -142,7 +115,7 @@ class C10dGlooCommunicator : public Communicator {
   explicit C10dGlooCommunicator(const Rendezvous& rendezvous) : worldSize_(rendezvous.worldSize) {
     c10d::TCPStoreOptions storeOptions;
     storeOptions.isServer = rendezvous.rank == 0;
-    storeOptions.port = storeOptions.isServer ? 0 : awaitPort(rendezvous);
+    storeOptions.port = storeOptions.isServer ? 0 : awaitPort(rendezvous.portFile, rendezvous.timeout, rendezvous.rank);
     storeOptions.numWorkers = rendezvous.worldSize;
     // Rank 0 publishes the port only after its constructor returns, so it
     // must not wait there for the others to connect.
