@@ -163,4 +163,10 @@ int masterPortFromSlurmJobId(const std::string& jobId) {
   return static_cast<int>(20000 + id % 20000);
 }
 
+std::string describeRankEnv(const RankEnv& e) {
+  return "rank " + std::to_string(e.rank) + " of " + std::to_string(e.worldSize) + " (" + e.source + "): node " +
+         std::to_string(e.nodeRank) + ", local rank " + std::to_string(e.localRank) + " of " +
+         std::to_string(e.localWorldSize) + ", store at " + e.masterAddr + ":" + std::to_string(e.masterPort);
+}
+
 }  // namespace ddp

@@ -40,4 +40,8 @@ std::vector<std::string> expandSlurmNodeList(const std::string& list);
 // tasks agree without talking: 20000 + job_id % 20000.
 int masterPortFromSlurmJobId(const std::string& jobId);
 
+// One line for the log of a rank started by srun, mpirun or torchrun:
+// "rank 1 of 2 (slurm): node 1, local rank 0 of 1, store at node1:24322".
+std::string describeRankEnv(const RankEnv& env);
+
 }  // namespace ddp

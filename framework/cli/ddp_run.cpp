@@ -87,6 +87,11 @@ void makeDirs(const std::string& path) {
 int runRank(const Args& args, const ddp::RankEnv& env) {
   auto& registry = ddp::PluginRegistry::global();
   ddp::ExperimentConfig config = ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
+  // Ranks started by srun, mpirun or torchrun say who they think they are,
+  // before the rendezvous, so a job that never meets shows why.
+  if (env.source != "ddp-run" && env.source != "single") {
+    std::cerr << "ddp-run: " << ddp::describeRankEnv(env) << std::endl;
+  }
   ddp::DistributedOptions dopts;
   dopts.backend = config.distributed.backend;
   dopts.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
