@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "framework/help_links.hpp"
+
 namespace ddp {
 
 int64_t parseCounter(const std::string& key, const Bytes& value) {
@@ -29,7 +31,8 @@ std::string waitTimeoutMessage(const std::string& where, const std::vector<std::
     list += keys[i];
   }
   return "store " + where + ": timed out after " + std::to_string(timeout.count()) +
-         " ms waiting for keys [" + list + "]";
+         " ms waiting for keys [" + list + "]. HINT: the rank that sets them has not started or has failed; " +
+         kRendezvousHelp;
 }
 
 }  // namespace ddp

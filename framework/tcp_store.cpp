@@ -41,6 +41,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "framework/help_links.hpp"
 #include "framework/store_util.hpp"
 
 namespace ddp {
@@ -802,7 +803,8 @@ int TCPStore::connect(std::chrono::milliseconds connectTimeout) {
   }
   throw StoreError("TCPStore: cannot connect to the store server at " + hostPort() + " within " +
                    std::to_string(connectTimeout.count()) + " ms: " + lastError +
-                   ". HINT: check MASTER_ADDR/MASTER_PORT and that rank 0 is running (it serves the store)");
+                   ". HINT: check MASTER_ADDR/MASTER_PORT and that rank 0 is running (it serves the store); " +
+                   kRendezvousHelp);
 }
 
 int TCPStore::borrowConnection() {
@@ -854,7 +856,8 @@ Bytes TCPStore::request(uint8_t command, const std::vector<std::string>& keys, c
     ::close(fd);
     if (command == kGet || command == kWait) throw StoreTimeout(waitTimeoutMessage(describe(), keys, timeout));
     throw StoreTimeout("store " + describe() + ": no reply to " + commandName(command) + " of key '" +
-                       (keys.empty() ? "" : keys[0]) + "' within " + std::to_string(timeout.count()) + " ms");
+                       (keys.empty() ? "" : keys[0]) + "' within " + std::to_string(timeout.count()) + " ms. HINT: " +
+                       kRendezvousHelp);
   } catch (const ConnectionLost& e) {
     ::close(fd);
     {

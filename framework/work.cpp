@@ -1,6 +1,7 @@
 #include "framework/work.hpp"
 
 #include "framework/errors.hpp"
+#include "framework/help_links.hpp"
 
 namespace ddp {
 
@@ -15,7 +16,8 @@ void Work::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!done_.wait_for(lock, timeout, [&] { return completed_; })) {
     throw CollectiveError(description_ + ": not completed after waiting " + std::to_string(timeout.count()) +
-                          " ms in Work::wait. HINT: a peer may not have reached this collective; see docs/clusters.md");
+                          " ms in Work::wait. HINT: a peer may not have reached this collective; " +
+                          kRendezvousHelp);
   }
   if (error_) std::rethrow_exception(error_);
 }

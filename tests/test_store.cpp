@@ -342,6 +342,7 @@ TEST_CASE("wait and get time out with StoreTimeout", "[store]") {
   CHECK(waited >= milliseconds(190));
   CHECK(waited < milliseconds(2000));
   CHECK_THAT(message, Contains("missing") && Contains(s.first->describe()) && Contains("200 ms"));
+  CHECK_THAT(message, Contains("docs/clusters.md#diagnosing-a-rendezvous-that-does-not-complete"));
 
   s.first->setTimeout(kShortTimeout);
   std::tie(waited, message) = expectTimeout([&] { s.first->get("absent"); });
@@ -439,6 +440,7 @@ TEST_CASE("TCPStore: an unreachable master fails after connectTimeout, naming ho
   CHECK(took < milliseconds(3000));
   CHECK_THAT(message, Contains("127.0.0.1:" + std::to_string(port)) && Contains("Connection refused") &&
                           Contains("HINT:") && Contains("MASTER_ADDR"));
+  CHECK_THAT(message, Contains("docs/clusters.md#diagnosing-a-rendezvous-that-does-not-complete"));
 }
 
 TEST_CASE("TCPStore: a client with the wrong token is refused with a hint", "[store][tcp]") {
