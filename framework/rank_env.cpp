@@ -1,9 +1,11 @@
 #include "framework/rank_env.hpp"
 
 #include <cctype>
+#include <cstdint>
 #include <cstdlib>
 
 #include "framework/errors.hpp"
+#include "framework/help_links.hpp"
 
 extern char** environ;
 
@@ -101,8 +103,30 @@ std::optional<RankEnv> rankEnvFromEnvironment(const EnvMap& env) {
     e.localRank = parseInt(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0);
     e.localWorldSize = parseInt(env, "OMPI_COMM_WORLD_LOCAL_SIZE", e.worldSize);
     e.nodeRank = parseInt(env, "OMPI_COMM_WORLD_NODE_RANK", e.rank / std::max(1, e.localWorldSize));
-    if (const std::string* a = find(env, "MASTER_ADDR")) e.masterAddr = *a;
-    e.masterPort = parseInt(env, "MASTER_PORT", 29500);
+    // mpirun names no master. All ranks on this node: rank 0 is here too, so
+    // loopback reaches it; across nodes the user must say where rank 0 runs.
+    std::vector<std::string> origin;
+    if (const std::string* a = find(env, "MASTER_ADDR")) {
+      e.masterAddr = *a;
+    } else if (e.localWorldSize == e.worldSize) {
+      e.masterAddr = "127.0.0.1";
+      origin.push_back("address: all ranks on this node");
+    } else {
+      throw UsageError("environment: this OpenMPI job spans several nodes (OMPI_COMM_WORLD_LOCAL_SIZE=" +
+                       std::to_string(e.localWorldSize) + " of OMPI_COMM_WORLD_SIZE=" + std::to_string(e.worldSize) +
+                       ") and MASTER_ADDR is not set. HINT: mpirun -x MASTER_ADDR=<host of rank 0> ...; " +
+                       kRendezvousHelp);
+    }
+    if (find(env, "MASTER_PORT")) {
+      e.masterPort = parseInt(env, "MASTER_PORT", 29500);
+    } else if (const std::string* job = find(env, "OMPI_MCA_ess_base_jobid")) {
+      e.masterPort = masterPortFromJobName(*job);
+      origin.push_back("port from the OpenMPI job id " + *job);
+    } else if (const std::string* ns = find(env, "PMIX_NAMESPACE")) {
+      e.masterPort = masterPortFromJobName(*ns);
+      origin.push_back("port from PMIX_NAMESPACE " + *ns);
+    }
+    for (size_t i = 0; i < origin.size(); ++i) e.masterOrigin += (i ? "; " : "") + origin[i];
     validate(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
     return e;
   }
@@ -156,6 +180,15 @@ std::vector<std::string> expandSlurmNodeList(const std::string& list) {
   return hosts;
 }
 
+int masterPortFromJobName(const std::string& jobName) {
+  uint32_t h = 2166136261u;  // FNV-1a, 32 bits
+  for (unsigned char c : jobName) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return static_cast<int>(20000 + h % 12000);
+}
+
 int masterPortFromSlurmJobId(const std::string& jobId) {
   char* end = nullptr;
   unsigned long id = std::strtoul(jobId.c_str(), &end, 10);
@@ -166,7 +199,8 @@ int masterPortFromSlurmJobId(const std::string& jobId) {
 std::string describeRankEnv(const RankEnv& e) {
   return "rank " + std::to_string(e.rank) + " of " + std::to_string(e.worldSize) + " (" + e.source + "): node " +
          std::to_string(e.nodeRank) + ", local rank " + std::to_string(e.localRank) + " of " +
-         std::to_string(e.localWorldSize) + ", store at " + e.masterAddr + ":" + std::to_string(e.masterPort);
+         std::to_string(e.localWorldSize) + ", store at " + e.masterAddr + ":" + std::to_string(e.masterPort) +
+         (e.masterOrigin.empty() ? "" : " (" + e.masterOrigin + ")");
 }
 
 }  // namespace ddp

@@ -19,6 +19,9 @@ struct RankEnv {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 29500;
   std::string source = "single";  // "ddp-run", "torchrun", "slurm", "openmpi" or "single"
+  // Where masterAddr and masterPort came from, for the start-up line, e.g.
+  // "port from the OpenMPI job id 1869086721". Empty: from MASTER_ADDR/MASTER_PORT or defaults.
+  std::string masterOrigin;
 };
 
 using EnvMap = std::map<std::string, std::string>;
@@ -36,12 +39,19 @@ std::optional<RankEnv> rankEnvFromEnvironment(const EnvMap& env);
 // Keeps zero padding ("n[01-02]" -> n01 n02). Throws UsageError on bad syntax.
 std::vector<std::string> expandSlurmNodeList(const std::string& list);
 
+// OpenMPI jobs without MASTER_PORT derive one from the job's name
+// (OMPI_MCA_ess_base_jobid, else PMIX_NAMESPACE), the same on every rank and
+// node: 20000 + FNV-1a(name) % 12000, i.e. 20000..31999, below Linux's
+// ephemeral ports (32768+). Hashed, since OpenMPI job ids are family << 16 | n.
+int masterPortFromJobName(const std::string& jobName);
+
 // SLURM jobs without MASTER_PORT derive one from the job id, so that all
 // tasks agree without talking: 20000 + job_id % 20000.
 int masterPortFromSlurmJobId(const std::string& jobId);
 
 // One line for the log of a rank started by srun, mpirun or torchrun:
-// "rank 1 of 2 (slurm): node 1, local rank 0 of 1, store at node1:24322".
+// "rank 1 of 2 (slurm): node 1, local rank 0 of 1, store at node1:24322",
+// followed by "(<masterOrigin>)" when the master was derived.
 std::string describeRankEnv(const RankEnv& env);
 
 }  // namespace ddp

@@ -1,6 +1,8 @@
 // Rank layouts from torchrun-style variables, SLURM and OpenMPI.
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include "framework/errors.hpp"
 #include "framework/rank_env.hpp"
 
@@ -101,4 +103,70 @@ TEST_CASE("torchrun variables win over SLURM's", "[launcher][env]") {
   REQUIRE(e);
   CHECK(e->source == "torchrun");
   CHECK(e->rank == 1);
+}
+
+TEST_CASE("OpenMPI on one node needs no MASTER_ADDR or MASTER_PORT", "[launcher][env]") {
+  // What mpirun -np 2 sets (OpenMPI 4.1), and no MASTER_*.
+  EnvMap mpi = {{"OMPI_COMM_WORLD_RANK", "1"},       {"OMPI_COMM_WORLD_SIZE", "2"},
+                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                {"OMPI_COMM_WORLD_NODE_RANK", "1"},  {"OMPI_MCA_ess_base_jobid", "1869086721"},
+                {"PMIX_NAMESPACE", "1869086721"}};
+  auto e = rankEnvFromEnvironment(mpi);
+  REQUIRE(e);
+  CHECK(e->source == "openmpi");
+  CHECK(e->masterAddr == "127.0.0.1");
+  CHECK(e->masterPort == masterPortFromJobName("1869086721"));
+  CHECK(e->masterPort >= 20000);
+  CHECK(e->masterPort < 32000);
+  CHECK_THAT(e->masterOrigin, Catch::Contains("all ranks on this node") &&
+                                  Catch::Contains("port from the OpenMPI job id 1869086721"));
+  CHECK(describeRankEnv(*e) == "rank 1 of 2 (openmpi): node 1, local rank 1 of 2, store at 127.0.0.1:" +
+                                   std::to_string(e->masterPort) +
+                                   " (address: all ranks on this node; port from the OpenMPI job id 1869086721)");
+  // Every rank of the job derives the same port.
+  mpi["OMPI_COMM_WORLD_RANK"] = "0";
+  mpi["OMPI_COMM_WORLD_LOCAL_RANK"] = "0";
+  CHECK(rankEnvFromEnvironment(mpi)->masterPort == e->masterPort);
+  // Without OpenMPI's job id (OpenMPI 5 / PRRTE), the PMIx namespace names the job.
+  mpi.erase("OMPI_MCA_ess_base_jobid");
+  mpi["PMIX_NAMESPACE"] = "prterun-node1-4242@1";
+  auto p = rankEnvFromEnvironment(mpi);
+  CHECK(p->masterPort == masterPortFromJobName("prterun-node1-4242@1"));
+  CHECK_THAT(p->masterOrigin, Catch::Contains("PMIX_NAMESPACE prterun-node1-4242@1"));
+  // Explicit variables win, and then nothing is said about their origin.
+  mpi["MASTER_ADDR"] = "10.0.0.1";
+  mpi["MASTER_PORT"] = "29600";
+  auto x = rankEnvFromEnvironment(mpi);
+  CHECK(x->masterAddr == "10.0.0.1");
+  CHECK(x->masterPort == 29600);
+  CHECK(x->masterOrigin.empty());
+}
+
+TEST_CASE("OpenMPI across nodes needs MASTER_ADDR, and the port still comes from the job", "[launcher][env]") {
+  EnvMap mpi = {{"OMPI_COMM_WORLD_RANK", "2"},       {"OMPI_COMM_WORLD_SIZE", "4"},
+                {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                {"OMPI_COMM_WORLD_NODE_RANK", "0"},  {"OMPI_MCA_ess_base_jobid", "77"}};
+  CHECK_THROWS_AS(rankEnvFromEnvironment(mpi), UsageError);
+  CHECK_THROWS_WITH(rankEnvFromEnvironment(mpi),
+                    Catch::Contains("MASTER_ADDR is not set") && Catch::Contains("mpirun -x MASTER_ADDR=") &&
+                        Catch::Contains("docs/clusters.md#diagnosing-a-rendezvous-that-does-not-complete"));
+  mpi["MASTER_ADDR"] = "node1";
+  auto e = rankEnvFromEnvironment(mpi);
+  REQUIRE(e);
+  CHECK(e->masterAddr == "node1");
+  CHECK(e->masterPort == masterPortFromJobName("77"));
+  CHECK(e->localWorldSize == 2);
+}
+
+TEST_CASE("ports derived from OpenMPI job ids spread over 20000..31999", "[launcher][env]") {
+  // OpenMPI job ids are (job family << 16) | 1: a plain modulo would hit
+  // few ports, the hash hits many.
+  std::set<int> ports;
+  for (uint32_t family = 1; family <= 1000; ++family) {
+    const int port = masterPortFromJobName(std::to_string((family << 16) | 1u));
+    CHECK(port >= 20000);
+    CHECK(port <= 31999);
+    ports.insert(port);
+  }
+  CHECK(ports.size() > 900);
 }

@@ -90,7 +90,7 @@ int runRank(const Args& args, const ddp::RankEnv& env) {
   // Ranks started by srun, mpirun or torchrun say who they think they are,
   // before the rendezvous, so a job that never meets shows why.
   if (env.source != "ddp-run" && env.source != "single") {
-    std::cerr << "ddp-run: " << ddp::describeRankEnv(env) << std::endl;
+    std::cerr << "ddp-run: " + ddp::describeRankEnv(env) + "\n" << std::flush;  // one write: ranks share a terminal
   }
   ddp::DistributedOptions dopts;
   dopts.backend = config.distributed.backend;
