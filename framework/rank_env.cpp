@@ -5,7 +5,6 @@
 #include <cstdlib>
 
 #include "framework/errors.hpp"
-#include "framework/help_links.hpp"
 
 extern char** environ;
 
@@ -114,8 +113,8 @@ std::optional<RankEnv> rankEnvFromEnvironment(const EnvMap& env) {
     } else {
       throw UsageError("environment: this OpenMPI job spans several nodes (OMPI_COMM_WORLD_LOCAL_SIZE=" +
                        std::to_string(e.localWorldSize) + " of OMPI_COMM_WORLD_SIZE=" + std::to_string(e.worldSize) +
-                       ") and MASTER_ADDR is not set. HINT: mpirun -x MASTER_ADDR=<host of rank 0> ...; " +
-                       kRendezvousHelp);
+                       ") and MASTER_ADDR is not set. HINT: mpirun -x MASTER_ADDR=<host of rank 0> ...; "
+                       "see docs/clusters.md#openmpi");
     }
     if (find(env, "MASTER_PORT")) {
       e.masterPort = parseInt(env, "MASTER_PORT", 29500);

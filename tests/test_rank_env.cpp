@@ -149,7 +149,7 @@ TEST_CASE("OpenMPI across nodes needs MASTER_ADDR, and the port still comes from
   CHECK_THROWS_AS(rankEnvFromEnvironment(mpi), UsageError);
   CHECK_THROWS_WITH(rankEnvFromEnvironment(mpi),
                     Catch::Contains("MASTER_ADDR is not set") && Catch::Contains("mpirun -x MASTER_ADDR=") &&
-                        Catch::Contains("docs/clusters.md#diagnosing-a-rendezvous-that-does-not-complete"));
+                        Catch::Contains("docs/clusters.md#openmpi"));
   mpi["MASTER_ADDR"] = "node1";
   auto e = rankEnvFromEnvironment(mpi);
   REQUIRE(e);
