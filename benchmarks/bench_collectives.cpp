@@ -306,6 +306,7 @@ std::vector<std::string> selectImpls(const Options& o) {
       continue;
     }
     all.push_back(name);
+    if (name == "gloo") all.push_back(kGlooTcp);
   }
   for (const auto& skip : kSkippedBackends) {
     if (!registry.has(skip.first)) {

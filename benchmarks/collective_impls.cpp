@@ -55,7 +55,7 @@ std::vector<at::Tensor> chunksOf(const at::Tensor& flat, int worldSize) {
 
 class DdpCommunicator : public Communicator {
  public:
-  DdpCommunicator(const std::string& backend, const Rendezvous& rendezvous) {
+  DdpCommunicator(const std::string& backend, const Rendezvous& rendezvous, bool sharedMemory = true) {
     TCPStoreOptions storeOptions;
     storeOptions.host = kLoopback;
     storeOptions.isServer = rendezvous.rank == 0;
@@ -68,6 +68,7 @@ class DdpCommunicator : public Communicator {
     ProcessGroupOptions groupOptions;
     groupOptions.timeout = rendezvous.timeout;
     groupOptions.masterAddr = kLoopback;
+    groupOptions.sharedMemory = sharedMemory;
     group_ = BackendRegistry::global().create(backend, store, rendezvous.rank, rendezvous.worldSize, groupOptions);
     store_ = std::move(store);
   }
@@ -192,6 +193,7 @@ class C10dGlooCommunicator : public Communicator {
 
 std::unique_ptr<Communicator> makeCommunicator(const std::string& impl, const Rendezvous& rendezvous) {
   if (impl == kC10dGloo) return std::make_unique<C10dGlooCommunicator>(rendezvous);
+  if (impl == kGlooTcp) return std::make_unique<DdpCommunicator>("gloo", rendezvous, /*sharedMemory=*/false);
   return std::make_unique<DdpCommunicator>(impl, rendezvous);
 }
 

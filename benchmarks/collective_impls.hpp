@@ -21,6 +21,9 @@ std::optional<CollectiveOp> parseOp(const std::string& name);
 
 // The name under which LibTorch's ProcessGroupGloo is benchmarked.
 constexpr const char* kC10dGloo = "c10d-gloo";
+// Our gloo backend with its same-host shared-memory path turned off: the
+// path that ranks on different hosts take.
+constexpr const char* kGlooTcp = "gloo-tcp";
 
 // Thrown by a bound collective when the implementation lacks the operation.
 // Every rank throws it at the same call, before any data moves, so the
@@ -61,7 +64,7 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
-// `impl` is a backend name from ddp::BackendRegistry::global() or kC10dGloo.
+// `impl` is a backend name from ddp::BackendRegistry::global(), kGlooTcp or kC10dGloo.
 std::unique_ptr<Communicator> makeCommunicator(const std::string& impl, const Rendezvous& rendezvous);
 
 }  // namespace ddp::bench

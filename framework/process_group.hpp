@@ -68,6 +68,9 @@ struct ProcessGroupOptions {
   std::string masterAddr;
   // GPU backends: the device of this rank; -1 = LOCAL_RANK modulo the devices.
   int deviceIndex = -1;
+  // CPU backends: when all ranks share a host, move payloads through shared
+  // memory instead of loopback TCP. DDP_GLOO_SHM=0 also turns it off.
+  bool sharedMemory = true;
 };
 
 class ProcessGroup {

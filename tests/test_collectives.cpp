@@ -2,7 +2,11 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "ddp/config.hpp"
 #include "framework/errors.hpp"
+#if DDP_HAVE_GLOO
+#include "backends/gloo/process_group_gloo.hpp"
+#endif
 #include "tests/test_support.hpp"
 
 using namespace ddp;
@@ -54,14 +58,13 @@ std::string caseName(const char* op, at::ScalarType dtype, int64_t count) {
 namespace {
 
 // Every collective x dtype x element count at world size n, on `backend`.
-void checkClosedForms(const std::string& backend, int n) {
+void checkClosedForms(const std::string& backend, int n, ProcessGroupOptions options = {}) {
   std::mutex failuresMutex;
   std::vector<std::string> failures;
   auto fail = [&](int rank, const std::string& what) {
     std::lock_guard<std::mutex> lock(failuresMutex);
     failures.push_back("rank " + std::to_string(rank) + ": " + what);
   };
-  ProcessGroupOptions options;
   auto errors = runRanks(backend, n, [&](int rank, ProcessGroup& pg) {
     for (at::ScalarType dtype : kDtypes) {
       for (int64_t count : kCounts) {
@@ -101,14 +104,75 @@ void checkClosedForms(const std::string& backend, int n) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE_SIG("gloo collectives match closed forms", "[collectives]", ((int World), World), 1, 2, 3, 4) {
+// Over TCP (the path between hosts) and through shared memory (the path
+// between ranks of one host); threads of one process count as one host.
+TEMPLATE_TEST_CASE_SIG("gloo collectives match closed forms", "[collectives]", ((int World, bool Shm), World, Shm),
+                       (1, false), (2, false), (3, false), (4, false), (2, true), (3, true), (4, true)) {
   std::string whyNot;
   if (!ddp::test::backendRunnable("gloo", &whyNot)) {
     WARN("SKIPPED: " << whyNot);
     return;
   }
-  checkClosedForms("gloo", World);
+  ProcessGroupOptions options;
+  options.sharedMemory = Shm;
+  checkClosedForms("gloo", World, options);
 }
+
+#if DDP_HAVE_GLOO
+// The shared-memory path moves data in slot-sized chunks: counts that
+// straddle chunk boundaries, for every collective, with a small slot.
+TEST_CASE("gloo shared memory splits large payloads into chunks correctly", "[collectives]") {
+  setenv("DDP_GLOO_SHM_SLOT_BYTES", "4096", 1);
+  const int n = 3;
+  auto errors = runRanks("gloo", n, [&](int rank, ProcessGroup& pg) {
+    auto& gloo = dynamic_cast<ProcessGroupGloo&>(pg);
+    if (!gloo.usesSharedMemory()) throw std::runtime_error("no shared memory: " + gloo.sharedMemoryUnavailableReason());
+    for (int64_t count : {1023, 1024, 1025, 5000}) {
+      at::Tensor base = at::arange(count, at::kDouble);
+      at::Tensor t = base + rank;
+      pg.allreduce(t)->wait();
+      if (!at::equal(t, base * n + 3)) throw std::runtime_error("allreduce x" + std::to_string(count));
+      at::Tensor avg = (base + rank).to(at::kFloat);
+      pg.allreduce(avg, {ReduceOp::Avg})->wait();
+      if (!at::allclose(avg, (base + 1).to(at::kFloat))) throw std::runtime_error("avg x" + std::to_string(count));
+      at::Tensor rsIn = at::arange(count * n, at::kLong) * (rank + 1);
+      at::Tensor rsOut = at::empty({count}, at::kLong);
+      pg.reduceScatter(rsIn, rsOut)->wait();
+      if (!at::equal(rsOut, at::arange(count * n, at::kLong).narrow(0, rank * count, count) * 6))
+        throw std::runtime_error("reduce_scatter x" + std::to_string(count));
+      at::Tensor b = base + rank;
+      pg.broadcast(b, {1})->wait();
+      if (!at::equal(b, base + 1)) throw std::runtime_error("broadcast x" + std::to_string(count));
+      at::Tensor gathered = at::empty({n, count}, at::kDouble);
+      pg.allgather(base + 10 * rank, gathered)->wait();
+      for (int r = 0; r < n; ++r) {
+        if (!at::equal(gathered[r], base + 10 * r)) throw std::runtime_error("allgather x" + std::to_string(count));
+      }
+    }
+  });
+  unsetenv("DDP_GLOO_SHM_SLOT_BYTES");
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+}
+
+TEST_CASE("gloo uses shared memory on one host unless told not to", "[collectives]") {
+  for (bool allowed : {true, false}) {
+    ProcessGroupOptions options;
+    options.sharedMemory = allowed;
+    std::vector<int> used(2, -1);
+    std::vector<std::string> why(2);
+    auto errors = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
+      auto& gloo = dynamic_cast<ProcessGroupGloo&>(pg);
+      used[rank] = gloo.usesSharedMemory();
+      why[rank] = gloo.sharedMemoryUnavailableReason();
+    }, options);
+    REQUIRE(joinErrors(errors).empty());
+    CHECK(used[0] == int(allowed));
+    CHECK(used[1] == int(allowed));
+    if (!allowed) CHECK(why[0].find("disabled") != std::string::npos);
+  }
+}
+#endif
 
 // NCCL allows one rank per GPU: world size 1, then every GPU count above 1.
 // CPU tensors are staged through the device, so the same closed forms hold.
@@ -152,12 +216,15 @@ TEST_CASE("collectives run asynchronously and in call order", "[collectives]") {
 }
 
 TEST_CASE("a missing rank makes a collective fail within its timeout", "[collectives][errors]") {
+  ProcessGroupOptions options;
+  options.sharedMemory = GENERATE(true, false);
+  INFO("shared memory " << options.sharedMemory);
   auto start = std::chrono::steady_clock::now();
   auto errors = runRanks("gloo", 2, [](int rank, ProcessGroup& pg) {
     if (rank == 1) return;  // never joins the allreduce
     at::Tensor t = at::ones({1000});
     pg.allreduce(t, {ReduceOp::Sum, std::chrono::milliseconds(1500)})->wait();
-  });
+  }, options);
   auto elapsed = std::chrono::steady_clock::now() - start;
   REQUIRE(errors[1].empty());
   INFO(errors[0]);
@@ -169,10 +236,15 @@ TEST_CASE("a missing rank makes a collective fail within its timeout", "[collect
 }
 
 TEST_CASE("ranks that disagree fail clearly", "[collectives][errors]") {
-  auto errors = runRanks("gloo", 2, [](int rank, ProcessGroup& pg) {
-    at::Tensor t = at::ones({rank == 0 ? 10 : 11});
+  ProcessGroupOptions options;
+  options.sharedMemory = GENERATE(true, false);
+  INFO("shared memory " << options.sharedMemory);
+  // Disagreeing counts, small and spanning several shared-memory chunks.
+  const int64_t count = GENERATE(10, 3 << 20);
+  auto errors = runRanks("gloo", 2, [count](int rank, ProcessGroup& pg) {
+    at::Tensor t = at::ones({rank == 0 ? count : 2 * count + 1});
     pg.allreduce(t, {ReduceOp::Sum, std::chrono::milliseconds(5000)})->wait();
-  });
+  }, options);
   for (int r = 0; r < 2; ++r) {
     INFO(errors[r]);
     CHECK(errors[r].find("does not match rank") != std::string::npos);
@@ -181,6 +253,8 @@ TEST_CASE("ranks that disagree fail clearly", "[collectives][errors]") {
 }
 
 TEST_CASE("a failed group fails later collectives at once", "[collectives][errors]") {
+  ProcessGroupOptions options;
+  options.sharedMemory = GENERATE(true, false);
   auto errors = runRanks("gloo", 2, [](int rank, ProcessGroup& pg) {
     at::Tensor t = at::ones({rank == 0 ? 3 : 4});
     auto first = pg.allreduce(t, {ReduceOp::Sum, std::chrono::milliseconds(5000)});
@@ -190,7 +264,7 @@ TEST_CASE("a failed group fails later collectives at once", "[collectives][error
     } catch (const CollectiveError&) {
     }
     second->wait();
-  });
+  }, options);
   INFO(joinErrors(errors));
   CHECK(errors[0].find("failed earlier") != std::string::npos);
 }

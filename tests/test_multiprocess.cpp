@@ -22,7 +22,9 @@ using namespace ddp;
 namespace {
 
 // Starts `world` workers; returns their exit codes (-signal when killed).
-std::vector<int> runWorkerProcesses(int world, int port, std::chrono::seconds limit) {
+// `worker` is the hidden test case to run; `shm` sets DDP_GLOO_SHM.
+std::vector<int> runWorkerProcesses(int world, int port, std::chrono::seconds limit, bool shm = true,
+                                    const char* worker = "[.worker]") {
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     pid_t pid = ::fork();
@@ -32,7 +34,8 @@ std::vector<int> runWorkerProcesses(int world, int port, std::chrono::seconds li
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       ::setenv("DDP_STORE_TOKEN", "multiprocess-test", 1);
-      ::execl("/proc/self/exe", "ddp_tests", "[.worker]", "--abort", static_cast<char*>(nullptr));
+      ::setenv("DDP_GLOO_SHM", shm ? "1" : "0", 1);
+      ::execl("/proc/self/exe", "ddp_tests", worker, "--abort", static_cast<char*>(nullptr));
       ::_exit(127);
     }
     pids.push_back(pid);
@@ -94,15 +97,55 @@ TEST_CASE("worker: collectives in a separate process", "[.worker]") {
   pg.barrier()->wait();
 }
 
+// Processes of one host meet through shared memory unless DDP_GLOO_SHM=0,
+// which leaves them the TCP path that ranks on different hosts take.
 TEST_CASE("collectives across processes over a TCPStore", "[multiprocess]") {
+  const bool shm = GENERATE(true, false);
   for (int world : {2, 3}) {
     const int port = pickFreePort("127.0.0.1");
-    auto codes = runWorkerProcesses(world, port, std::chrono::seconds(300));
+    auto codes = runWorkerProcesses(world, port, std::chrono::seconds(300), shm);
     for (int r = 0; r < world; ++r) {
-      INFO("world " << world << " rank " << r);
+      INFO("world " << world << " rank " << r << (shm ? " shared memory" : " tcp"));
       CHECK(codes[r] == 0);
     }
   }
+}
+
+// Rank 1 exits after one collective; rank 0's next collective, with a 60 s
+// timeout, must fail long before it, and say which rank is gone.
+TEST_CASE("worker: a peer that exits mid-job", "[.worker-dies]") {
+  auto env = rankEnvFromEnvironment(currentEnvironment());
+  REQUIRE(env);
+  DistributedOptions options;
+  options.timeout = std::chrono::milliseconds(60000);
+  auto ctx = initDistributed(*env, options);
+  ProcessGroup& pg = *ctx.group;
+  at::Tensor t = at::ones({1 << 16});
+  pg.allreduce(t)->wait();
+  if (pg.rank() == 1) ::_exit(0);  // no goodbye: as if killed
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    pg.allreduce(t)->wait();
+  } catch (const CollectiveError& e) {
+    message = e.what();
+  }
+  const auto waited = std::chrono::steady_clock::now() - start;
+  INFO(message);
+  REQUIRE(!message.empty());
+  CHECK(message.find("[rank 0/2] gloo allreduce #") != std::string::npos);
+  if (std::getenv("DDP_GLOO_SHM") == std::string("1")) CHECK(message.find("rank 1 exited") != std::string::npos);
+  CHECK(waited < std::chrono::seconds(20));
+  ::_exit(0);  // skip the goodbye barrier with the dead peer
+}
+
+TEST_CASE("a peer process that exits fails the next collective quickly", "[multiprocess][errors]") {
+  const bool shm = GENERATE(true, false);
+  INFO((shm ? "shared memory" : "tcp"));
+  const int port = pickFreePort("127.0.0.1");
+  auto codes = runWorkerProcesses(2, port, std::chrono::seconds(90), shm, "[.worker-dies]");
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == 0);
 }
 
 TEST_CASE("an unreachable master fails with a clear error", "[multiprocess][errors]") {

@@ -1,4 +1,6 @@
 #include "backends/gloo/process_group_gloo.hpp"
+#include "backends/gloo/reduce_kernels.hpp"
+#include "backends/gloo/shm_channel.hpp"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -7,8 +9,6 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <gloo/allgather.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "framework/errors.hpp"
+#include "framework/help_links.hpp"
 #include "framework/prefix_store.hpp"
 
 namespace ddp {
@@ -65,61 +66,27 @@ std::chrono::milliseconds remaining(Clock::time_point deadline) {
   return std::max(left, std::chrono::milliseconds(1));
 }
 
-// ---- reduction kernels -----------------------------------------------------
-template <typename T>
-void reduceInto(void* dstRaw, const void* srcRaw, size_t n, int op) {
-  T* __restrict dst = static_cast<T*>(dstRaw);
-  const T* __restrict src = static_cast<const T*>(srcRaw);
-  switch (static_cast<ReduceOp>(op)) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg:
-      for (size_t i = 0; i < n; ++i) dst[i] = dst[i] + src[i];
-      break;
-    case ReduceOp::Product:
-      for (size_t i = 0; i < n; ++i) dst[i] = dst[i] * src[i];
-      break;
-    case ReduceOp::Min:
-      for (size_t i = 0; i < n; ++i) dst[i] = src[i] < dst[i] ? src[i] : dst[i];
-      break;
-    case ReduceOp::Max:
-      for (size_t i = 0; i < n; ++i) dst[i] = dst[i] < src[i] ? src[i] : dst[i];
-      break;
-  }
-}
-
-// 16-bit floats reduce in float32 and round once per step.
-template <typename T>
-void reduceInto16(void* dstRaw, const void* srcRaw, size_t n, int op) {
-  T* dst = static_cast<T*>(dstRaw);
-  const T* src = static_cast<const T*>(srcRaw);
-  for (size_t i = 0; i < n; ++i) {
-    float a = static_cast<float>(dst[i]), b = static_cast<float>(src[i]);
-    float r;
-    switch (static_cast<ReduceOp>(op)) {
-      case ReduceOp::Product: r = a * b; break;
-      case ReduceOp::Min: r = b < a ? b : a; break;
-      case ReduceOp::Max: r = a < b ? b : a; break;
-      default: r = a + b; break;
-    }
-    dst[i] = static_cast<T>(r);
-  }
-}
+// ---- reduction kernels (reduce_kernels.cpp) ---------------------------------
+static_assert(static_cast<int>(ReduceOp::Sum) == kReduceSum && static_cast<int>(ReduceOp::Avg) == kReduceAvg &&
+                  static_cast<int>(ReduceOp::Min) == kReduceMin && static_cast<int>(ReduceOp::Max) == kReduceMax &&
+                  static_cast<int>(ReduceOp::Product) == kReduceProduct,
+              "reduce_kernels.hpp must number the operations as ReduceOp does");
 
 using ReduceFn = void (*)(void*, const void*, size_t, int);
 
 ReduceFn reduceFnFor(at::ScalarType type) {
   switch (type) {
-    case at::kFloat: return reduceInto<float>;
-    case at::kDouble: return reduceInto<double>;
-    case at::kInt: return reduceInto<int32_t>;
-    case at::kLong: return reduceInto<int64_t>;
-    case at::kHalf: return reduceInto16<c10::Half>;
-    case at::kBFloat16: return reduceInto16<c10::BFloat16>;
+    case at::kFloat: return reduceFloat;
+    case at::kDouble: return reduceDouble;
+    case at::kInt: return reduceInt32;
+    case at::kLong: return reduceInt64;
+    case at::kHalf: return reduceHalf;
+    case at::kBFloat16: return reduceBFloat16;
     default: return nullptr;
   }
 }
 
-void divideInPlace(at::Tensor& t, int64_t divisor) {
+void divideInPlace(at::Tensor t, int64_t divisor) {
   if (at::isIntegralType(t.scalar_type(), /*includeBool=*/false)) {
     t.div_(divisor, "trunc");
   } else {
@@ -241,11 +208,22 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     throw CollectiveError("[rank " + std::to_string(rank) + "/" + std::to_string(size) +
                           "] gloo: rendezvous through " + store->describe() + " did not complete: " + e.what() +
                           ". HINT: every rank must start with the same WORLD_SIZE and MASTER_ADDR:MASTER_PORT; "
-                          "see docs/clusters.md");
+                          + kRendezvousHelp);
   }
   context_ = context;
 
   if (size_ > 1) {
+    const char* shmEnv = std::getenv("DDP_GLOO_SHM");
+    const bool wantShm = options_.sharedMemory && !(shmEnv && std::string(shmEnv) == "0");
+    try {
+      shm_ = ShmChannel::connect(*store_, rank, size, wantShm, options_.timeout, &shmWhyNot_);
+    } catch (const std::exception& e) {
+      throw CollectiveError("[rank " + std::to_string(rank) + "/" + std::to_string(size) +
+                            "] gloo: shared-memory setup through " + store->describe() + " did not complete: " +
+                            e.what() + ". HINT: a peer rank may have died during start-up; " + kRendezvousHelp);
+    }
+  }
+  if (size_ > 1 && !shm_) {
     if (size_ <= kAllToAllMaxRanks) {
       for (int r = 0; r < size_; ++r) {
         if (r != rank_) framePeers_.push_back(r);
@@ -297,6 +275,7 @@ ProcessGroupGloo::~ProcessGroupGloo() {
   recvFrameBuffers_[0].clear();
   recvFrameBuffers_[1].clear();
   context_.reset();
+  shm_.reset();
 }
 
 // ---- the queue -----------------------------------------------------------------
@@ -332,7 +311,7 @@ void ProcessGroupGloo::workerLoop() {
       const auto started = Clock::now();
       try {
         task.run(task.descriptor, task.deadline);
-        if (size_ > 1) {
+        if (size_ > 1 && !shm_) {
           // The frame buffer of this collective is consumed: reuse it two ahead.
           postFrameReceives(task.descriptor.seq + 2);
           for (size_t i = 0; i < framePeers_.size(); ++i) sendFrameBuffer_->waitSend(remaining(task.deadline));
@@ -346,9 +325,12 @@ void ProcessGroupGloo::workerLoop() {
             task.work->description() + (timedOut ? " timed out" : " failed") + " after " +
             std::to_string(waited.count()) + " ms (timeout " + std::to_string(task.timeout.count()) +
             " ms): " + e.what() +
-            ". HINT: a peer rank may have died, or not called this collective; see docs/clusters.md"));
+            ". HINT: a peer rank may have died, or not called this collective; " + kRendezvousHelp));
       }
-      if (error) broken_ = error;
+      if (error) {
+        broken_ = error;
+        if (shm_) shm_->markFailed();
+      }
     }
     task.work->finish(error);
   }
@@ -377,15 +359,138 @@ std::vector<const uint8_t*> ProcessGroupGloo::exchangeFrames(const Descriptor& m
     const uint8_t* frame = frames + static_cast<size_t>(from) * kFrameBytes;
     Descriptor theirs;
     std::memcpy(&theirs, frame, sizeof(theirs));
-    if (std::memcmp(&theirs, &mine, sizeof(mine)) != 0) {
-      throw CollectiveError(describeCall(rank_, size_, mine, describePeer(mine)) + " does not match rank " +
-                            std::to_string(from) + ", which called " + describePeer(theirs) +
-                            ". HINT: every rank must call the same collectives in the same order with the same "
-                            "dtype, element count and root");
-    }
+    checkPeerDescriptor(mine, theirs, from);
     payloads[from] = frame + sizeof(Descriptor);
   }
   return payloads;
+}
+
+void ProcessGroupGloo::checkPeerDescriptor(const Descriptor& mine, const Descriptor& theirs, int from) const {
+  if (std::memcmp(&theirs, &mine, sizeof(mine)) != 0) {
+    throw CollectiveError(describeCall(rank_, size_, mine, describePeer(mine)) + " does not match rank " +
+                          std::to_string(from) + ", which called " + describePeer(theirs) +
+                          ". HINT: every rank must call the same collectives in the same order with the same "
+                          "dtype, element count and root");
+  }
+}
+
+// ---- shared memory ---------------------------------------------------------------
+// Each collective is a sequence of rounds over chunks of at most one slot;
+// the first round carries every rank's descriptor, checked after its first
+// step, before any rank reads a peer's payload.
+void ProcessGroupGloo::shmBeginRound(const Descriptor& d, bool first) {
+  static_assert(sizeof(Descriptor) <= ShmChannel::kDescriptorBytes, "descriptor must fit its shared slot");
+  shm_->beginRound();
+  if (first) std::memcpy(shm_->descriptor(rank_), &d, sizeof(d));
+}
+
+void ProcessGroupGloo::shmCheckDescriptors(const Descriptor& mine) {
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Descriptor theirs;
+    std::memcpy(&theirs, shm_->descriptor(p), sizeof(theirs));
+    checkPeerDescriptor(mine, theirs, p);
+  }
+}
+
+// Rank r reduces the r-th part of each chunk into rank 0's slot, peers in
+// rank order (the same bits on every rank); then every rank copies the
+// whole reduced chunk out.
+void ProcessGroupGloo::shmAllreduce(const Descriptor& d, at::Tensor& host, ReduceOp op, Deadline deadline) {
+  const size_t es = host.element_size(), count = host.numel();
+  uint8_t* data = static_cast<uint8_t*>(host.data_ptr());
+  const size_t chunkElems = shm_->slotBytes() / es;
+  const ReduceFn reduce = reduceFnFor(host.scalar_type());
+  size_t at = 0;
+  bool first = true;
+  do {
+    const size_t len = std::min(chunkElems, count - at);
+    shmBeginRound(d, first);
+    if (len) std::memcpy(shm_->slot(rank_), data + at * es, len * es);
+    shm_->step(deadline);
+    if (first) shmCheckDescriptors(d);
+    first = false;
+    const size_t begin = len * rank_ / size_, end = len * (rank_ + 1) / size_;
+    if (end > begin) {
+      uint8_t* acc = shm_->slot(0) + begin * es;
+      for (int p = 1; p < size_; ++p) reduce(acc, shm_->slot(p) + begin * es, end - begin, static_cast<int>(op));
+      if (op == ReduceOp::Avg) {
+        divideInPlace(at::from_blob(acc, {static_cast<int64_t>(end - begin)}, host.options()), size_);
+      }
+    }
+    shm_->step(deadline);
+    if (len) std::memcpy(data + at * es, shm_->slot(0), len * es);
+    at += len;
+  } while (at < count);
+}
+
+// Each rank lays its input blocks side by side in its slot, a chunk of each
+// block per round; rank r reduces block r straight into its output.
+void ProcessGroupGloo::shmReduceScatter(const Descriptor& d, const at::Tensor& in, at::Tensor& out, ReduceOp op,
+                                        Deadline deadline) {
+  const size_t es = in.element_size(), blockElems = out.numel();
+  const uint8_t* src = static_cast<const uint8_t*>(in.data_ptr());
+  uint8_t* dst = static_cast<uint8_t*>(out.data_ptr());
+  const size_t chunkElems = std::max<size_t>(1, shm_->slotBytes() / (es * size_));
+  const ReduceFn reduce = reduceFnFor(in.scalar_type());
+  size_t at = 0;
+  bool first = true;
+  do {
+    const size_t len = std::min(chunkElems, blockElems - at);
+    shmBeginRound(d, first);
+    for (int b = 0; b < size_ && len; ++b) {
+      std::memcpy(shm_->slot(rank_) + b * len * es, src + (b * blockElems + at) * es, len * es);
+    }
+    shm_->step(deadline);
+    if (first) shmCheckDescriptors(d);
+    first = false;
+    if (len) {
+      uint8_t* acc = dst + at * es;
+      std::memcpy(acc, shm_->slot(0) + rank_ * len * es, len * es);
+      for (int p = 1; p < size_; ++p) reduce(acc, shm_->slot(p) + rank_ * len * es, len, static_cast<int>(op));
+      if (op == ReduceOp::Avg) {
+        divideInPlace(at::from_blob(acc, {static_cast<int64_t>(len)}, out.options()), size_);
+      }
+    }
+    at += len;
+  } while (at < blockElems);
+}
+
+void ProcessGroupGloo::shmBroadcast(const Descriptor& d, at::Tensor& host, int root, Deadline deadline) {
+  const size_t es = host.element_size(), count = host.numel();
+  uint8_t* data = static_cast<uint8_t*>(host.data_ptr());
+  const size_t chunkElems = shm_->slotBytes() / es;
+  size_t at = 0;
+  bool first = true;
+  do {
+    const size_t len = std::min(chunkElems, count - at);
+    shmBeginRound(d, first);
+    if (rank_ == root && len) std::memcpy(shm_->slot(root), data + at * es, len * es);
+    shm_->step(deadline);
+    if (first) shmCheckDescriptors(d);
+    first = false;
+    if (rank_ != root && len) std::memcpy(data + at * es, shm_->slot(root), len * es);
+    at += len;
+  } while (at < count);
+}
+
+void ProcessGroupGloo::shmAllgather(const Descriptor& d, const at::Tensor& in, at::Tensor& out, Deadline deadline) {
+  const size_t es = in.element_size(), count = in.numel();
+  const uint8_t* src = static_cast<const uint8_t*>(in.data_ptr());
+  uint8_t* dst = static_cast<uint8_t*>(out.data_ptr());
+  const size_t chunkElems = shm_->slotBytes() / es;
+  size_t at = 0;
+  bool first = true;
+  do {
+    const size_t len = std::min(chunkElems, count - at);
+    shmBeginRound(d, first);
+    if (len) std::memcpy(shm_->slot(rank_), src + at * es, len * es);
+    shm_->step(deadline);
+    if (first) shmCheckDescriptors(d);
+    first = false;
+    for (int p = 0; p < size_ && len; ++p) std::memcpy(dst + (p * count + at) * es, shm_->slot(p), len * es);
+    at += len;
+  } while (at < count);
 }
 
 // ---- the ring ------------------------------------------------------------------
@@ -496,6 +601,11 @@ WorkPtr ProcessGroupGloo::allreduce(at::Tensor& tensor, const AllreduceOptions& 
                    if (size_ == 1) return;
                    at::Tensor host = hostView(target);
                    const size_t bytes = host.nbytes();
+                   if (shm_) {
+                     shmAllreduce(d, host, op, deadline);  // divides for Avg itself
+                     if (!host.is_same(target)) target.copy_(host);
+                     return;
+                   }
                    if (smallPath(bytes)) {
                      // Every rank folds the same frames in rank order: identical bits everywhere.
                      auto frames = exchangeFrames(d, host.data_ptr(), bytes, deadline);
@@ -543,6 +653,10 @@ WorkPtr ProcessGroupGloo::reduceScatter(const at::Tensor& input, at::Tensor& out
                    at::Tensor mine = outHost.view({-1});
                    if (size_ == 1) {
                      mine.copy_(src.view({-1}));
+                   } else if (shm_) {
+                     shmReduceScatter(d, src, mine, op, deadline);  // divides for Avg itself
+                     if (!outHost.is_same(out)) out.copy_(outHost);
+                     return;
                    } else if (smallPath(bytes)) {
                      auto frames = exchangeFrames(d, src.data_ptr(), bytes, deadline);
                      frames[rank_] = static_cast<const uint8_t*>(src.data_ptr());
@@ -586,6 +700,11 @@ WorkPtr ProcessGroupGloo::broadcast(at::Tensor& tensor, const BroadcastOptions& 
                    if (size_ == 1) return;
                    at::Tensor host = hostView(target);
                    const size_t bytes = host.nbytes();
+                   if (shm_) {
+                     shmBroadcast(d, host, root, deadline);
+                     if (!host.is_same(target)) target.copy_(host);
+                     return;
+                   }
                    if (smallPath(bytes)) {
                      auto frames = exchangeFrames(d, rank_ == root ? host.data_ptr() : nullptr,
                                                   rank_ == root ? bytes : 0, deadline);
@@ -623,6 +742,8 @@ WorkPtr ProcessGroupGloo::allgather(const at::Tensor& input, at::Tensor& output,
                    const size_t bytes = src.nbytes();
                    if (size_ == 1) {
                      if (bytes > 0) dst.view({-1}).copy_(src.view({-1}));
+                   } else if (shm_) {
+                     shmAllgather(d, src, dst, deadline);
                    } else if (smallPath(bytes)) {
                      auto frames = exchangeFrames(d, src.data_ptr(), bytes, deadline);
                      frames[rank_] = static_cast<const uint8_t*>(src.data_ptr());
@@ -649,6 +770,12 @@ WorkPtr ProcessGroupGloo::barrier(const BarrierOptions& opts) {
   // follows.
   return enqueue(d, "no data", resolveTimeout(opts.timeout), [this](const Descriptor& d, Deadline deadline) {
     if (size_ == 1) return;
+    if (shm_) {
+      shmBeginRound(d, true);
+      shm_->step(deadline);
+      shmCheckDescriptors(d);
+      return;
+    }
     exchangeFrames(d, nullptr, 0, deadline);
     if (size_ > kAllToAllMaxRanks) {
       gloo::BarrierOptions bo(context_);

@@ -19,6 +19,10 @@
 //   same bits on every rank).
 // - Larger allreduce and reduce_scatter use our own pipelined ring over
 //   Gloo's unbound buffers; larger broadcast and allgather use Gloo's.
+// - When all ranks share a host, every collective instead goes through a
+//   shared-memory segment (shm_channel.hpp); the descriptor check then
+//   happens there. ProcessGroupOptions::sharedMemory or DDP_GLOO_SHM=0
+//   turn that off.
 #pragma once
 
 #include <condition_variable>
@@ -41,6 +45,8 @@ class UnboundBuffer;
 
 namespace ddp {
 
+class ShmChannel;
+
 class ProcessGroupGloo : public ProcessGroup {
  public:
   ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options);
@@ -58,6 +64,9 @@ class ProcessGroupGloo : public ProcessGroup {
   // The address the transport listens on, e.g. "10.0.0.2" (for tests of
   // interface selection).
   const std::string& listenAddress() const { return listenAddress_; }
+  // Whether payloads move through shared memory; if not, why not.
+  bool usesSharedMemory() const { return shm_ != nullptr; }
+  const std::string& sharedMemoryUnavailableReason() const { return shmWhyNot_; }
 
   // What one queued collective needs; public only for the .cpp's helpers.
   struct Descriptor {
@@ -95,6 +104,14 @@ class ProcessGroupGloo : public ProcessGroup {
     return payloadBytes <= kSmallPayloadBytes && size_ <= kAllToAllMaxRanks;
   }
   void runTask(Task& task);
+  // The shared-memory versions of the collectives (shm_ set).
+  void shmBeginRound(const Descriptor& d, bool first);
+  void shmCheckDescriptors(const Descriptor& mine);
+  void shmAllreduce(const Descriptor& d, at::Tensor& host, ReduceOp op, Deadline deadline);
+  void shmReduceScatter(const Descriptor& d, const at::Tensor& in, at::Tensor& out, ReduceOp op, Deadline deadline);
+  void shmBroadcast(const Descriptor& d, at::Tensor& host, int root, Deadline deadline);
+  void shmAllgather(const Descriptor& d, const at::Tensor& in, at::Tensor& out, Deadline deadline);
+  void checkPeerDescriptor(const Descriptor& mine, const Descriptor& theirs, int from) const;
   void ringReduceScatter(uint8_t* data, size_t count, size_t elementSize, int reduceOp, int dtype,
                          uint64_t seq, Deadline deadline, bool thenAllgather);
 
@@ -117,6 +134,8 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Store> store_;  // "gloo/"-prefixed; also used to close in step
   std::string listenAddress_;
   std::vector<int> framePeers_;  // ranks we send frames to and expect frames from
+  std::unique_ptr<ShmChannel> shm_;
+  std::string shmWhyNot_;
 
 
   std::mutex mutex_;

@@ -9,6 +9,7 @@
 
 #include "ddp/config.hpp"
 #include "framework/errors.hpp"
+#include "framework/help_links.hpp"
 #include "framework/prefix_store.hpp"
 
 #if DDP_TORCH_HAS_CUDA
@@ -255,7 +256,7 @@ void ProcessGroupNccl::watchdogLoop() {
       failed.swap(impl_->pending);
       auto first = std::make_exception_ptr(CollectiveError(
           failed.front().work->description() + " " + why +
-          ". HINT: a peer rank may have died, or not called this collective; see docs/clusters.md"));
+          ". HINT: a peer rank may have died, or not called this collective; " + kRendezvousHelp));
       impl_->broken = first;
       lock.unlock();
       for (size_t i = 0; i < failed.size(); ++i) {

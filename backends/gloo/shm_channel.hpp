@@ -1,0 +1,82 @@
+// ShmChannel: the same-host path of ProcessGroupGloo.
+//
+// When every rank of a group runs on one host (same boot, same network,
+// PID and /dev/shm namespaces), the ranks map one POSIX shared-memory
+// segment and move payloads through it instead of through loopback TCP.
+// A loopback TCP stream copies every byte twice through the kernel and
+// wakes the receiver per message; here a rank copies its data in once, the
+// ranks reduce disjoint regions in parallel, and each copies the result out.
+//
+// Protocol. Every rank performs the same sequence of rounds. A round uses
+// one of two slot sets (alternating), holds one slot of slotBytes() per rank
+// and contains at least one step(). step() publishes this rank's step count
+// and waits until every rank has published it: a barrier. Since the next
+// round contains a barrier too, nobody writes into a set again before every
+// rank has finished reading it two rounds earlier. Between beginRound() and
+// the first step() a rank may write only its own slot and descriptor.
+//
+// Waits spin briefly, then sleep on a futex. They fail (ShmWaitError) when
+// the deadline passes, when a peer marked itself failed, or when a peer's
+// process no longer exists, so a dead peer never hangs the group.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace ddp {
+
+class Store;
+
+class ShmWaitError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class ShmChannel {
+ public:
+  using Deadline = std::chrono::steady_clock::time_point;
+  static constexpr size_t kDescriptorBytes = 64;
+
+  // Collective over `store`: every rank of the group calls it, and every
+  // rank gets a channel, or every rank gets null (ranks on several hosts,
+  // `enabled` false on any rank, or shared memory unavailable). `why`
+  // receives the reason for null.
+  static std::unique_ptr<ShmChannel> connect(Store& store, int rank, int size, bool enabled,
+                                             std::chrono::milliseconds timeout, std::string* why);
+  ~ShmChannel();
+  ShmChannel(const ShmChannel&) = delete;
+  ShmChannel& operator=(const ShmChannel&) = delete;
+
+  size_t slotBytes() const { return slotBytes_; }
+  // Switches to the other slot set.
+  void beginRound() { set_ ^= 1; }
+  uint8_t* slot(int rank) const;
+  uint8_t* descriptor(int rank) const;
+  // Publishes this rank's next step and waits for all ranks to reach it.
+  void step(Deadline deadline);
+  // Tells the peers that this rank failed, so that they stop waiting.
+  void markFailed();
+
+  // Identifies the host and the namespaces that decide whether two
+  // processes can share a segment and see each other's PIDs.
+  static std::string hostIdentity();
+
+ private:
+  struct RankHeader;
+  ShmChannel(int rank, int size, size_t slotBytes, void* base, size_t mappedBytes);
+  RankHeader& header(int rank) const;
+  void waitFor(int peer, uint32_t target, Deadline deadline);
+
+  int rank_, size_;
+  size_t slotBytes_;
+  uint8_t* base_;
+  size_t mappedBytes_;
+  int set_ = 1;  // the first beginRound() selects set 0
+  uint32_t steps_ = 0;
+};
+
+}  // namespace ddp
