@@ -391,6 +391,7 @@ void DistributedDataParallel::copyGradIntoBucket(size_t index) {
     slice.zero_();
     return;
   }
+  if (grad.data_ptr() == slice.data_ptr() && grad.is_contiguous()) return;  // accumulated in place
   if (grad.is_sparse()) {
     throw UsageError("DDP: parameter '" + p.name +
                      "' has a sparse gradient, which DDP does not support. HINT: use a dense embedding (sparse=false)");
@@ -494,10 +495,18 @@ void DistributedDataParallel::finishGradientSync() {
         const Bucket& bucket = buckets_[p.bucket];
         at::Tensor averaged = bucket.buffer.narrow(0, bucket.offsets[p.slot], p.tensor.numel()).view(p.tensor.sizes());
         at::Tensor& grad = p.tensor.mutable_grad();
-        if (grad.defined())
+        if (grad.defined() && grad.data_ptr() == averaged.data_ptr() && grad.is_contiguous()) continue;
+        if (options_.gradientAsBucketView && p.tensor.is_contiguous()) {
+          // A plain tensor on the bucket's storage, not an autograd view:
+          // optimizers detach_() and zero_() gradients in place, which
+          // autograd refuses on views.
+          grad = at::empty({0}, averaged.options()).set_(averaged.storage(), averaged.storage_offset(),
+                                                         averaged.sizes(), averaged.strides());
+        } else if (grad.defined()) {
           grad.copy_(averaged);
-        else
+        } else {
           grad = averaged.clone();
+        }
       }
     } else {
       std::sort(unused.begin(), unused.end());

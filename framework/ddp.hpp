@@ -66,6 +66,12 @@ struct DdpOptions {
   // overlap on and off).
   bool overlap = true;
   bool broadcastBuffers = true;
+  // After a sync, param.grad() shares memory with its slice of the bucket,
+  // so the next backward accumulates straight into the bucket and neither
+  // the copy in nor the copy out happens (two passes over all gradients
+  // per step). Optimizers that zero gradients in place keep the sharing;
+  // one that replaces a gradient tensor just gets copied, as without it.
+  bool gradientAsBucketView = true;
   Milliseconds timeout = kUseGroupTimeout;
 };
 
