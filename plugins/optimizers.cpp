@@ -17,6 +17,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "plugins/adam_kernel.hpp"
 #include "plugins/builtin.hpp"
 
 namespace ddp::plugins {
@@ -24,55 +25,6 @@ namespace ddp::plugins {
 namespace {
 
 constexpr PluginKind kOptimizer = PluginKind::Optimizer;
-
-// The scalars of one Adam step, computed once per parameter tensor.
-struct AdamStep {
-  double lr = 0;
-  double beta1 = 0;
-  double beta2 = 0;
-  double eps = 0;
-  double weightDecay = 0;
-  bool decoupled = false;  // AdamW: decay the weights, not the gradient
-  bool amsgrad = false;
-  double biasCorrection1 = 1;
-  double biasCorrection2 = 1;
-};
-
-// One pass over [begin, end) of a parameter. The arithmetic is done in T with
-// the scalars rounded to T first, as the tensor kernels do, so the result
-// matches torch::optim::Adam to within rounding.
-template <typename T>
-void adamKernel(const AdamStep& s, T* param, const T* grad, T* expAvg, T* expAvgSq, T* maxExpAvgSq, int64_t begin,
-                int64_t end) {
-  const T beta1 = static_cast<T>(s.beta1);
-  const T oneMinusBeta1 = static_cast<T>(1 - s.beta1);
-  const T beta2 = static_cast<T>(s.beta2);
-  const T oneMinusBeta2 = static_cast<T>(1 - s.beta2);
-  const T eps = static_cast<T>(s.eps);
-  const T weightDecay = static_cast<T>(s.weightDecay);
-  const T decayFactor = static_cast<T>(1 - s.lr * s.weightDecay);
-  const T sqrtBiasCorrection2 = static_cast<T>(std::sqrt(s.biasCorrection2));
-  const T negStepSize = static_cast<T>(-(s.lr / s.biasCorrection1));
-  const bool coupledDecay = !s.decoupled && s.weightDecay != 0;
-  const bool decoupledDecay = s.decoupled && s.weightDecay != 0;
-  for (int64_t i = begin; i < end; ++i) {
-    T p = param[i];
-    T g = grad[i];
-    if (coupledDecay) g = g + weightDecay * p;  // grad.add(p, weight_decay)
-    if (decoupledDecay) p = p * decayFactor;    // p.mul_(1 - lr * weight_decay)
-    const T m = expAvg[i] * beta1 + oneMinusBeta1 * g;
-    const T v = expAvgSq[i] * beta2 + oneMinusBeta2 * g * g;
-    expAvg[i] = m;
-    expAvgSq[i] = v;
-    T vUsed = v;
-    if (maxExpAvgSq != nullptr) {
-      vUsed = std::max(maxExpAvgSq[i], v);
-      maxExpAvgSq[i] = vUsed;
-    }
-    const T denom = std::sqrt(vUsed) / sqrtBiasCorrection2 + eps;
-    param[i] = p + negStepSize * (m / denom);
-  }
-}
 
 bool fusable(const at::Tensor& t, const at::Tensor& like) {
   return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == like.scalar_type() &&
