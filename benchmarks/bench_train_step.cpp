@@ -47,6 +47,8 @@ struct Options {
   std::string jsonPath;
   double bucketCapMb = 25;
   bool noOverlap = false;
+  bool sweep = false;        // bucket size x overlap at world size 2, no reference
+  bool noReference = false;  // skip PyTorch
   int timeoutSeconds = 600;
 
   // Hidden: set by the launcher for the processes it starts.
@@ -63,10 +65,19 @@ struct Config {
   std::string impl;
   int worldSize = 1;
   bool wrap = false;
-  std::string tag() const { return impl + ".w" + std::to_string(worldSize); }
+  double bucketCapMb = 25;
+  bool overlap = true;
+  std::string tag() const {
+    return impl + ".w" + std::to_string(worldSize) + ".b" + fmt::format("{}", bucketCapMb) + (overlap ? "" : ".seq");
+  }
 };
 
 // ---- worker -----------------------------------------------------------------
+
+// The worker's Config::tag(), from its flags.
+std::string workerTag(const Options& o) {
+  return Config{o.workerImpl, o.workerWorld, o.workerWrap, o.bucketCapMb, !o.noOverlap}.tag();
+}
 
 std::string resultsPath(const std::string& dir, const std::string& tag) { return dir + "/results." + tag + ".json"; }
 
@@ -94,7 +105,7 @@ std::unique_ptr<torch::optim::Optimizer> buildOptimizer(std::vector<at::Tensor> 
 void runWorker(const Options& o) {
   at::set_num_threads(1);
   const int rank = o.workerRank;
-  const std::string tag = o.workerImpl + ".w" + std::to_string(o.workerWorld);
+  const std::string tag = workerTag(o);
   const std::chrono::milliseconds timeout(120000);
 
   TCPStoreOptions storeOptions;
@@ -129,7 +140,7 @@ void runWorker(const Options& o) {
   const at::Tensor x = torch::randn({kBatchPerRank, kWidths.front()});
   const at::Tensor y = torch::randint(0, kWidths.back(), {kBatchPerRank}, torch::kLong);
 
-  std::vector<double> times;
+  std::vector<double> times, syncTimes;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     const auto start = std::chrono::steady_clock::now();
     optimizer->zero_grad();
@@ -139,6 +150,11 @@ void runWorker(const Options& o) {
     optimizer->step();
     if (i >= o.warmup) {
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      if (ddpModel) {
+        // What backward did not hide: the wait in finishGradientSync().
+        const auto t = ddpModel->lastSyncTimeline();
+        syncTimes.push_back(std::chrono::duration<double>(t.finishEnd - t.finishStart).count());
+      }
     }
   }
   // Nobody tears down the group while a peer still uses it.
@@ -153,7 +169,10 @@ void runWorker(const Options& o) {
                        {"params", params},
                        {"batch_per_rank", kBatchPerRank},
                        {"step_ms", stepSeconds * 1e3},
-                       {"samples_per_s", o.workerWorld * kBatchPerRank / stepSeconds}});
+                       {"samples_per_s", o.workerWorld * kBatchPerRank / stepSeconds},
+                       {"sync_ms", syncTimes.empty() ? 0.0 : median(syncTimes) * 1e3},
+                       {"bucket_cap_mb", o.bucketCapMb},
+                       {"overlap", !o.noOverlap}});
   }
 }
 
@@ -163,13 +182,13 @@ std::vector<std::string> workerArguments(const Options& o, const Config& c, int 
   std::vector<std::string> args = {"train-step",
                                    "--steps", std::to_string(o.steps),
                                    "--warmup", std::to_string(o.warmup),
-                                   "--bucket-cap-mb", fmt::format("{}", o.bucketCapMb),
+                                   "--bucket-cap-mb", fmt::format("{}", c.bucketCapMb),
                                    "--worker-rank", std::to_string(rank),
                                    "--worker-world", std::to_string(c.worldSize),
                                    "--worker-impl", c.impl,
                                    "--worker-dir", dir};
   if (c.wrap) args.push_back("--worker-wrap");
-  if (o.noOverlap) args.push_back("--no-overlap");
+  if (!c.overlap) args.push_back("--no-overlap");
   return args;
 }
 
@@ -192,12 +211,19 @@ void runLauncher(const Options& o) {
   if (o.steps < 1 || o.warmup < 0) throw BenchError("--steps must be at least 1 and --warmup at least 0");
   if (o.worldSizes.empty()) throw BenchError("--world-sizes names no world size");
   std::vector<Config> configs;
+  if (o.sweep) {
+    configs.push_back({"ddp", 1, false});
+    for (double mb : {1.0, 4.0, 25.0, 100.0}) {
+      for (bool overlap : {true, false}) configs.push_back({"ddp", 2, true, mb, overlap});
+    }
+  }
   for (int w : o.worldSizes) {
+    if (o.sweep) break;
     if (w < 1) throw BenchError("--world-sizes: each must be at least 1");
     // At world size 1 "ddp" is the bare model (as DDP users run one rank);
     // the wrapped variant shows what the wrapper itself costs.
-    configs.push_back({"ddp", w, w > 1});
-    if (w == 1) configs.push_back({"ddp-w1-wrapped", 1, true});
+    configs.push_back({"ddp", w, w > 1, o.bucketCapMb, !o.noOverlap});
+    if (w == 1) configs.push_back({"ddp-w1-wrapped", 1, true, o.bucketCapMb, !o.noOverlap});
   }
 
   TempDir dir("ddp-bench-train-step-");
@@ -211,7 +237,9 @@ void runLauncher(const Options& o) {
     records.push_back(readJsonFile(resultsPath(dir.path(), c.tag())));
   }
 
-  if (auto why = pythonTorchUnavailable()) {
+  if (o.sweep || o.noReference) {
+    std::cout << "# not running torch-ddp (" << (o.sweep ? "--sweep" : "--no-reference") << ")\n";
+  } else if (auto why = pythonTorchUnavailable()) {
     std::cout << "skipping torch-ddp: " << *why << "\n";
   } else {
     std::string sizes;
@@ -226,11 +254,16 @@ void runLauncher(const Options& o) {
     }
   }
 
-  Table table({"impl", "world_size", "params", "batch_per_rank", "step_ms", "samples_per_s"});
+  Table table({"impl", "world_size", "params", "batch_per_rank", "bucket_mb", "overlap", "step_ms", "sync_ms",
+               "samples_per_s"});
   for (const auto& r : records) {
+    const bool ours = r.contains("bucket_cap_mb");
     table.addRow({r["impl"].get<std::string>(), std::to_string(r["world_size"].get<int>()),
                   std::to_string(r["params"].get<int64_t>()), std::to_string(r["batch_per_rank"].get<int64_t>()),
-                  formatNumber(r["step_ms"].get<double>(), 2), formatNumber(r["samples_per_s"].get<double>(), 1)});
+                  ours ? formatNumber(r["bucket_cap_mb"].get<double>(), 0) : "-",
+                  ours ? (r["overlap"].get<bool>() ? "on" : "off") : "-", formatNumber(r["step_ms"].get<double>(), 2),
+                  ours ? formatNumber(r["sync_ms"].get<double>(), 2) : "-",
+                  formatNumber(r["samples_per_s"].get<double>(), 1)});
   }
   std::cout << table.render();
   const json* ours2 = findRecord(records, "ddp", 2);
@@ -261,6 +294,9 @@ void registerTrainStepCommand(CLI::App& app) {
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
   cmd->add_option("--bucket-cap-mb", options->bucketCapMb, "DDP gradient bucket size in MiB")->capture_default_str();
   cmd->add_flag("--no-overlap", options->noOverlap, "Start every allreduce after backward, not during it");
+  cmd->add_flag("--sweep", options->sweep,
+                "Instead: world size 2 with buckets of 1, 4, 25 and 100 MiB, overlap on and off (no reference)");
+  cmd->add_flag("--no-reference", options->noReference, "Do not run PyTorch's DDP");
   cmd->add_option("--timeout", options->timeoutSeconds, "Seconds all ranks of one configuration may take")
       ->capture_default_str();
   // Worker flags: set by the launcher; an empty group hides them from --help.
@@ -275,7 +311,7 @@ void registerTrainStepCommand(CLI::App& app) {
       try {
         runWorker(*options);
       } catch (const std::exception& e) {
-        const std::string tag = options->workerImpl + ".w" + std::to_string(options->workerWorld);
+        const std::string tag = workerTag(*options);
         std::cerr << fmt::format("ddp-bench worker ({} rank {}): {}\n", tag, options->workerRank, e.what());
         reportWorkerError(options->workerDir, tag, options->workerRank, e.what());
         // Exit without destructors: a group whose peer has gone could block
