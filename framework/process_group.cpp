@@ -25,6 +25,10 @@ ProcessGroup::ProcessGroup(int rank, int size, ProcessGroupOptions options)
   }
 }
 
+at::Tensor ProcessGroup::allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options) {
+  return at::zeros({numel}, options);
+}
+
 void ProcessGroup::notSupported(const std::string& operation) const {
   throw NotSupportedError("backend '" + backendName() + "' does not support " + operation);
 }

@@ -98,6 +98,14 @@ class ProcessGroup {
                                 const ReduceScatterOptions& opts = {});
   virtual WorkPtr barrier(const BarrierOptions& opts = {});
 
+  // A zero-filled 1-D tensor for repeated collectives (DDP's gradient
+  // buckets), placed where the backend moves it fastest: for gloo on one
+  // host, shared memory that the peers reduce in place, with no copy in or
+  // out. Collective: every rank calls it in the same order with the same
+  // numel and dtype. The default is at::zeros. It stays valid after the
+  // group is destroyed.
+  virtual at::Tensor allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options);
+
  protected:
   [[noreturn]] void notSupported(const std::string& operation) const;
   Milliseconds resolveTimeout(Milliseconds requested) const {

@@ -155,6 +155,62 @@ TEST_CASE("gloo shared memory splits large payloads into chunks correctly", "[co
   REQUIRE(joinErrors(errors).empty());
 }
 
+// DDP's buckets: allocated by the group, reduced in place in shared memory.
+TEST_CASE("gloo allreduce on communication buffers matches closed forms", "[collectives]") {
+  for (int n : {2, 3}) {
+    std::mutex failuresMutex;
+    std::vector<std::string> failures;
+    std::vector<at::Tensor> kept(n);
+    std::vector<int> zeroFilled(n, 0);
+    auto errors = runRanks("gloo", n, [&](int rank, ProcessGroup& pg) {
+      auto fail = [&](const std::string& what) {
+        std::lock_guard<std::mutex> lock(failuresMutex);
+        failures.push_back("world " + std::to_string(n) + " rank " + std::to_string(rank) + ": " + what);
+      };
+      for (at::ScalarType dtype : kDtypes) {
+        for (int64_t count : {int64_t(1), int64_t(7), int64_t(1000), int64_t(1) << 20}) {
+          at::Tensor buffer = pg.allocateCommunicationBuffer(count, at::TensorOptions().dtype(dtype));
+          if (dtype == at::kFloat && count == 1000) zeroFilled[rank] = buffer.eq(0).all().item<bool>();
+          at::Tensor base = pattern(count);
+          for (ReduceOp op : kOps) {
+            for (int repeat = 0; repeat < 2; ++repeat) {  // the same buffer again
+              buffer.copy_(reductionInput(op, base, rank).to(dtype));
+              pg.allreduce(buffer, {op})->wait();
+              if (!exactlyEqual(buffer, expectedReduction(op, base, n), dtype))
+                fail(caseName("allreduce", dtype, count) + " " + reduceOpName(op));
+            }
+          }
+          if (dtype == at::kLong && count == 7) kept[rank] = buffer;
+        }
+      }
+    });
+    INFO(joinErrors(errors));
+    REQUIRE(joinErrors(errors).empty());
+    for (const auto& f : failures) FAIL_CHECK(f);
+    CHECK(failures.empty());
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      CHECK(zeroFilled[r] == 1);
+      // The groups are gone; their buffers stay valid while referenced.
+      REQUIRE(kept[r].defined());
+      CHECK(exactlyEqual(kept[r], expectedReduction(ReduceOp::Product, pattern(7), n), at::kLong));
+    }
+  }
+}
+
+TEST_CASE("gloo: a communication buffer on one rank and a plain tensor on another fail clearly", "[collectives][errors]") {
+  auto errors = runRanks("gloo", 2, [](int rank, ProcessGroup& pg) {
+    at::Tensor shared = pg.allocateCommunicationBuffer(100, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor t = rank == 0 ? shared : at::zeros({100});
+    pg.allreduce(t, {ReduceOp::Sum, std::chrono::milliseconds(5000)})->wait();
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO(errors[r]);
+    CHECK(errors[r].find("does not match rank") != std::string::npos);
+    CHECK(errors[r].find("in shared buffer #0") != std::string::npos);
+  }
+}
+
 TEST_CASE("gloo uses shared memory on one host unless told not to", "[collectives]") {
   for (bool allowed : {true, false}) {
     ProcessGroupOptions options;

@@ -135,7 +135,8 @@ std::string describeCall(int rank, int size, const Descriptor& d, const std::str
 std::string describePeer(const Descriptor& d) {
   return std::string(opName(d.op)) + " #" + std::to_string(d.seq) + " with " + std::to_string(d.numel) +
          " elements, dtype code " + std::to_string(d.dtype) + ", root " + std::to_string(d.root) + ", op " +
-         reduceOpName(static_cast<ReduceOp>(d.reduceOp));
+         reduceOpName(static_cast<ReduceOp>(d.reduceOp)) +
+         (d.sharedBuffer ? ", in shared buffer #" + std::to_string(d.sharedBuffer - 1) : std::string());
 }
 
 }  // namespace
@@ -393,6 +394,69 @@ void ProcessGroupGloo::shmCheckDescriptors(const Descriptor& mine) {
   }
 }
 
+// ---- shared buffers ----------------------------------------------------------------
+at::Tensor ProcessGroupGloo::allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options) {
+  if (!shm_ || numel <= 0 || !options.device().is_cpu() || !reduceFnFor(c10::typeMetaToScalarType(options.dtype()))) {
+    return ProcessGroup::allocateCommunicationBuffer(numel, options);
+  }
+  const size_t bytes = static_cast<size_t>(numel) * options.dtype().itemsize();
+  std::shared_ptr<ShmBuffer> buffer;
+  std::string why;
+  try {
+    buffer = shm_->allocateBuffer(*store_, bytes, options_.timeout, &why);
+  } catch (const std::exception& e) {
+    throw CollectiveError("[rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
+                          "] gloo: allocating a shared buffer of " + std::to_string(bytes) +
+                          " bytes did not complete: " + e.what() + ". HINT: every rank must allocate the same "
+                          "buffers in the same order; " + kRendezvousHelp);
+  }
+  if (!buffer) return ProcessGroup::allocateCommunicationBuffer(numel, options);  // every rank falls back
+  void* base = buffer->base(rank_);
+  {
+    std::lock_guard<std::mutex> lock(sharedBuffersMutex_);
+    for (auto it = sharedBuffers_.begin(); it != sharedBuffers_.end();) {
+      it = it->second.expired() ? sharedBuffers_.erase(it) : std::next(it);
+    }
+    sharedBuffers_[base] = buffer;
+  }
+  // The tensor owns the mappings: it may outlive this group.
+  return at::from_blob(base, {numel}, [buffer](void*) mutable { buffer.reset(); }, options);
+}
+
+std::shared_ptr<ShmBuffer> ProcessGroupGloo::sharedBufferOf(const at::Tensor& t) {
+  if (!shm_ || !t.defined() || !t.is_cpu() || !t.is_contiguous()) return nullptr;
+  std::lock_guard<std::mutex> lock(sharedBuffersMutex_);
+  auto found = sharedBuffers_.find(t.data_ptr());
+  if (found == sharedBuffers_.end()) return nullptr;
+  auto buffer = found->second.lock();
+  if (!buffer || buffer->bytes() != t.nbytes()) return nullptr;
+  return buffer;
+}
+
+// On a shared buffer nothing is copied: after a first step (every rank's
+// input is in place), rank r reduces part r of all ranks' buffers into rank
+// 0's, in rank order (the same bits as shmAllreduce), and writes the result
+// into every other rank's buffer; a second step ends it. Nobody touches a
+// peer's buffer outside those two steps.
+void ProcessGroupGloo::shmAllreduceInPlace(const Descriptor& d, ShmBuffer& buffer, at::Tensor& tensor, ReduceOp op,
+                                           Deadline deadline) {
+  const size_t es = tensor.element_size(), count = tensor.numel();
+  shmBeginRound(d, true);
+  shm_->step(deadline);
+  shmCheckDescriptors(d);
+  const size_t begin = count * rank_ / size_, end = count * (rank_ + 1) / size_;
+  if (end > begin) {
+    const ReduceFn reduce = reduceFnFor(tensor.scalar_type());
+    uint8_t* acc = buffer.base(0) + begin * es;
+    for (int p = 1; p < size_; ++p) reduce(acc, buffer.base(p) + begin * es, end - begin, static_cast<int>(op));
+    if (op == ReduceOp::Avg) {
+      divideInPlace(at::from_blob(acc, {static_cast<int64_t>(end - begin)}, tensor.options()), size_);
+    }
+    for (int p = 1; p < size_; ++p) std::memcpy(buffer.base(p) + begin * es, acc, (end - begin) * es);
+  }
+  shm_->step(deadline);
+}
+
 // Rank r reduces the r-th part of each chunk into rank 0's slot, peers in
 // rank order (the same bits on every rank); then every rank copies the
 // whole reduced chunk out.
@@ -595,10 +659,16 @@ WorkPtr ProcessGroupGloo::allreduce(at::Tensor& tensor, const AllreduceOptions& 
   d.numel = tensor.numel();
   d.reduceOp = static_cast<int32_t>(opts.op);
   const auto timeout = resolveTimeout(opts.timeout);
+  std::shared_ptr<ShmBuffer> shared = sharedBufferOf(tensor);
+  if (shared) d.sharedBuffer = shared->id() + 1;
   at::Tensor target = tensor;
   return enqueue(d, summarize(tensor, reduceOpName(opts.op)), timeout,
-                 [this, target, op = opts.op](const Descriptor& d, Deadline deadline) mutable {
+                 [this, target, shared, op = opts.op](const Descriptor& d, Deadline deadline) mutable {
                    if (size_ == 1) return;
+                   if (shared) {
+                     shmAllreduceInPlace(d, *shared, target, op, deadline);
+                     return;
+                   }
                    at::Tensor host = hostView(target);
                    const size_t bytes = host.nbytes();
                    if (shm_) {

@@ -28,6 +28,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -45,6 +46,7 @@ class UnboundBuffer;
 
 namespace ddp {
 
+class ShmBuffer;
 class ShmChannel;
 
 class ProcessGroupGloo : public ProcessGroup {
@@ -60,6 +62,7 @@ class ProcessGroupGloo : public ProcessGroup {
   WorkPtr reduceScatter(const at::Tensor& input, at::Tensor& output,
                         const ReduceScatterOptions& opts = {}) override;
   WorkPtr barrier(const BarrierOptions& opts = {}) override;
+  at::Tensor allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options) override;
 
   // The address the transport listens on, e.g. "10.0.0.2" (for tests of
   // interface selection).
@@ -76,6 +79,8 @@ class ProcessGroupGloo : public ProcessGroup {
     int64_t numel = 0;
     int32_t root = 0;
     int32_t reduceOp = 0;
+    uint32_t sharedBuffer = 0;  // allreduce in place in ShmBuffer id - 1; 0: none
+    uint32_t reserved = 0;      // keeps the struct free of padding (it is memcmp'd)
   };
 
  private:
@@ -108,6 +113,10 @@ class ProcessGroupGloo : public ProcessGroup {
   void shmBeginRound(const Descriptor& d, bool first);
   void shmCheckDescriptors(const Descriptor& mine);
   void shmAllreduce(const Descriptor& d, at::Tensor& host, ReduceOp op, Deadline deadline);
+  void shmAllreduceInPlace(const Descriptor& d, ShmBuffer& buffer, at::Tensor& tensor, ReduceOp op,
+                           Deadline deadline);
+  // The shared buffer that `t` is exactly, if any.
+  std::shared_ptr<ShmBuffer> sharedBufferOf(const at::Tensor& t);
   void shmReduceScatter(const Descriptor& d, const at::Tensor& in, at::Tensor& out, ReduceOp op, Deadline deadline);
   void shmBroadcast(const Descriptor& d, at::Tensor& host, int root, Deadline deadline);
   void shmAllgather(const Descriptor& d, const at::Tensor& in, at::Tensor& out, Deadline deadline);
@@ -117,7 +126,7 @@ class ProcessGroupGloo : public ProcessGroup {
 
   static constexpr size_t kSmallPayloadBytes = 16 * 1024;
   static constexpr int kAllToAllMaxRanks = 8;
-  static constexpr size_t kFrameBytes = 32 + kSmallPayloadBytes;  // descriptor + payload
+  static constexpr size_t kFrameBytes = sizeof(Descriptor) + kSmallPayloadBytes;
 
   // Worker-thread state. The destructor drops the unbound buffers and the
   // context first, so no connection writes into freed memory.
@@ -136,6 +145,8 @@ class ProcessGroupGloo : public ProcessGroup {
   std::vector<int> framePeers_;  // ranks we send frames to and expect frames from
   std::unique_ptr<ShmChannel> shm_;
   std::string shmWhyNot_;
+  std::mutex sharedBuffersMutex_;
+  std::map<const void*, std::weak_ptr<ShmBuffer>> sharedBuffers_;  // by this rank's base address
 
 
   std::mutex mutex_;

@@ -210,6 +210,77 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(Store& store, int rank, int size
   return channel;
 }
 
+ShmBuffer::~ShmBuffer() {
+  for (uint8_t* base : bases_) {
+    if (base) ::munmap(base, bytes_);
+  }
+}
+
+std::shared_ptr<ShmBuffer> ShmChannel::allocateBuffer(Store& store, size_t bytes, std::chrono::milliseconds timeout,
+                                                      std::string* why) {
+  const uint32_t id = buffersAllocated_++;
+  const std::string prefix = "shmbuf/" + std::to_string(id) + "/";
+  auto keys = [&](const std::string& what) {
+    std::vector<std::string> all;
+    for (int r = 0; r < size_; ++r) all.push_back(prefix + what + "/" + std::to_string(r));
+    return all;
+  };
+  auto buffer = std::shared_ptr<ShmBuffer>(new ShmBuffer(id, bytes, size_));
+  auto mapNamed = [&](const std::string& name, bool create, std::string* problem) -> uint8_t* {
+    int fd = ::shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
+    if (fd < 0) {
+      *problem = "shm_open " + name + ": " + std::strerror(errno);
+      return nullptr;
+    }
+    if (create) {
+      int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+      if (rc != 0) {
+        ::close(fd);
+        *problem = "cannot reserve " + std::to_string(bytes) + " bytes in /dev/shm: " + std::strerror(rc);
+        return nullptr;
+      }
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      *problem = std::string("mmap: ") + std::strerror(errno);
+      return nullptr;
+    }
+    return static_cast<uint8_t*>(p);
+  };
+
+  // Each rank creates its own segment (fresh pages: zero-filled) and names it.
+  std::string problem;
+  const std::string mine = "/ddp-gloo-buf-" + std::to_string(::getpid()) + "-" + randomHex();
+  buffer->bases_[rank_] = mapNamed(mine, /*create=*/true, &problem);
+  if (!buffer->bases_[rank_]) ::shm_unlink(mine.c_str());
+  store.setString(keys("name")[rank_], problem.empty() ? mine : std::string());
+  store.wait(keys("name"), timeout);
+  for (int r = 0; r < size_ && problem.empty(); ++r) {
+    if (r == rank_) continue;
+    const std::string name = store.getString(keys("name")[r]);
+    if (name.empty()) {
+      problem = "rank " + std::to_string(r) + " could not create its segment";
+    } else {
+      buffer->bases_[r] = mapNamed(name, /*create=*/false, &problem);
+    }
+  }
+  // Names go once every rank has mapped (or given up): nothing is left in
+  // /dev/shm, whatever happens to the processes later.
+  store.setString(keys("mapped")[rank_], problem.empty() ? "ok" : problem);
+  store.wait(keys("mapped"), timeout);
+  if (buffer->bases_[rank_]) ::shm_unlink(mine.c_str());
+  for (int r = 0; r < size_ && problem.empty(); ++r) {
+    const std::string got = store.getString(keys("mapped")[r]);
+    if (got != "ok") problem = "rank " + std::to_string(r) + ": " + got;
+  }
+  if (!problem.empty()) {
+    if (why) *why = problem;
+    return nullptr;
+  }
+  return buffer;
+}
+
 ShmChannel::ShmChannel(int rank, int size, size_t slotBytes, void* base, size_t mappedBytes)
     : rank_(rank), size_(size), slotBytes_(slotBytes), base_(static_cast<uint8_t*>(base)), mappedBytes_(mappedBytes) {}
 
@@ -252,10 +323,13 @@ void ShmChannel::waitFor(int peer, uint32_t target, Deadline deadline) {
     throw ShmWaitError("rank " + std::to_string(peer) + " " + what + " (shared-memory step " +
                        std::to_string(target) + ")");
   };
+  // A peer that published the step before it failed did reach it (its
+  // descriptor is there to be checked); only a missing step with the flag
+  // set is its failure.
   auto check = [&] {
-    const bool arrived = reached(them.steps.load(std::memory_order_acquire), target);
+    if (reached(them.steps.load(std::memory_order_acquire), target)) return true;
     if (them.failed.load(std::memory_order_acquire)) fail("failed");
-    return arrived;
+    return false;
   };
   // Spin first: a peer that is running arrives within microseconds.
   for (int i = 0; i < 4000; ++i) {

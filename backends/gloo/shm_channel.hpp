@@ -26,6 +26,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ddp {
 
@@ -34,6 +35,25 @@ class Store;
 class ShmWaitError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Memory that every rank of a channel reads and writes: one segment per
+// rank, mapped by all. Unmapped when the last reference goes.
+class ShmBuffer {
+ public:
+  ~ShmBuffer();
+  ShmBuffer(const ShmBuffer&) = delete;
+  ShmBuffer& operator=(const ShmBuffer&) = delete;
+  uint8_t* base(int rank) const { return bases_[rank]; }
+  size_t bytes() const { return bytes_; }
+  uint32_t id() const { return id_; }  // the same on every rank
+
+ private:
+  friend class ShmChannel;
+  ShmBuffer(uint32_t id, size_t bytes, int size) : id_(id), bytes_(bytes), bases_(size, nullptr) {}
+  uint32_t id_;
+  size_t bytes_;
+  std::vector<uint8_t*> bases_;
 };
 
 class ShmChannel {
@@ -61,6 +81,12 @@ class ShmChannel {
   // Tells the peers that this rank failed, so that they stop waiting.
   void markFailed();
 
+  // Collective over `store`, in the same order on every rank: a buffer of
+  // `bytes` per rank that all ranks map, zero-filled. Every rank gets one,
+  // or every rank gets null (`why` says why).
+  std::shared_ptr<ShmBuffer> allocateBuffer(Store& store, size_t bytes, std::chrono::milliseconds timeout,
+                                            std::string* why);
+
   // Identifies the host and the namespaces that decide whether two
   // processes can share a segment and see each other's PIDs.
   static std::string hostIdentity();
@@ -77,6 +103,7 @@ class ShmChannel {
   size_t mappedBytes_;
   int set_ = 1;  // the first beginRound() selects set 0
   uint32_t steps_ = 0;
+  uint32_t buffersAllocated_ = 0;
 };
 
 }  // namespace ddp
