@@ -332,7 +332,7 @@ void DistributedDataParallel::buildBuckets() {
       numel += p.tensor.numel();
     }
     const at::Tensor& first = params_[members.front()].tensor;
-    bucket.buffer = at::zeros({numel}, first.options().requires_grad(false));
+    bucket.buffer = group_->allocateCommunicationBuffer(numel, first.options().requires_grad(false));
     buckets_.push_back(std::move(bucket));
   }
 }
@@ -420,7 +420,9 @@ void DistributedDataParallel::launchBucketLocked(size_t b, bool inBackward) {
   opts.timeout = options_.timeout;
   timeline_.bucketLaunch[b] = Clock::now();
   timeline_.launchedDuringBackward[b] = inBackward;
-  bucket.work = group_->allreduce(bucket.buffer, opts);
+  // The average over one rank is the gradient itself: no collective, no
+  // hand-off to the backend's thread.
+  if (group_->size() > 1) bucket.work = group_->allreduce(bucket.buffer, opts);
   bucket.launched = true;
 }
 
@@ -482,7 +484,9 @@ void DistributedDataParallel::finishGradientSync() {
     DDP_CHECK(nextToLaunch_ == buckets_.size(), "not every bucket launched at finishGradientSync");
 
     try {
-      for (auto& bucket : buckets_) bucket.work->wait();
+      for (auto& bucket : buckets_) {
+        if (bucket.work) bucket.work->wait();
+      }
     } catch (...) {
       resetStepLocked();
       throw;
