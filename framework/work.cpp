@@ -13,6 +13,7 @@ Work::Work(std::string description, std::chrono::milliseconds timeout)
 void Work::wait() { wait(timeout_ + std::chrono::milliseconds(2000)); }
 
 void Work::wait(std::chrono::milliseconds timeout) {
+  spinUntil([this] { return completedFlag_.load(std::memory_order_acquire); }, std::chrono::microseconds(50));
   std::unique_lock<std::mutex> lock(mutex_);
   if (!done_.wait_for(lock, timeout, [&] { return completed_; })) {
     throw CollectiveError(description_ + ": not completed after waiting " + std::to_string(timeout.count()) +
@@ -44,6 +45,7 @@ void Work::finish(std::exception_ptr error) {
     DDP_CHECK(!completed_, description_ + " finished twice");
     completed_ = true;
     error_ = error;
+    completedFlag_.store(true, std::memory_order_release);
     callbacks.swap(callbacks_);
   }
   done_.notify_all();

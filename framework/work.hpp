@@ -13,6 +13,7 @@
 // - Output tensors may be read only after a successful wait().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -53,10 +54,28 @@ class Work {
   mutable std::mutex mutex_;
   std::condition_variable done_;
   bool completed_ = false;
+  std::atomic<bool> completedFlag_{false};  // completed_, readable without the lock
   std::exception_ptr error_;
   std::vector<std::function<void()>> callbacks_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;
+
+// Polls `ready` for up to `limit` before the caller blocks. Waking a blocked
+// thread costs tens of microseconds (more in a VM), longer than a small
+// collective takes, so waits that usually end soon spin first.
+template <typename Ready>
+bool spinUntil(Ready&& ready, std::chrono::microseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    if (std::chrono::steady_clock::now() >= until) return ready();
+  }
+}
 
 }  // namespace ddp

@@ -286,6 +286,7 @@ WorkPtr ProcessGroupGloo::enqueue(Descriptor descriptor, const std::string& summ
   descriptor.seq = nextSeq_++;
   auto work = std::make_shared<Work>(describeCall(rank_, size_, descriptor, summary), timeout);
   queue_.push_back(Task{descriptor, work, Clock::now() + timeout, timeout, std::move(run)});
+  queuedCount_.fetch_add(1, std::memory_order_release);
   queued_.notify_one();
   return work;
 }
@@ -293,12 +294,15 @@ WorkPtr ProcessGroupGloo::enqueue(Descriptor descriptor, const std::string& summ
 void ProcessGroupGloo::workerLoop() {
   for (;;) {
     Task task;
+    // Callers that wait on one collective usually queue the next at once.
+    spinUntil([this] { return queuedCount_.load(std::memory_order_acquire) > 0; }, std::chrono::microseconds(50));
     {
       std::unique_lock<std::mutex> lock(mutex_);
       queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, and everything queued has run
       task = std::move(queue_.front());
       queue_.pop_front();
+      queuedCount_.fetch_sub(1, std::memory_order_relaxed);
     }
     std::exception_ptr error = broken_;
     if (error) {

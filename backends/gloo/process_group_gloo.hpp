@@ -25,6 +25,7 @@
 //   turn that off.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -152,6 +153,7 @@ class ProcessGroupGloo : public ProcessGroup {
   std::mutex mutex_;
   std::condition_variable queued_;
   std::deque<Task> queue_;
+  std::atomic<int> queuedCount_{0};  // queue_.size(), for polling without the lock
   bool stopping_ = false;
   uint64_t nextSeq_ = 0;
   std::exception_ptr broken_;  // first failure; later collectives fail with it
