@@ -461,35 +461,50 @@ void ProcessGroupGloo::shmAllreduceInPlace(const Descriptor& d, ShmBuffer& buffe
   shm_->step(deadline);
 }
 
-// Rank r reduces the r-th part of each chunk into rank 0's slot, peers in
-// rank order (the same bits on every rank); then every rank copies the
-// whole reduced chunk out.
-void ProcessGroupGloo::shmAllreduce(const Descriptor& d, at::Tensor& host, ReduceOp op, Deadline deadline) {
-  const size_t es = host.element_size(), count = host.numel();
-  uint8_t* data = static_cast<uint8_t*>(host.data_ptr());
-  const size_t chunkElems = shm_->slotBytes() / es;
-  const ReduceFn reduce = reduceFnFor(host.scalar_type());
+// One round per chunk of at most chunkElems of `count` elements (one round
+// when count is 0): fill(at, len) writes this rank's slot, every rank steps,
+// the first round checks the descriptors, then consume(at, len) reads.
+template <typename Fill, typename Consume>
+void ProcessGroupGloo::shmRounds(const Descriptor& d, size_t count, size_t chunkElems, Deadline deadline,
+                                 Fill&& fill, Consume&& consume) {
   size_t at = 0;
   bool first = true;
   do {
     const size_t len = std::min(chunkElems, count - at);
     shmBeginRound(d, first);
-    if (len) std::memcpy(shm_->slot(rank_), data + at * es, len * es);
+    fill(at, len);
     shm_->step(deadline);
     if (first) shmCheckDescriptors(d);
     first = false;
-    const size_t begin = len * rank_ / size_, end = len * (rank_ + 1) / size_;
-    if (end > begin) {
-      uint8_t* acc = shm_->slot(0) + begin * es;
-      for (int p = 1; p < size_; ++p) reduce(acc, shm_->slot(p) + begin * es, end - begin, static_cast<int>(op));
-      if (op == ReduceOp::Avg) {
-        divideInPlace(at::from_blob(acc, {static_cast<int64_t>(end - begin)}, host.options()), size_);
-      }
-    }
-    shm_->step(deadline);
-    if (len) std::memcpy(data + at * es, shm_->slot(0), len * es);
+    consume(at, len);
     at += len;
   } while (at < count);
+}
+
+// Rank r reduces the r-th part of each chunk into rank 0's slot, peers in
+// rank order (the same bits on every rank); then every rank copies the
+// whole reduced chunk out.
+void ProcessGroupGloo::shmAllreduce(const Descriptor& d, at::Tensor& host, ReduceOp op, Deadline deadline) {
+  const size_t es = host.element_size();
+  uint8_t* data = static_cast<uint8_t*>(host.data_ptr());
+  const ReduceFn reduce = reduceFnFor(host.scalar_type());
+  shmRounds(
+      d, host.numel(), shm_->slotBytes() / es, deadline,
+      [&](size_t at, size_t len) {
+        if (len) std::memcpy(shm_->slot(rank_), data + at * es, len * es);
+      },
+      [&](size_t at, size_t len) {
+        const size_t begin = len * rank_ / size_, end = len * (rank_ + 1) / size_;
+        if (end > begin) {
+          uint8_t* acc = shm_->slot(0) + begin * es;
+          for (int p = 1; p < size_; ++p) reduce(acc, shm_->slot(p) + begin * es, end - begin, static_cast<int>(op));
+          if (op == ReduceOp::Avg) {
+            divideInPlace(at::from_blob(acc, {static_cast<int64_t>(end - begin)}, host.options()), size_);
+          }
+        }
+        shm_->step(deadline);  // every part reduced
+        if (len) std::memcpy(data + at * es, shm_->slot(0), len * es);
+      });
 }
 
 // Each rank lays its input blocks side by side in its slot, a chunk of each
@@ -499,66 +514,48 @@ void ProcessGroupGloo::shmReduceScatter(const Descriptor& d, const at::Tensor& i
   const size_t es = in.element_size(), blockElems = out.numel();
   const uint8_t* src = static_cast<const uint8_t*>(in.data_ptr());
   uint8_t* dst = static_cast<uint8_t*>(out.data_ptr());
-  const size_t chunkElems = std::max<size_t>(1, shm_->slotBytes() / (es * size_));
   const ReduceFn reduce = reduceFnFor(in.scalar_type());
-  size_t at = 0;
-  bool first = true;
-  do {
-    const size_t len = std::min(chunkElems, blockElems - at);
-    shmBeginRound(d, first);
-    for (int b = 0; b < size_ && len; ++b) {
-      std::memcpy(shm_->slot(rank_) + b * len * es, src + (b * blockElems + at) * es, len * es);
-    }
-    shm_->step(deadline);
-    if (first) shmCheckDescriptors(d);
-    first = false;
-    if (len) {
-      uint8_t* acc = dst + at * es;
-      std::memcpy(acc, shm_->slot(0) + rank_ * len * es, len * es);
-      for (int p = 1; p < size_; ++p) reduce(acc, shm_->slot(p) + rank_ * len * es, len, static_cast<int>(op));
-      if (op == ReduceOp::Avg) {
-        divideInPlace(at::from_blob(acc, {static_cast<int64_t>(len)}, out.options()), size_);
-      }
-    }
-    at += len;
-  } while (at < blockElems);
+  shmRounds(
+      d, blockElems, std::max<size_t>(1, shm_->slotBytes() / (es * size_)), deadline,
+      [&](size_t at, size_t len) {
+        for (int b = 0; b < size_ && len; ++b) {
+          std::memcpy(shm_->slot(rank_) + b * len * es, src + (b * blockElems + at) * es, len * es);
+        }
+      },
+      [&](size_t at, size_t len) {
+        if (!len) return;
+        uint8_t* acc = dst + at * es;
+        std::memcpy(acc, shm_->slot(0) + rank_ * len * es, len * es);
+        for (int p = 1; p < size_; ++p) reduce(acc, shm_->slot(p) + rank_ * len * es, len, static_cast<int>(op));
+        if (op == ReduceOp::Avg) divideInPlace(at::from_blob(acc, {static_cast<int64_t>(len)}, out.options()), size_);
+      });
 }
 
 void ProcessGroupGloo::shmBroadcast(const Descriptor& d, at::Tensor& host, int root, Deadline deadline) {
-  const size_t es = host.element_size(), count = host.numel();
+  const size_t es = host.element_size();
   uint8_t* data = static_cast<uint8_t*>(host.data_ptr());
-  const size_t chunkElems = shm_->slotBytes() / es;
-  size_t at = 0;
-  bool first = true;
-  do {
-    const size_t len = std::min(chunkElems, count - at);
-    shmBeginRound(d, first);
-    if (rank_ == root && len) std::memcpy(shm_->slot(root), data + at * es, len * es);
-    shm_->step(deadline);
-    if (first) shmCheckDescriptors(d);
-    first = false;
-    if (rank_ != root && len) std::memcpy(data + at * es, shm_->slot(root), len * es);
-    at += len;
-  } while (at < count);
+  shmRounds(
+      d, host.numel(), shm_->slotBytes() / es, deadline,
+      [&](size_t at, size_t len) {
+        if (rank_ == root && len) std::memcpy(shm_->slot(root), data + at * es, len * es);
+      },
+      [&](size_t at, size_t len) {
+        if (rank_ != root && len) std::memcpy(data + at * es, shm_->slot(root), len * es);
+      });
 }
 
 void ProcessGroupGloo::shmAllgather(const Descriptor& d, const at::Tensor& in, at::Tensor& out, Deadline deadline) {
   const size_t es = in.element_size(), count = in.numel();
   const uint8_t* src = static_cast<const uint8_t*>(in.data_ptr());
   uint8_t* dst = static_cast<uint8_t*>(out.data_ptr());
-  const size_t chunkElems = shm_->slotBytes() / es;
-  size_t at = 0;
-  bool first = true;
-  do {
-    const size_t len = std::min(chunkElems, count - at);
-    shmBeginRound(d, first);
-    if (len) std::memcpy(shm_->slot(rank_), src + at * es, len * es);
-    shm_->step(deadline);
-    if (first) shmCheckDescriptors(d);
-    first = false;
-    for (int p = 0; p < size_ && len; ++p) std::memcpy(dst + (p * count + at) * es, shm_->slot(p), len * es);
-    at += len;
-  } while (at < count);
+  shmRounds(
+      d, count, shm_->slotBytes() / es, deadline,
+      [&](size_t at, size_t len) {
+        if (len) std::memcpy(shm_->slot(rank_), src + at * es, len * es);
+      },
+      [&](size_t at, size_t len) {
+        for (int p = 0; p < size_ && len; ++p) std::memcpy(dst + (p * count + at) * es, shm_->slot(p), len * es);
+      });
 }
 
 // ---- the ring ------------------------------------------------------------------

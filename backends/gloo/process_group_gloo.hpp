@@ -113,6 +113,9 @@ class ProcessGroupGloo : public ProcessGroup {
   // The shared-memory versions of the collectives (shm_ set).
   void shmBeginRound(const Descriptor& d, bool first);
   void shmCheckDescriptors(const Descriptor& mine);
+  template <typename Fill, typename Consume>
+  void shmRounds(const Descriptor& d, size_t count, size_t chunkElems, Deadline deadline, Fill&& fill,
+                 Consume&& consume);
   void shmAllreduce(const Descriptor& d, at::Tensor& host, ReduceOp op, Deadline deadline);
   void shmAllreduceInPlace(const Descriptor& d, ShmBuffer& buffer, at::Tensor& tensor, ReduceOp op,
                            Deadline deadline);
