@@ -14,7 +14,9 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "plugins/adam_kernel.hpp"
@@ -29,6 +31,16 @@ constexpr PluginKind kOptimizer = PluginKind::Optimizer;
 bool fusable(const at::Tensor& t, const at::Tensor& like) {
   return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == like.scalar_type() &&
          t.is_contiguous() && t.numel() == like.numel();
+}
+
+// The key LibTorch's optimizers file a parameter's state under,
+// c10::guts::to_string(impl) ("0x" and the address in lowercase hex), without
+// the std::ostringstream that makes that cost several microseconds per
+// parameter per step. Fits std::string's small buffer: no allocation either.
+std::string stateKey(const c10::TensorImpl* impl) {
+  char buf[2 + 2 * sizeof(uintptr_t)] = {'0', 'x'};
+  const auto end = std::to_chars(buf + 2, buf + sizeof(buf), reinterpret_cast<uintptr_t>(impl), 16).ptr;
+  return std::string(buf, end);
 }
 
 // PyTorch's formulas as tensor operations: for dtypes and devices the
@@ -84,7 +96,12 @@ template <typename Options, typename State, bool Decoupled>
 class FusedAdam : public torch::optim::Optimizer {
  public:
   FusedAdam(std::vector<at::Tensor> params, const Options& defaults)
-      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))}, std::make_unique<Options>(defaults)) {}
+      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))}, std::make_unique<Options>(defaults)) {
+    // save()/load() find states by LibTorch's own key: stateKey must spell it.
+    for (const auto& p : param_groups_.front().params()) {
+      TORCH_INTERNAL_ASSERT(stateKey(p.unsafeGetTensorImpl()) == c10::guts::to_string(p.unsafeGetTensorImpl()));
+    }
+  }
 
   at::Tensor step(LossClosure closure = nullptr) override {
     at::NoGradGuard noGrad;
@@ -116,7 +133,7 @@ class FusedAdam : public torch::optim::Optimizer {
   void stepOne(const Options& options, at::Tensor& param) {
     const at::Tensor& grad = param.grad();
     TORCH_CHECK(!grad.is_sparse(), Decoupled ? "adamw" : "adam", " does not support sparse gradients");
-    const std::string key = c10::guts::to_string(param.unsafeGetTensorImpl());
+    const std::string key = stateKey(param.unsafeGetTensorImpl());
     auto found = state_.find(key);
     if (found == state_.end()) {
       auto fresh = std::make_unique<State>();
