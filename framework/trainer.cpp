@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 
@@ -111,6 +112,77 @@ std::string jsonNumberOrNull(const std::optional<double>& v) {
   return buf;
 }
 
+// One epoch's sample order, and batches of rows taken from it. A CPU
+// tensor that is contiguous is gathered with one memcpy per row into a fresh
+// tensor: cheaper, for a small batch, than an index tensor and index_select.
+// Anything else (another device, other strides) goes through index_select
+// with the epoch's order uploaded once.
+class BatchGather {
+ public:
+  explicit BatchGather(std::vector<int64_t> order) : order_(std::move(order)) {}
+
+  int64_t size() const { return static_cast<int64_t>(order_.size()); }
+
+  at::Tensor rows(const at::Tensor& src, int64_t begin, int64_t n) {
+    if (src.device().is_cpu() && src.layout() == at::kStrided && src.is_contiguous() && !src.requires_grad() &&
+        src.dim() >= 1) {
+      std::vector<int64_t> shape(src.sizes().begin(), src.sizes().end());
+      shape[0] = n;
+      at::Tensor out = at::empty(shape, src.options());
+      const size_t rowBytes = static_cast<size_t>(src.stride(0)) * src.element_size();
+      const auto* from = static_cast<const char*>(src.data_ptr());
+      auto* to = static_cast<char*>(out.data_ptr());
+      const int64_t available = src.size(0);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t row = order_[static_cast<size_t>(begin + i)];
+        TORCH_CHECK(row >= 0 && row < available, "sample index ", row, " out of range for ", available, " rows");
+        std::memcpy(to + static_cast<size_t>(i) * rowBytes, from + static_cast<size_t>(row) * rowBytes, rowBytes);
+      }
+      return out;
+    }
+    if (!uploaded_.defined() || uploaded_.device() != src.device()) {
+      uploaded_ = at::from_blob(order_.data(), {size()}, at::kLong).clone().to(src.device());
+    }
+    return src.index_select(0, uploaded_.narrow(0, begin, n));
+  }
+
+ private:
+  std::vector<int64_t> order_;
+  at::Tensor uploaded_;
+};
+
+// zero_grad() without DDP: drops the gradients instead of zeroing them, so
+// the next backward hands its fresh gradient tensors to the parameters (no
+// zero pass, and no addition into zeros). To keep zero_grad()'s semantics
+// exactly, a parameter that had a gradient and got none from the next
+// backward (unused this step) is given zeros again before the optimizer sees
+// it: the optimizer steps the same parameters with the same values.
+class GradientReset {
+ public:
+  explicit GradientReset(std::vector<at::Tensor> params) : params_(std::move(params)), hadGrad_(params_.size(), 0) {}
+
+  // Before optimizer->step(): zeros where zero_grad() would have left them.
+  void fillUnused() {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (hadGrad_[i] && !params_[i].grad().defined()) params_[i].mutable_grad() = at::zeros_like(params_[i]);
+    }
+  }
+  // After optimizer->step(), instead of zero_grad().
+  void reset() {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor& grad = params_[i].mutable_grad();
+      if (grad.defined()) {
+        hadGrad_[i] = 1;
+        grad.reset();
+      }
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::vector<char> hadGrad_;
+};
+
 }  // namespace
 
 std::string newestCheckpoint(const std::string& runDir) {
@@ -192,6 +264,10 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
     ddpModel = std::make_unique<DistributedDataParallel>(model, dist.group, o);
   }
 
+  // DDP keeps gradients as views into its buckets: those must be zeroed in place.
+  std::optional<GradientReset> gradientReset;
+  if (!ddpModel) gradientReset.emplace(model->parameters());
+
   const int64_t trainN = data.trainFeatures.size(0);
   DistributedSampler sampler(trainN, rank, world, tc.seed, /*shuffle=*/true, tc.dropLast);
   sampler.setEpoch(resumed.epoch);
@@ -202,8 +278,15 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
   at::Tensor testX = data.testFeatures.index_select(0, testRows);
   at::Tensor testY = data.testTargets.index_select(0, testRows);
 
-  if (writer && !options.resume) {
-    std::ofstream(options.runDir + "/metrics.csv") << "epoch,train_loss,test_loss,test_accuracy,seconds\n";
+  // Opened once, appended to and flushed every epoch (opening and closing
+  // two files per epoch cost more than a small epoch's training).
+  std::ofstream metricsJsonl, metricsCsv;
+  if (writer) {
+    if (!options.resume) {
+      std::ofstream(options.runDir + "/metrics.csv") << "epoch,train_loss,test_loss,test_accuracy,seconds\n";
+    }
+    metricsJsonl.open(options.runDir + "/metrics.jsonl", std::ios::app);
+    metricsCsv.open(options.runDir + "/metrics.csv", std::ios::app);
   }
   log.line("experiment " + (config.name.empty() ? std::string("(unnamed)") : config.name) + ": " +
            std::to_string(trainN) + " train / " + std::to_string(testN) + " test samples, " + std::to_string(world) +
@@ -232,9 +315,8 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
         optimizer->param_groups()[g].options().set_lr(scheduler->lrAt(epoch, baseLrs[g]));
       }
     }
-    std::vector<int64_t> indices = sampler.nextEpoch();
-    const int64_t myN = static_cast<int64_t>(indices.size());
-    at::Tensor order = at::from_blob(indices.data(), {myN}, at::kLong).clone().to(device);
+    BatchGather batch(sampler.nextEpoch());
+    const int64_t myN = batch.size();
     double lossSum = 0;
     int64_t seen = 0;
     const int64_t batches = (myN + tc.batchSize - 1) / tc.batchSize;
@@ -242,9 +324,8 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
     int64_t micro = 0;
     for (int64_t b = 0; b < usable && !stop; ++b) {
       const int64_t begin = b * tc.batchSize, len = std::min(tc.batchSize, myN - begin);
-      at::Tensor idx = order.narrow(0, begin, len);
-      at::Tensor x = data.trainFeatures.index_select(0, idx);
-      at::Tensor y = data.trainTargets.index_select(0, idx);
+      at::Tensor x = batch.rows(data.trainFeatures, begin, len);
+      at::Tensor y = batch.rows(data.trainTargets, begin, len);
       const bool stepNow = (++micro % tc.accumulateGradBatches == 0) || b == usable - 1;
       at::Tensor loss = lossFn(model->forward(x), y);
       at::Tensor scaled = tc.accumulateGradBatches > 1 ? loss / double(tc.accumulateGradBatches) : loss;
@@ -258,8 +339,13 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
       seen += len;
       if (stepNow) {
         if (ddpModel) ddpModel->finishGradientSync();
+        if (gradientReset) gradientReset->fillUnused();
         optimizer->step();
-        optimizer->zero_grad();
+        if (gradientReset) {
+          gradientReset->reset();
+        } else {
+          optimizer->zero_grad();
+        }
         micro = 0;
         ++result.steps;
         if (tc.maxSteps > 0 && result.steps >= tc.maxSteps) stop = true;
@@ -312,10 +398,11 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
                     "\"seconds\": %.6f}",
                     static_cast<long long>(m.epoch), m.trainLoss, jsonNumberOrNull(m.testLoss).c_str(),
                     jsonNumberOrNull(m.testAccuracy).c_str(), m.seconds);
-      std::ofstream(options.runDir + "/metrics.jsonl", std::ios::app) << line << "\n";
-      std::ofstream(options.runDir + "/metrics.csv", std::ios::app)
-          << m.epoch << "," << m.trainLoss << "," << (m.testLoss ? std::to_string(*m.testLoss) : "") << ","
-          << (m.testAccuracy ? std::to_string(*m.testAccuracy) : "") << "," << m.seconds << "\n";
+      metricsJsonl << line << "\n";
+      metricsJsonl.flush();
+      metricsCsv << m.epoch << "," << m.trainLoss << "," << (m.testLoss ? std::to_string(*m.testLoss) : "") << ","
+                 << (m.testAccuracy ? std::to_string(*m.testAccuracy) : "") << "," << m.seconds << "\n";
+      metricsCsv.flush();
       std::snprintf(line, sizeof(line), "epoch %lld/%lld  train_loss %.4f%s%s  %.3fs",
                     static_cast<long long>(m.epoch), static_cast<long long>(tc.epochs), m.trainLoss,
                     m.testLoss ? ("  test_loss " + jsonNumberOrNull(m.testLoss)).c_str() : "",
@@ -330,6 +417,7 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
       if (world > 1) group.barrier({std::chrono::milliseconds(600000)})->wait();
     }
   }
+  result.loopSeconds = std::chrono::duration<double>(Clock::now() - trainStart).count();
   for (const auto& p : model->parameters()) result.finalParameters.push_back(p.detach().clone());
   return result;
 }

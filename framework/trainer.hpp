@@ -45,6 +45,9 @@ struct TrainResult {
   std::vector<EpochMetrics> history;  // epochs run in this call
   int64_t steps = 0;                  // optimizer steps in total, resumed ones included
   std::vector<at::Tensor> finalParameters;
+  // Wall time of the epoch loop (training, evaluation, metrics, checkpoints),
+  // without building the dataset, model and optimizer.
+  double loopSeconds = 0;
 };
 
 TrainResult runTraining(const ExperimentConfig& config, const DistributedContext& dist, const RunOptions& options,

@@ -18,6 +18,7 @@
 #include "ddp/config.hpp"
 #include "framework/experiment_config.hpp"
 #include "framework/hash_store.hpp"
+#include "framework/sampler.hpp"
 #include "framework/trainer.hpp"
 #include "tests/test_support.hpp"
 
@@ -83,6 +84,84 @@ TEST_CASE("the wine baseline reaches the reference's quality", "[training]") {
   REQUIRE(result.history.back().testAccuracy);
   CHECK(*result.history.back().testAccuracy >= 0.94);
   CHECK(result.steps == 500);  // 142 train rows / batch 32 = 5 steps per epoch
+}
+
+namespace {
+
+// A model with a parameter used on every third training forward only, and
+// one never used: zero_grad() leaves the first a zero gradient between its
+// uses (so Adam keeps moving it) and the second none (so Adam skips it).
+class Sometimes : public Model {
+ public:
+  Sometimes() {
+    linear_ = register_module("linear", torch::nn::Linear(13, 3));
+    extra_ = register_parameter("extra", torch::full({3}, 0.5));
+    never_ = register_parameter("never", torch::ones({2}));
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    at::Tensor y = linear_->forward(x);
+    if (is_training() && calls_++ % 3 == 0) y = y + extra_;
+    return y;
+  }
+
+ private:
+  torch::nn::Linear linear_{nullptr};
+  at::Tensor extra_, never_;
+  int64_t calls_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("the trainer's steps equal a plain loop with zero_grad(), unused parameters included", "[training]") {
+  PluginRegistry registry;
+  registerBuiltinPlugins(registry);
+  PluginSpec spec;
+  spec.kind = PluginKind::Model;
+  spec.name = "sometimes";
+  spec.model = [](const Params&, const ModelContext&) { return std::make_shared<Sometimes>(); };
+  registry.add(std::move(spec));
+  const std::string text = R"({
+    "dataset": {"name": "wine"}, "model": {"name": "sometimes"}, "optimizer": {"name": "adam", "lr": 0.01},
+    "loss": {"name": "cross_entropy"},
+    "training": {"epochs": 4, "batch_size": 32, "seed": 3, "save_every": 0, "eval_every": 0}
+  })";
+  const ExperimentConfig config = parseExperimentConfig(text, "test", "", {}, registry);
+  auto ctx = singleProcess();
+  RunOptions ro;
+  ro.runDir = tempDir();
+  ro.quiet = true;
+  const auto result = runTraining(config, ctx, ro, registry);
+
+  // The same run by hand, with LibTorch's zero_grad() and index_select.
+  torch::manual_seed(3);
+  DatasetSplits data = registry.get(PluginKind::Dataset, "wine").dataset(config.dataset.params, {3, ""});
+  ModelPtr model = registry.get(PluginKind::Model, "sometimes").model(config.model.params, {13, 3});
+  auto optimizer = registry.get(PluginKind::Optimizer, "adam").optimizer(model->parameters(), config.optimizer.params);
+  LossFn loss = registry.get(PluginKind::Loss, "cross_entropy").loss(config.loss.params);
+  const int64_t n = data.trainFeatures.size(0);
+  DistributedSampler sampler(n, 0, 1, 3);
+  for (int epoch = 0; epoch < 4; ++epoch) {
+    std::vector<int64_t> order = sampler.nextEpoch();
+    at::Tensor index = torch::tensor(order, at::kLong);
+    for (int64_t begin = 0; begin < n; begin += 32) {
+      at::Tensor rows = index.narrow(0, begin, std::min<int64_t>(32, n - begin));
+      loss(model->forward(data.trainFeatures.index_select(0, rows)), data.trainTargets.index_select(0, rows)).backward();
+      optimizer->step();
+      optimizer->zero_grad();
+    }
+  }
+  std::vector<at::Tensor> expected;
+  std::vector<std::string> names;
+  for (const auto& p : model->named_parameters()) {
+    expected.push_back(p.value().detach());
+    names.push_back(p.key());
+  }
+  CHECK(maxDifference(result.finalParameters, expected) == 0.0);
+  // The parameter used once in three steps moved; the unused one did not.
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == "extra") CHECK_FALSE(result.finalParameters[i].equal(torch::full({3}, 0.5)));
+    if (names[i] == "never") CHECK(result.finalParameters[i].equal(torch::ones({2})));
+  }
 }
 
 TEST_CASE("a resumed run ends with the parameters of an uninterrupted one", "[training][checkpoint]") {
