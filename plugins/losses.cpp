@@ -1,5 +1,17 @@
 // Losses: mean over the batch, as the trainer averages gradients across ranks.
+//
+// cross_entropy without label smoothing is one autograd node
+// (CrossEntropyBackward) rather than the two that at::cross_entropy_loss
+// records (LogSoftmaxBackward, NllLossBackward): the engine's cost per node
+// is most of a small model's backward. Forward and backward call the same
+// ATen functions as those two nodes, so values and gradients are identical.
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/torch.h>
+
+#include <tuple>
 
 #include "plugins/builtin.hpp"
 
@@ -8,6 +20,55 @@ namespace ddp::plugins {
 namespace {
 
 constexpr PluginKind kLoss = PluginKind::Loss;
+
+constexpr int64_t kIgnoreIndex = -100;  // PyTorch's default: such targets add nothing
+
+// The autograd node of the mean softmax cross-entropy of logits [N, C]
+// against class indices [N], as LibTorch's generated nodes are written.
+struct CrossEntropyBackward : torch::autograd::Node {
+  torch::autograd::SavedVariable logProbs, target, totalWeight;
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    torch::autograd::variable_list out(1);
+    if (!grads[0].defined() || !task_should_compute_output(0)) return out;
+    const at::Tensor lp = logProbs.unpack();
+    c10::optional<at::AutoDispatchBelowADInplaceOrView> belowAutograd;
+    if (!at::GradMode::is_enabled()) belowAutograd.emplace();  // create_graph records them
+    // NllLossBackward's, then LogSoftmaxBackward's formula.
+    at::Tensor gradLogProbs = at::nll_loss_backward(grads[0], lp, target.unpack(), /*weight=*/{}, at::Reduction::Mean,
+                                                    kIgnoreIndex, totalWeight.unpack());
+    out[0] = at::_log_softmax_backward_data(gradLogProbs, lp, 1, lp.scalar_type());
+    return out;
+  }
+
+  std::string name() const override { return "CrossEntropyBackward"; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    logProbs.reset_data();
+    target.reset_data();
+    totalWeight.reset_data();
+  }
+};
+
+// at::cross_entropy_loss(logits, target) (mean, no weights, no smoothing),
+// recorded as one CrossEntropyBackward node.
+at::Tensor crossEntropyNode(const at::Tensor& logits, const at::Tensor& target) {
+  at::Tensor logProbs, loss, totalWeight;
+  {
+    at::AutoDispatchBelowADInplaceOrView belowAutograd;  // the node is set up by hand below
+    logProbs = at::_log_softmax(logits, 1, /*half_to_float=*/false);
+    std::tie(loss, totalWeight) =
+        at::nll_loss_forward(logProbs, target, /*weight=*/{}, at::Reduction::Mean, kIgnoreIndex);
+  }
+  std::shared_ptr<CrossEntropyBackward> node(new CrossEntropyBackward(), torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(logits));
+  torch::autograd::set_history(loss, node);
+  node->logProbs = torch::autograd::SavedVariable(logProbs, /*is_output=*/false);
+  node->target = torch::autograd::SavedVariable(target, /*is_output=*/false);
+  node->totalWeight = torch::autograd::SavedVariable(totalWeight, /*is_output=*/false);
+  return loss;
+}
 
 LossFn makeCrossEntropy(const Params& params) {
   const double labelSmoothing = params.getDouble("label_smoothing");
@@ -18,7 +79,11 @@ LossFn makeCrossEntropy(const Params& params) {
                        c10::str(output.sizes()) + " and " + c10::str(target.sizes()) +
                        ". HINT: use the mse loss for regression");
     }
-    return torch::cross_entropy_loss(output, target, /*weight=*/{}, at::Reduction::Mean, /*ignore_index=*/-100,
+    if (labelSmoothing == 0 && at::GradMode::is_enabled() && output.requires_grad() &&
+        at::isFloatingType(output.scalar_type()) && target.scalar_type() == at::kLong) {
+      return crossEntropyNode(output, target);
+    }
+    return torch::cross_entropy_loss(output, target, /*weight=*/{}, at::Reduction::Mean, kIgnoreIndex,
                                      labelSmoothing);
   };
 }

@@ -637,6 +637,21 @@ TEST_CASE("losses: cross entropy and mse", "[plugins]") {
   double expected = (0.8 * -logp.gather(1, target.unsqueeze(1)).squeeze(1) + 0.2 * -logp.mean(1)).mean().item<double>();
   CHECK(smooth(output, target).item<double>() == Approx(expected));
   CHECK_THAT(usageErrorOf([&] { ce(output, torch::randn({6, 3, 2})); }), Contains("HINT: use the mse loss"));
+  // With a gradient (one autograd node of its own): the same loss and
+  // gradient as LibTorch's, ignored targets (-100) included.
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    auto logits = torch::randn({6, 3}, dtype).requires_grad_(true);
+    auto logitsRef = logits.detach().clone().requires_grad_(true);
+    auto partly = torch::tensor({0, -100, 2, 2, -100, 1}, torch::kInt64);
+    for (const auto& t : {target, partly}) {
+      auto ours = ce(logits, t);
+      auto theirs = torch::cross_entropy_loss(logitsRef, t);
+      CHECK(ours.item<double>() == Approx(theirs.item<double>()).epsilon(1e-12));
+      auto g = torch::autograd::grad({ours}, {logits})[0];
+      auto gRef = torch::autograd::grad({theirs}, {logitsRef})[0];
+      CHECK(g.equal(gRef));
+    }
+  }
 
   const auto& mseSpec = builtin(PluginKind::Loss, "mse");
   auto mse = mseSpec.loss(paramsFor(mseSpec));
