@@ -26,14 +26,21 @@ constexpr int64_t kIgnoreIndex = -100;  // PyTorch's default: such targets add n
 // The autograd node of the mean softmax cross-entropy of logits [N, C]
 // against class indices [N], as LibTorch's generated nodes are written.
 struct CrossEntropyBackward : torch::autograd::Node {
-  torch::autograd::SavedVariable logProbs, target, totalWeight;
+  torch::autograd::SavedVariable logits, logProbs, target, totalWeight;
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     torch::autograd::variable_list out(1);
     if (!grads[0].defined() || !task_should_compute_output(0)) return out;
-    const at::Tensor lp = logProbs.unpack();
     c10::optional<at::AutoDispatchBelowADInplaceOrView> belowAutograd;
-    if (!at::GradMode::is_enabled()) belowAutograd.emplace();  // create_graph records them
+    at::Tensor lp;
+    if (at::GradMode::is_enabled()) {
+      // create_graph: the gradient must itself be differentiable in the
+      // logits, so the log-probabilities are recomputed as a recorded op.
+      lp = at::_log_softmax(logits.unpack(), 1, /*half_to_float=*/false);
+    } else {
+      belowAutograd.emplace();
+      lp = logProbs.unpack();
+    }
     // NllLossBackward's, then LogSoftmaxBackward's formula.
     at::Tensor gradLogProbs = at::nll_loss_backward(grads[0], lp, target.unpack(), /*weight=*/{}, at::Reduction::Mean,
                                                     kIgnoreIndex, totalWeight.unpack());
@@ -45,6 +52,7 @@ struct CrossEntropyBackward : torch::autograd::Node {
 
   void release_variables() override {
     std::lock_guard<std::mutex> lock(mutex_);
+    logits.reset_data();
     logProbs.reset_data();
     target.reset_data();
     totalWeight.reset_data();
@@ -64,6 +72,7 @@ at::Tensor crossEntropyNode(const at::Tensor& logits, const at::Tensor& target) 
   std::shared_ptr<CrossEntropyBackward> node(new CrossEntropyBackward(), torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(logits));
   torch::autograd::set_history(loss, node);
+  node->logits = torch::autograd::SavedVariable(logits, /*is_output=*/false);
   node->logProbs = torch::autograd::SavedVariable(logProbs, /*is_output=*/false);
   node->target = torch::autograd::SavedVariable(target, /*is_output=*/false);
   node->totalWeight = torch::autograd::SavedVariable(totalWeight, /*is_output=*/false);

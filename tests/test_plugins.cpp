@@ -647,9 +647,14 @@ TEST_CASE("losses: cross entropy and mse", "[plugins]") {
       auto ours = ce(logits, t);
       auto theirs = torch::cross_entropy_loss(logitsRef, t);
       CHECK(ours.item<double>() == Approx(theirs.item<double>()).epsilon(1e-12));
-      auto g = torch::autograd::grad({ours}, {logits})[0];
-      auto gRef = torch::autograd::grad({theirs}, {logitsRef})[0];
+      auto g = torch::autograd::grad({ours}, {logits}, {}, true, true)[0];
+      auto gRef = torch::autograd::grad({theirs}, {logitsRef}, {}, true, true)[0];
       CHECK(g.equal(gRef));
+      // create_graph: the gradient is differentiable in the logits too.
+      auto weights = torch::randn_like(g);
+      auto gg = torch::autograd::grad({(g * weights).sum()}, {logits})[0];
+      auto ggRef = torch::autograd::grad({(gRef * weights).sum()}, {logitsRef})[0];
+      CHECK(maxAbsDiff(gg, ggRef) < (dtype == torch::kFloat32 ? 1e-6 : 1e-12));
     }
   }
 
