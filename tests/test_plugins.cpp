@@ -402,6 +402,105 @@ TEST_CASE("model mlp: shapes, names, and widths checked against the dataset", "[
   CHECK_FALSE(dropping->forward(x).equal(dropping->forward(x)));
 }
 
+namespace {
+
+// The mlp's forward as composed ATen ops (torch::linear and the activation),
+// recorded by autograd's own nodes: the reference for the fused layers.
+at::Tensor composedMlp(torch::nn::Module& model, const at::Tensor& x, const std::string& activation) {
+  std::vector<at::Tensor> weights, biases;
+  for (const auto& item : model.named_parameters()) {
+    (item.key().find("weight") != std::string::npos ? weights : biases).push_back(item.value());
+  }
+  at::Tensor h = x;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    h = torch::linear(h, weights[i], biases[i]);
+    if (i + 1 == weights.size()) break;
+    if (activation == "relu") h = torch::relu(h);
+    if (activation == "tanh") h = torch::tanh(h);
+    if (activation == "gelu") h = torch::gelu(h);
+    if (activation == "sigmoid") h = torch::sigmoid(h);
+  }
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("model mlp: the fused layers match composed ATen ops, values and gradients", "[plugins]") {
+  torch::manual_seed(5);
+  struct Shape {
+    std::vector<int64_t> widths;
+    int64_t batch;
+  };
+  // The wine MLP; narrow and odd widths (the loops' short-row orders); a
+  // layer above kSmallLinearMacs (ATen's path); an empty batch.
+  const std::vector<Shape> shapes = {{{13, 64, 3}, 32}, {{5, 3, 9, 2}, 7}, {{3, 17, 1}, 33}, {{200, 400, 4}, 16},
+                                     {{13, 64, 3}, 0}};
+  for (auto dtype : {torch::kFloat32, torch::kFloat64}) {
+    for (const char* activation : {"relu", "tanh", "gelu", "sigmoid"}) {
+      for (const auto& shape : shapes) {
+        CAPTURE(dtype, activation, shape.widths, shape.batch);
+        auto model = makeModel({{"layers", shape.widths}, {"activation", activation}}, shape.widths.front(),
+                               shape.widths.back() == 1 ? 0 : shape.widths.back());
+        model->to(dtype);
+        const double tolerance = dtype == torch::kFloat32 ? 1e-5 : 1e-12;
+        auto x = torch::randn({shape.batch, shape.widths.front()}, dtype).requires_grad_(true);
+        auto xRef = x.detach().clone().requires_grad_(true);
+        auto ours = model->forward(x);
+        auto theirs = composedMlp(*model, xRef, activation);
+        REQUIRE(ours.sizes() == theirs.sizes());
+        if (shape.batch == 0) continue;
+        CHECK(maxAbsDiff(ours, theirs) <= tolerance * (1 + theirs.abs().max().item<double>()));
+        // A gradient that is not contiguous (an expanded one) as well.
+        auto weights = torch::randn({ours.size(1)}, dtype);
+        auto ourGrads = torch::autograd::grad({(ours * weights).sum()}, {x, model->parameters()[0]});
+        auto theirGrads = torch::autograd::grad({(theirs * weights).sum()}, {xRef, model->parameters()[0]});
+        for (size_t i = 0; i < ourGrads.size(); ++i) {
+          CAPTURE(i);
+          CHECK(maxAbsDiff(ourGrads[i], theirGrads[i]) <= tolerance * (1 + theirGrads[i].abs().max().item<double>()));
+        }
+      }
+    }
+  }
+
+  SECTION("no graph without grad mode, and evaluation mode gives training mode's values") {
+    auto model = makeModel(Json::object(), 13, 3);
+    auto x = torch::randn({4, 13});
+    auto trained = model->forward(x);
+    CHECK(trained.requires_grad());
+    torch::NoGradGuard noGrad;
+    auto plain = model->forward(x);
+    CHECK_FALSE(plain.requires_grad());
+    CHECK(plain.equal(trained.detach()));
+  }
+
+  SECTION("gradients of gradients (create_graph) are recorded") {
+    for (const char* activation : {"relu", "tanh", "gelu", "sigmoid"}) {
+      CAPTURE(activation);
+      auto model = makeModel({{"layers", {3, 5, 2}}, {"activation", activation}}, 3, 2);
+      model->to(torch::kFloat64);
+      auto x = torch::randn({4, 3}, torch::kFloat64).requires_grad_(true);
+      auto xRef = x.detach().clone().requires_grad_(true);
+      auto w = model->parameters()[0];
+      auto g = torch::autograd::grad({model->forward(x).pow(2).sum()}, {x, w}, {}, true, true);
+      auto gRef = torch::autograd::grad({composedMlp(*model, xRef, activation).pow(2).sum()}, {xRef, w}, {}, true, true);
+      auto gg = torch::autograd::grad({g[0].pow(2).sum() + g[1].sum()}, {x, w});
+      auto ggRef = torch::autograd::grad({gRef[0].pow(2).sum() + gRef[1].sum()}, {xRef, w});
+      CHECK(maxAbsDiff(gg[0], ggRef[0]) < 1e-12);
+      CHECK(maxAbsDiff(gg[1], ggRef[1]) < 1e-12);
+    }
+  }
+
+  SECTION("a weight changed in place after forward is caught by backward") {
+    auto model = makeModel(Json::object(), 13, 3);
+    auto y = model->forward(torch::randn({2, 13}));
+    {
+      torch::NoGradGuard noGrad;
+      model->parameters()[0].add_(1);
+    }
+    CHECK_THROWS_WITH(y.sum().backward(), Contains("modified by an inplace operation"));
+  }
+}
+
 // ---- optimizers --------------------------------------------------------------------
 
 namespace {
