@@ -7,21 +7,9 @@
 #
 # Usage: mpirun_test.sh path/to/ddp-run
 set -euo pipefail
-ddp_run=$(realpath "${1:?usage: $0 path/to/ddp-run}")
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-experiment=$repo/experiments/wine_ddp.json
-checks="python3 $here/run_checks.py"
-
-fail() { echo "FAILED: $*" >&2; exit 1; }
+source "$(dirname "$0")/common.sh"
 
 command -v mpirun >/dev/null || fail "mpirun not found (scripts/setup.sh installs openmpi-bin)"
-command -v python3 >/dev/null || fail "python3 not found"
-
-# Nothing from whoever started us may decide the rank layout.
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK MASTER_ADDR MASTER_PORT \
-  DDP_RUN_LAUNCHED DDP_RESTART DDP_STORE_TOKEN GLOO_SOCKET_IFNAME
-for v in $(compgen -e | grep -E '^(SLURM_|OMPI_|PMIX_)' || true); do unset "$v"; done
 
 mpi_args=(--oversubscribe -np 2)
 if [ "$(id -u)" -eq 0 ]; then

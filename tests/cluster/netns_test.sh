@@ -10,22 +10,10 @@
 #
 # Usage: netns_test.sh path/to/ddp-run
 set -euo pipefail
-ddp_run=$(realpath "${1:?usage: $0 path/to/ddp-run}")
-here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-experiment=$repo/experiments/wine_ddp.json
-checks="python3 $here/run_checks.py"
-
-fail() { echo "FAILED: $*" >&2; exit 1; }
-skip() { echo "SKIPPED: $*"; exit 0; }
+source "$(dirname "$0")/common.sh"
 
 [ "$(id -u)" -eq 0 ] || skip "network namespaces need root (ip netns add)"
 command -v ip >/dev/null || fail "ip not found (scripts/setup.sh installs iproute2)"
-command -v python3 >/dev/null || fail "python3 not found"
-
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK NODE_RANK MASTER_ADDR MASTER_PORT \
-  DDP_RUN_LAUNCHED DDP_RESTART DDP_STORE_TOKEN GLOO_SOCKET_IFNAME
-for v in $(compgen -e | grep -E '^(SLURM_|OMPI_|PMIX_)' || true); do unset "$v"; done
 
 # Names unique to this run; a subnet picked from the pid (inside fresh
 # namespaces it cannot clash with the host's networks anyway).
