@@ -31,6 +31,8 @@ class BackendRegistry {
   void addUnavailable(const std::string& name, const std::string& howToEnable);
 
   bool has(const std::string& name) const { return factories_.count(name) > 0; }
+  // A known backend that this build left out (addUnavailable).
+  bool compiledOut(const std::string& name) const { return unavailable_.count(name) > 0; }
   std::vector<std::string> names() const;
   ProcessGroupPtr create(const std::string& name, std::shared_ptr<Store> store, int rank, int size,
                          const ProcessGroupOptions& options = {}) const;

@@ -6,6 +6,7 @@
 #include "ddp/config.hpp"
 #include "framework/backend_registry.hpp"
 #include "framework/hash_store.hpp"
+#include "framework/single_process_group.hpp"
 #include "framework/tcp_store.hpp"
 #if DDP_HAVE_GLOO
 #include "backends/gloo/process_group_gloo.hpp"
@@ -32,7 +33,13 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
   po.timeout = options.timeout;
   po.masterAddr = env.masterAddr;
   po.deviceIndex = env.localRank;  // GPU backends: rank -> cuda:LOCAL_RANK
-  ctx.group = BackendRegistry::global().create(options.backend, ctx.store, env.rank, env.worldSize, po);
+  if (env.worldSize == 1 && BackendRegistry::global().compiledOut(options.backend)) {
+    // One rank needs no communication: a build without this backend still
+    // runs single-process experiments.
+    ctx.group = std::make_shared<SingleProcessGroup>(po);
+  } else {
+    ctx.group = BackendRegistry::global().create(options.backend, ctx.store, env.rank, env.worldSize, po);
+  }
 #if DDP_HAVE_GLOO
   // Which address the peers reach this rank on: a multi-homed node that
   // picked the wrong interface shows it here (docs/clusters.md).

@@ -4,6 +4,7 @@
 
 #include "ddp/config.hpp"
 #include "framework/errors.hpp"
+#include "framework/single_process_group.hpp"
 #if DDP_HAVE_GLOO
 #include "backends/gloo/process_group_gloo.hpp"
 #endif
@@ -347,6 +348,24 @@ class MinimalGroup : public ProcessGroup {
   std::string backendName() const override { return "minimal"; }
 };
 }  // namespace
+
+TEST_CASE("a single-rank group makes every collective the identity", "[collectives]") {
+  SingleProcessGroup group;
+  at::Tensor t = at::arange(5, at::kFloat);
+  group.allreduce(t, {ReduceOp::Avg})->wait();
+  CHECK(at::equal(t, at::arange(5, at::kFloat)));
+  group.broadcast(t)->wait();
+  CHECK(at::equal(t, at::arange(5, at::kFloat)));
+  at::Tensor gathered = at::zeros({1, 5});
+  group.allgather(t, gathered)->wait();
+  CHECK(at::equal(gathered[0], t));
+  at::Tensor scattered = at::zeros({5});
+  group.reduceScatter(t, scattered)->wait();
+  CHECK(at::equal(scattered, t));
+  group.barrier()->wait();
+  at::Tensor wrong = at::zeros({4});
+  CHECK_THROWS_WITH(group.allgather(t, wrong), Catch::Contains("as many elements"));
+}
 
 TEST_CASE("operations a backend lacks fail naming backend and operation", "[registry]") {
   MinimalGroup group;
