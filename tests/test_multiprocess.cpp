@@ -62,14 +62,19 @@ std::vector<int> runWorkerProcesses(int world, int port, std::chrono::seconds li
   return codes;
 }
 
-}  // namespace
-
-TEST_CASE("worker: collectives in a separate process", "[.worker]") {
+// A worker's group, from the RANK/WORLD_SIZE/MASTER_* its parent set.
+DistributedContext joinFromEnvironment() {
   auto env = rankEnvFromEnvironment(currentEnvironment());
   REQUIRE(env);
   DistributedOptions options;
   options.timeout = std::chrono::milliseconds(60000);
-  auto ctx = initDistributed(*env, options);
+  return initDistributed(*env, options);
+}
+
+}  // namespace
+
+TEST_CASE("worker: collectives in a separate process", "[.worker]") {
+  auto ctx = joinFromEnvironment();
   ProcessGroup& pg = *ctx.group;
   const int n = pg.size(), r = pg.rank();
   for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong}) {
@@ -114,11 +119,7 @@ TEST_CASE("collectives across processes over a TCPStore", "[multiprocess]") {
 // Rank 1 exits after one collective; rank 0's next collective, with a 60 s
 // timeout, must fail long before it, and say which rank is gone.
 TEST_CASE("worker: a peer that exits mid-job", "[.worker-dies]") {
-  auto env = rankEnvFromEnvironment(currentEnvironment());
-  REQUIRE(env);
-  DistributedOptions options;
-  options.timeout = std::chrono::milliseconds(60000);
-  auto ctx = initDistributed(*env, options);
+  auto ctx = joinFromEnvironment();
   ProcessGroup& pg = *ctx.group;
   at::Tensor t = at::ones({1 << 16});
   pg.allreduce(t)->wait();

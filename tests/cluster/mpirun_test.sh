@@ -44,8 +44,6 @@ echo "ok: both ranks from OMPI_COMM_WORLD_*, master 127.0.0.1:${ports[0]} derive
 $checks final "$work/mpi" --min-accuracy 0.94 || fail "the mpirun job's results"
 
 echo "== the same job by ddp-run --nproc-per-node 2"
-rc=0
-timeout -k 10 240 "$ddp_run" --nproc-per-node 2 "$experiment" --out "$work/local" </dev/null >"$work/local.log" 2>&1 || rc=$?
-[ "$rc" -eq 0 ] || { sed 's/^/  | /' "$work/local.log"; fail "ddp-run --nproc-per-node 2 exited with $rc"; }
+run_one_host_reference "$work/local"
 $checks same "$work/mpi" "$work/local" || fail "mpirun and ddp-run trained differently"
 echo "PASSED: mpirun ran the job on ranks from OpenMPI, identical to ddp-run --nproc-per-node 2"

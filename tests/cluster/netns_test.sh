@@ -89,8 +89,6 @@ echo "veth $veth2: $tx bytes sent, $rx bytes received"
 $checks final "$work/two-hosts" --min-accuracy 0.94 || fail "the two-host job's results"
 
 echo "== one host: ddp-run --nproc-per-node 2"
-rc=0
-timeout -k 10 240 "$ddp_run" --nproc-per-node 2 "$experiment" --out "$work/one-host" </dev/null >"$work/one-host.log" 2>&1 || rc=$?
-[ "$rc" -eq 0 ] || { sed 's/^/  | /' "$work/one-host.log"; fail "the one-host job exited with $rc"; }
+run_one_host_reference "$work/one-host"
 $checks same "$work/two-hosts" "$work/one-host" || fail "two hosts and one host trained differently"
 echo "PASSED: two hosts over $addr1/$addr2 ran the job to the end, identical to one host"
