@@ -7,12 +7,19 @@
 // process per rank (this executable again, with hidden --worker-* flags),
 // one configuration after the other so they never compete for the cores.
 // Every rank uses one intra-op thread, so adding a rank adds a core's worth
-// of work rather than splitting a thread pool; the scaling line then shows
-// what gradient synchronisation costs.
+// of work rather than splitting a thread pool. The "independent"
+// configuration runs the same ranks side by side without any communication:
+// its scaling is the most this machine allows, so the distance between it
+// and DDP's scaling is what gradient synchronisation costs.
+//
+// --device cuda puts rank r on cuda:r and uses nccl (one GPU per rank); the
+// GPU check (gpu_check.sh) uses it for DDP against a plain step.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +27,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "benchmarks/bench_python.hpp"
@@ -44,12 +52,15 @@ struct Options {
   std::vector<int> worldSizes = {1, 2};
   int steps = 30;
   int warmup = 5;
+  int repeats = 3;  // each configuration, interleaved; the median is reported
   std::string jsonPath;
   double bucketCapMb = 25;
   bool noOverlap = false;
   bool sweep = false;        // bucket size x overlap at world size 2, no reference
   bool noReference = false;  // skip PyTorch
   int timeoutSeconds = 600;
+  std::string device = "cpu";  // or "cuda": rank r on cuda:r
+  std::string backend;         // empty: gloo on cpu, nccl on cuda
 
   // Hidden: set by the launcher for the processes it starts.
   int workerRank = -1;
@@ -102,9 +113,36 @@ std::unique_ptr<torch::optim::Optimizer> buildOptimizer(std::vector<at::Tensor> 
   return spec.optimizer(std::move(parameters), Params(values));
 }
 
+std::string backendFor(const Options& o) {
+  if (!o.backend.empty()) return o.backend;
+  return o.device == "cuda" ? "nccl" : "gloo";
+}
+
+// Throws unless there is a GPU for every rank of the largest world size.
+void checkDevices(const std::string& device, int worldSize) {
+  if (device == "cpu") return;
+  if (device != "cuda") throw BenchError("--device must be \"cpu\" or \"cuda\", got \"" + device + "\"");
+  const int64_t gpus = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
+  if (gpus == 0) {
+    throw BenchError("--device cuda needs a CUDA build of LibTorch and a GPU; found 0 devices. HINT: --device cpu");
+  }
+  if (worldSize > gpus) {
+    throw BenchError(fmt::format("--device cuda at world size {} needs one GPU per rank (NCCL allows no two ranks "
+                                 "on one GPU); found {}. HINT: --world-sizes 1,{}",
+                                 worldSize, gpus, gpus));
+  }
+}
+
+torch::Device workerDevice(const Options& o, int rank) {
+  checkDevices(o.device, o.workerWorld);
+  if (o.device == "cpu") return torch::Device(torch::kCPU);
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank));
+}
+
 void runWorker(const Options& o) {
   at::set_num_threads(1);
   const int rank = o.workerRank;
+  const torch::Device device = workerDevice(o, rank);
   const std::string tag = workerTag(o);
   const std::chrono::milliseconds timeout(120000);
 
@@ -120,12 +158,14 @@ void runWorker(const Options& o) {
   ProcessGroupOptions groupOptions;
   groupOptions.timeout = timeout;
   groupOptions.masterAddr = kLoopback;
-  ProcessGroupPtr group = BackendRegistry::global().create("gloo", store, rank, o.workerWorld, groupOptions);
+  groupOptions.deviceIndex = device.is_cuda() ? device.index() : -1;
+  ProcessGroupPtr group = BackendRegistry::global().create(backendFor(o), store, rank, o.workerWorld, groupOptions);
 
   // Same seed on every rank (DDP also broadcasts rank 0's parameters);
   // different data per rank, as in real data-parallel training.
   torch::manual_seed(0);
   auto model = buildModel();
+  model->to(device);
   std::unique_ptr<DistributedDataParallel> ddpModel;
   if (o.workerWrap) {
     DdpOptions ddpOptions;
@@ -137,8 +177,8 @@ void runWorker(const Options& o) {
   auto* net = dynamic_cast<torch::nn::SequentialImpl*>(model.get());
 
   torch::manual_seed(1 + rank);
-  const at::Tensor x = torch::randn({kBatchPerRank, kWidths.front()});
-  const at::Tensor y = torch::randint(0, kWidths.back(), {kBatchPerRank}, torch::kLong);
+  const at::Tensor x = torch::randn({kBatchPerRank, kWidths.front()}).to(device);
+  const at::Tensor y = torch::randint(0, kWidths.back(), {kBatchPerRank}, torch::kLong).to(device);
 
   std::vector<double> times, syncTimes;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
@@ -148,6 +188,8 @@ void runWorker(const Options& o) {
     loss.backward();
     if (ddpModel) ddpModel->finishGradientSync();
     optimizer->step();
+    // A GPU step has only been queued; the time is that of finishing it.
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
     if (i >= o.warmup) {
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       if (ddpModel) {
@@ -157,21 +199,30 @@ void runWorker(const Options& o) {
       }
     }
   }
-  // Nobody tears down the group while a peer still uses it.
-  group->barrier()->wait();
+  // Every rank's median step, gathered by a sum (each rank fills its slot).
+  // For "independent" the ranks never synchronise, so their speeds differ;
+  // for DDP they agree. This also keeps the group alive until nobody uses it.
+  at::Tensor medians = at::zeros({o.workerWorld}, at::kDouble);
+  medians[rank] = median(times);
+  group->allreduce(medians)->wait();
   if (rank == 0) {
     int64_t params = 0;
     for (const auto& p : model->parameters()) params += p.numel();
-    const double stepSeconds = median(times);
+    // Throughput adds up over ranks; the step time is their mean.
+    double samplesPerSecond = 0;
+    for (int r = 0; r < o.workerWorld; ++r) samplesPerSecond += kBatchPerRank / medians[r].item<double>();
+    const double stepSeconds = medians.mean().item<double>();
     writeJsonFile(resultsPath(o.workerDir, tag),
                   json{{"impl", o.workerImpl},
                        {"world_size", o.workerWorld},
                        {"params", params},
                        {"batch_per_rank", kBatchPerRank},
                        {"step_ms", stepSeconds * 1e3},
-                       {"samples_per_s", o.workerWorld * kBatchPerRank / stepSeconds},
+                       {"samples_per_s", samplesPerSecond},
                        {"sync_ms", syncTimes.empty() ? 0.0 : median(syncTimes) * 1e3},
                        {"bucket_cap_mb", o.bucketCapMb},
+                       {"device", o.device},
+                       {"backend", o.workerWorld > 1 && o.workerWrap ? backendFor(o) : "-"},
                        {"overlap", !o.noOverlap}});
   }
 }
@@ -186,7 +237,9 @@ std::vector<std::string> workerArguments(const Options& o, const Config& c, int 
                                    "--worker-rank", std::to_string(rank),
                                    "--worker-world", std::to_string(c.worldSize),
                                    "--worker-impl", c.impl,
-                                   "--worker-dir", dir};
+                                   "--worker-dir", dir,
+                                   "--device", o.device};
+  if (!o.backend.empty()) args.insert(args.end(), {"--backend", o.backend});
   if (c.wrap) args.push_back("--worker-wrap");
   if (!c.overlap) args.push_back("--no-overlap");
   return args;
@@ -199,20 +252,42 @@ const json* findRecord(const json& records, const std::string& impl, int worldSi
   return nullptr;
 }
 
-void printScaling(const json& records, const std::string& impl) {
-  const json* one = findRecord(records, impl, 1);
+// 2-rank over 1-rank throughput of `impl`; 1-rank is the plain model for
+// both "ddp" and "independent".
+std::optional<double> scaling(const json& records, const std::string& impl) {
+  const json* one = findRecord(records, impl == "torch-ddp" ? impl : "ddp", 1);
   const json* two = findRecord(records, impl, 2);
-  if (!one || !two) return;
-  std::cout << fmt::format("scaling {}: 2-rank throughput / 1-rank throughput = {:.2f}x (target >= 1.5)\n", impl,
-                           (*two)["samples_per_s"].get<double>() / (*one)["samples_per_s"].get<double>());
+  if (!one || !two) return std::nullopt;
+  return (*two)["samples_per_s"].get<double>() / (*one)["samples_per_s"].get<double>();
+}
+
+void printScaling(const json& records) {
+  if (auto s = scaling(records, "ddp")) {
+    std::cout << fmt::format("scaling ddp: 2-rank throughput / 1-rank throughput = {:.2f}x (target >= 1.5)\n", *s);
+  }
+  if (auto s = scaling(records, "torch-ddp")) {
+    std::cout << fmt::format("scaling torch-ddp: 2-rank throughput / 1-rank throughput = {:.2f}x\n", *s);
+  }
+  // What this machine allows at all: two ranks that train side by side and
+  // never communicate. Shared cores, caches or memory bandwidth (a VM's
+  // vCPUs, SMT siblings) show up here, not as a communication cost.
+  if (auto ceiling = scaling(records, "independent")) {
+    std::cout << fmt::format(
+        "ceiling: 2 independent ranks (no communication) reach {:.2f}x one rank's throughput on this machine", *ceiling);
+    if (auto s = scaling(records, "ddp")) std::cout << fmt::format("; ddp reaches {:.0f}% of that", 100 * *s / *ceiling);
+    std::cout << "\n";
+  }
 }
 
 void runLauncher(const Options& o) {
-  if (o.steps < 1 || o.warmup < 0) throw BenchError("--steps must be at least 1 and --warmup at least 0");
+  if (o.steps < 1 || o.warmup < 0 || o.repeats < 1) {
+    throw BenchError("--steps and --repeats must be at least 1, --warmup at least 0");
+  }
   if (o.worldSizes.empty()) throw BenchError("--world-sizes names no world size");
   std::vector<Config> configs;
   if (o.sweep) {
     configs.push_back({"ddp", 1, false});
+    configs.push_back({"independent", 2, false});
     for (double mb : {1.0, 4.0, 25.0, 100.0}) {
       for (bool overlap : {true, false}) configs.push_back({"ddp", 2, true, mb, overlap});
     }
@@ -224,17 +299,47 @@ void runLauncher(const Options& o) {
     // the wrapped variant shows what the wrapper itself costs.
     configs.push_back({"ddp", w, w > 1, o.bucketCapMb, !o.noOverlap});
     if (w == 1) configs.push_back({"ddp-w1-wrapped", 1, true, o.bucketCapMb, !o.noOverlap});
+    if (w > 1) configs.push_back({"independent", w, false, o.bucketCapMb, !o.noOverlap});
   }
+
+  int largestWorld = 0;
+  for (const auto& c : configs) largestWorld = std::max(largestWorld, c.worldSize);
+  checkDevices(o.device, largestWorld);
 
   TempDir dir("ddp-bench-train-step-");
   ::setenv(kStoreTokenEnv, randomToken().c_str(), 1);
+  // Repeats go round all configurations in turn, so a slow spell of this
+  // (shared, noisy) machine hits each of them rather than one.
+  std::vector<std::vector<json>> runs(configs.size());
+  for (int repeat = 0; repeat < o.repeats; ++repeat) {
+    for (size_t i = 0; i < configs.size(); ++i) {
+      const Config& c = configs[i];
+      std::cerr << fmt::format("running {} on {} rank(s), repeat {}/{}...\n", c.impl, c.worldSize, repeat + 1,
+                               o.repeats);
+      const std::string results = resultsPath(dir.path(), c.tag());
+      std::filesystem::remove(results);
+      std::filesystem::remove(dir.path() + "/port." + c.tag());  // the previous repeat's store port
+      launchRanks(
+          c.worldSize, [&](int rank) { return workerArguments(o, c, rank, dir.path()); },
+          std::chrono::seconds(o.timeoutSeconds), dir.path(), c.tag());
+      runs[i].push_back(readJsonFile(results));
+    }
+  }
   json records = json::array();
-  for (const auto& c : configs) {
-    std::cerr << fmt::format("running {} on {} rank(s)...\n", c.impl, c.worldSize);
-    launchRanks(
-        c.worldSize, [&](int rank) { return workerArguments(o, c, rank, dir.path()); },
-        std::chrono::seconds(o.timeoutSeconds), dir.path(), c.tag());
-    records.push_back(readJsonFile(resultsPath(dir.path(), c.tag())));
+  for (auto& repeats : runs) {
+    std::vector<double> steps;
+    for (const auto& r : repeats) steps.push_back(r["step_ms"].get<double>());
+    const double medianStep = median(steps);
+    // The repeat whose step time is the median (the lower middle one for an
+    // even count) stands for the configuration, with every repeat's time.
+    json record = repeats.front();
+    double bestDistance = std::numeric_limits<double>::infinity();
+    for (const auto& r : repeats) {
+      const double distance = std::abs(r["step_ms"].get<double>() - medianStep);
+      if (distance < bestDistance) bestDistance = distance, record = r;
+    }
+    record["step_ms_repeats"] = steps;
+    records.push_back(record);
   }
 
   if (o.sweep || o.noReference) {
@@ -247,22 +352,30 @@ void runLauncher(const Options& o) {
     std::cerr << "running torch-ddp...\n";
     const std::string command =
         pythonCommand() + " " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/train_step_torch_ddp.py") +
-        " --world-sizes " + sizes + " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup);
+        " --world-sizes " + sizes + " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) +
+        " --repeats " + std::to_string(o.repeats) +
+        " --device " + o.device;
     for (auto& r : runJsonLines(command)) {
       r["impl"] = "torch-ddp";
       records.push_back(r);
     }
   }
 
-  Table table({"impl", "world_size", "params", "batch_per_rank", "bucket_mb", "overlap", "step_ms", "sync_ms",
-               "samples_per_s"});
+  Table table({"impl", "world_size", "params", "batch_per_rank", "bucket_mb", "overlap", "step_ms",
+               "repeats_min-max", "sync_ms", "samples_per_s"});
   for (const auto& r : records) {
     const bool ours = r.contains("bucket_cap_mb");
+    std::string spread = "-";
+    if (r.contains("step_ms_repeats") && !r["step_ms_repeats"].empty()) {
+      const auto all = r["step_ms_repeats"].get<std::vector<double>>();
+      spread = formatNumber(*std::min_element(all.begin(), all.end()), 1) + "-" +
+               formatNumber(*std::max_element(all.begin(), all.end()), 1);
+    }
     table.addRow({r["impl"].get<std::string>(), std::to_string(r["world_size"].get<int>()),
                   std::to_string(r["params"].get<int64_t>()), std::to_string(r["batch_per_rank"].get<int64_t>()),
                   ours ? formatNumber(r["bucket_cap_mb"].get<double>(), 0) : "-",
                   ours ? (r["overlap"].get<bool>() ? "on" : "off") : "-", formatNumber(r["step_ms"].get<double>(), 2),
-                  ours ? formatNumber(r["sync_ms"].get<double>(), 2) : "-",
+                  spread, ours ? formatNumber(r["sync_ms"].get<double>(), 2) : "-",
                   formatNumber(r["samples_per_s"].get<double>(), 1)});
   }
   std::cout << table.render();
@@ -272,8 +385,7 @@ void runLauncher(const Options& o) {
     std::cout << fmt::format("ratio ddp/torch-ddp step time at world 2: {:.2f}x (target <= 0.6)\n",
                              (*ours2)["step_ms"].get<double>() / (*torch2)["step_ms"].get<double>());
   }
-  printScaling(records, "ddp");
-  printScaling(records, "torch-ddp");
+  printScaling(records);
   if (!o.jsonPath.empty()) {
     writeJsonFile(o.jsonPath, records);
     std::cerr << "wrote " << o.jsonPath << "\n";
@@ -291,12 +403,18 @@ void registerTrainStepCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--steps", options->steps, "Timed steps (the median is reported)")->capture_default_str();
   cmd->add_option("--warmup", options->warmup, "Untimed steps first")->capture_default_str();
+  cmd->add_option("--repeats", options->repeats,
+                  "Runs of every configuration, taken in turn; the median run is reported")
+      ->capture_default_str();
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
   cmd->add_option("--bucket-cap-mb", options->bucketCapMb, "DDP gradient bucket size in MiB")->capture_default_str();
   cmd->add_flag("--no-overlap", options->noOverlap, "Start every allreduce after backward, not during it");
   cmd->add_flag("--sweep", options->sweep,
                 "Instead: world size 2 with buckets of 1, 4, 25 and 100 MiB, overlap on and off (no reference)");
   cmd->add_flag("--no-reference", options->noReference, "Do not run PyTorch's DDP");
+  cmd->add_option("--device", options->device, "cpu, or cuda (rank r on cuda:r; one GPU per rank)")
+      ->capture_default_str();
+  cmd->add_option("--backend", options->backend, "Backend for world sizes above 1 (default: gloo on cpu, nccl on cuda)");
   cmd->add_option("--timeout", options->timeoutSeconds, "Seconds all ranks of one configuration may take")
       ->capture_default_str();
   // Worker flags: set by the launcher; an empty group hides them from --help.

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Keeps ddp-bench from rotting: every subcommand runs briefly, with --verify
+# where it has one, and what it writes is checked. Timings are not judged
+# here (targets live in the benchmark's own output, not in tests).
+set -euo pipefail
+bench=$(realpath "${1:?usage: $0 path/to/ddp-bench}")
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+fail() { echo "FAILED: $*" >&2; exit 1; }
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DDP_STORE_TOKEN
+
+run() {  # run NAME ARGS...: ddp-bench ARGS, log in $out/NAME.log, must succeed
+  local name=$1 rc=0
+  shift
+  timeout -k 5 240 "$bench" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  [ "$rc" -eq 0 ] || { sed 's/^/  | /' "$out/$name.log"; fail "ddp-bench $* exited with $rc"; }
+}
+
+# Collectives: every CPU implementation, small sizes, results checked.
+run collectives collectives --min-bytes 4K --max-bytes 64K --warmup 1 --iters 2 --verify --json "$out/collectives.json"
+python3 - "$out/collectives.json" <<'PY'
+import json, sys
+records = json.load(open(sys.argv[1]))
+ops = {r["op"] for r in records}
+impls = {r["impl"] for r in records}
+assert ops == {"allreduce", "allgather", "broadcast", "reduce_scatter"}, ops
+assert "gloo" in impls, impls
+sizes = {r["bytes"] for r in records}
+assert sizes == {4096, 16384, 65536}, sizes
+for r in records:
+    assert not r["supported"] or r["time_us"] > 0, r
+assert all(r["supported"] for r in records if r["impl"] == "gloo"), "gloo lacks a collective"
+print("collectives:", sorted(impls), len(records), "records")
+PY
+
+# Train step: 1 and 2 ranks, two repeats each, the machine's ceiling included.
+run train-step train-step --steps 2 --warmup 1 --repeats 2 --no-reference --json "$out/train-step.json"
+grep -q "^ceiling: 2 independent ranks" "$out/train-step.log" || fail "train-step printed no ceiling line"
+python3 - "$out/train-step.json" <<'PY'
+import json, sys
+records = json.load(open(sys.argv[1]))
+got = {(r["impl"], r["world_size"]) for r in records}
+want = {("ddp", 1), ("ddp-w1-wrapped", 1), ("ddp", 2), ("independent", 2)}
+assert got == want, got
+for r in records:
+    assert r["params"] == 2892298 and r["batch_per_rank"] == 64, r
+    assert len(r["step_ms_repeats"]) == 2 and r["step_ms"] in r["step_ms_repeats"], r
+    assert abs(r["samples_per_s"] - 1000 * 64 * r["world_size"] / r["step_ms"]) < 0.05 * r["samples_per_s"], r
+print("train-step:", sorted(got))
+PY
+
+# Wine: ours (and PyTorch's, where python3-torch is installed) train to the
+# baseline's quality.
+run wine wine --repeats 1 --json "$out/wine.json"
+python3 - "$out/wine.json" <<'PY'
+import json, sys
+records = {r["impl"]: r for r in json.load(open(sys.argv[1]))}
+assert "ddp" in records, records.keys()
+for impl, r in records.items():
+    assert r["test_accuracy"] >= 0.94 and r["final_train_loss"] < 0.05 and r["seconds"] > 0, r
+print("wine:", sorted(records))
+PY
+
+# Bad input: one clear line and a non-zero exit, before any rank starts.
+expect_error() {  # expect_error TEXT ARGS...
+  local text=$1 rc=0
+  shift
+  timeout 60 "$bench" "$@" >"$out/error.log" 2>&1 || rc=$?
+  [ "$rc" -ne 0 ] || fail "ddp-bench $* succeeded; expected an error"
+  grep -qF -- "$text" "$out/error.log" || { cat "$out/error.log"; fail "ddp-bench $*: no '$text' in the error"; }
+  ! grep -q "^running" "$out/error.log" || fail "ddp-bench $* started ranks before rejecting its input"
+}
+expect_error '--device must be "cpu" or "cuda", got "tpu"' train-step --device tpu
+expect_error "--repeats must be at least 1" train-step --repeats 0
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_error "--device cuda needs a CUDA build of LibTorch and a GPU; found 0 devices" train-step --device cuda
+fi
+echo "ddp-bench smoke test passed"
