@@ -27,15 +27,16 @@ void registerBuiltinBackends(BackendRegistry& registry) {
   registerGlooBackend(registry);
 #else
   registry.addUnavailable("gloo",
-                          "Gloo was not found when CMake ran. HINT: apt-get install libgloo-dev, then "
-                          "reconfigure with -DDDP_WITH_GLOO=ON");
+                          "this build has no Gloo backend (CMake: " DDP_GLOO_STATUS "). HINT: apt-get install "
+                          "libgloo-dev if it is missing, then reconfigure with -DDDP_WITH_GLOO=ON");
 #endif
 #if DDP_HAVE_NCCL
   registerNcclBackend(registry);
 #else
   registry.addUnavailable("nccl",
-                          "NCCL was not compiled in. HINT: configure on a machine with the CUDA toolkit and "
-                          "NCCL (set NCCL_HOME if it is outside the toolkit) and -DDDP_WITH_NCCL=ON");
+                          "this build has no NCCL backend (CMake: " DDP_NCCL_STATUS "). HINT: configure on a "
+                          "machine with the CUDA toolkit and NCCL (set NCCL_HOME if it is outside the toolkit) "
+                          "with -DDDP_WITH_NCCL=ON");
 #endif
 }
 

@@ -47,7 +47,8 @@ at::Tensor reductionInput(ReduceOp op, const at::Tensor& base, int rank) {
 bool exactlyEqual(const at::Tensor& got, at::Tensor expected, at::ScalarType dtype) {
   if (at::isIntegralType(dtype, false) && expected.is_floating_point()) expected = expected.trunc();
   return got.numel() == expected.numel() &&
-         (got.numel() == 0 || at::equal(got.to(at::kDouble).view({-1}), expected.to(at::kDouble).view({-1})));
+         (got.numel() == 0 ||
+          at::equal(got.cpu().to(at::kDouble).reshape({-1}), expected.to(at::kDouble).reshape({-1})));
 }
 
 std::string caseName(const char* op, at::ScalarType dtype, int64_t count) {
@@ -59,7 +60,8 @@ std::string caseName(const char* op, at::ScalarType dtype, int64_t count) {
 namespace {
 
 // Every collective x dtype x element count at world size n, on `backend`.
-void checkClosedForms(const std::string& backend, int n, ProcessGroupOptions options = {}) {
+// With `onDevice`, rank r's inputs and outputs live on cuda:r.
+void checkClosedForms(const std::string& backend, int n, ProcessGroupOptions options = {}, bool onDevice = false) {
   std::mutex failuresMutex;
   std::vector<std::string> failures;
   auto fail = [&](int rank, const std::string& what) {
@@ -67,29 +69,31 @@ void checkClosedForms(const std::string& backend, int n, ProcessGroupOptions opt
     failures.push_back("rank " + std::to_string(rank) + ": " + what);
   };
   auto errors = runRanks(backend, n, [&](int rank, ProcessGroup& pg) {
+    const at::Device device = onDevice ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rank)) : at::kCPU;
+    auto place = [&](const at::Tensor& t, at::ScalarType dtype) { return t.to(device, dtype); };
     for (at::ScalarType dtype : kDtypes) {
       for (int64_t count : kCounts) {
         at::Tensor base = pattern(count);
         for (ReduceOp op : kOps) {
-          at::Tensor t = reductionInput(op, base, rank).to(dtype);
+          at::Tensor t = place(reductionInput(op, base, rank), dtype);
           pg.allreduce(t, {op})->wait();
           if (!exactlyEqual(t, expectedReduction(op, base, n), dtype))
             fail(rank, caseName("allreduce", dtype, count) + " " + reduceOpName(op));
 
-          at::Tensor rsIn = reductionInput(op, pattern(count * n), rank).to(dtype);
-          at::Tensor rsOut = at::empty({count}, dtype);
+          at::Tensor rsIn = place(reductionInput(op, pattern(count * n), rank), dtype);
+          at::Tensor rsOut = at::empty({count}, at::TensorOptions().dtype(dtype).device(device));
           pg.reduceScatter(rsIn, rsOut, {op})->wait();
           at::Tensor rsBase = pattern(count * n).narrow(0, rank * count, count);
           if (!exactlyEqual(rsOut, expectedReduction(op, rsBase, n), dtype))
             fail(rank, caseName("reduce_scatter", dtype, count) + " " + reduceOpName(op));
         }
         const int root = n - 1;
-        at::Tensor b = (base + rank).to(dtype);
+        at::Tensor b = place(base + rank, dtype);
         pg.broadcast(b, {root})->wait();
         if (!exactlyEqual(b, base + root, dtype)) fail(rank, caseName("broadcast", dtype, count));
 
-        at::Tensor gathered = at::empty({n, count}, dtype);
-        pg.allgather((base + 10 * rank).to(dtype), gathered)->wait();
+        at::Tensor gathered = at::empty({n, count}, at::TensorOptions().dtype(dtype).device(device));
+        pg.allgather(place(base + 10 * rank, dtype), gathered)->wait();
         for (int r = 0; r < n; ++r) {
           if (!exactlyEqual(gathered[r], base + 10 * r, dtype)) fail(rank, caseName("allgather", dtype, count));
         }
@@ -243,6 +247,26 @@ TEST_CASE("nccl collectives match closed forms", "[collectives][nccl]") {
   for (int n = 1; n <= gpus; ++n) {
     INFO("world size " << n);
     checkClosedForms("nccl", n);
+  }
+}
+
+// The path DDP takes on GPUs: tensors already on each rank's device, ordered
+// after LibTorch's current stream. Needs a CUDA build of LibTorch.
+TEST_CASE("nccl collectives on device tensors match closed forms", "[collectives][nccl]") {
+  std::string whyNot;
+  if (!ddp::test::backendRunnable("nccl", &whyNot)) {
+    WARN("SKIPPED: " << whyNot);
+    return;
+  }
+  if (!at::hasCUDA()) {
+    WARN("SKIPPED: this LibTorch was built without CUDA, so tensors cannot live on a GPU (CPU tensors are "
+         "covered by the test above)");
+    return;
+  }
+  const int gpus = ddp::test::cudaDevices();
+  for (int n = 1; n <= gpus; ++n) {
+    INFO("world size " << n);
+    checkClosedForms("nccl", n, {}, true);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "ddp/config.hpp"
 #include "framework/errors.hpp"
@@ -65,6 +66,10 @@ struct ProcessGroupNccl::Impl {
     Milliseconds timeout{0};
     std::function<void()> afterSuccess;  // copies staged results back to host tensors
     std::vector<void*> deviceBuffers;    // staging, freed when done
+    // The device tensors NCCL reads and writes: their memory must not go
+    // back to LibTorch's caching allocator, to be reused by another stream,
+    // before the operation has finished.
+    std::vector<at::Tensor> inUse;
   };
   std::mutex mutex;
   std::condition_variable changed;
@@ -77,6 +82,22 @@ struct ProcessGroupNccl::Impl {
   }
   void check(ncclResult_t r, const std::string& what) {
     if (r != ncclSuccess) throw CollectiveError(what + ": " + ncclGetErrorString(r));
+  }
+
+  // The communicator is non-blocking (so that a peer that never arrives
+  // cannot hang ncclCommInitRank): a call may return ncclInProgress, and
+  // NCCL must then be polled until it has finished before the next call.
+  // Throws with `what` on an error, or when `deadline` passes first.
+  void settle(ncclResult_t r, const std::string& what, Clock::time_point deadline, Milliseconds timeout) {
+    while (r == ncclInProgress) {
+      if (Clock::now() > deadline) {
+        throw CollectiveError(what + " did not complete within " + std::to_string(timeout.count()) +
+                              " ms. HINT: a peer rank may not have started, or died; " + kRendezvousHelp);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      ncclCommGetAsyncError(comm, &r);
+    }
+    check(r, what);
   }
 };
 
@@ -112,8 +133,25 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
     if (b.size() != sizeof(id)) throw CollectiveError(who + ": the store holds a malformed NCCL unique id");
     std::memcpy(&id, b.data(), sizeof(id));
   }
-  impl_->check(ncclCommInitRank(&impl_->comm, size, id, rank), who + ": ncclCommInitRank on cuda:" +
-                                                                   std::to_string(device_));
+  const std::string initWhat = who + ": ncclCommInitRank on cuda:" + std::to_string(device_);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t started = ncclCommInitRankConfig(&impl_->comm, size, id, rank, &config);
+  try {
+    impl_->settle(started, initWhat, Clock::now() + options_.timeout, options_.timeout);
+  } catch (...) {
+    if (impl_->comm) ncclCommAbort(impl_->comm);
+    impl_->comm = nullptr;
+    cudaStreamDestroy(impl_->stream);
+    impl_->stream = nullptr;
+    throw;
+  }
+#else
+  // Older NCCL has no non-blocking initialisation: a peer that never
+  // arrives blocks here.
+  impl_->check(ncclCommInitRank(&impl_->comm, size, id, rank), initWhat);
+#endif
   watchdog_ = std::thread([this] { watchdogLoop(); });
 }
 
@@ -133,7 +171,7 @@ ProcessGroupNccl::~ProcessGroupNccl() {
 
 WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at::Tensor& out, bool outputIsInput,
                                  Milliseconds timeout, const std::string& summary,
-                                 const std::function<void(void*, void*, void*)>& issue) {
+                                 const std::function<int(void*, void*, void*)>& issue) {
   const uint64_t seq = nextSeq_++;
   const std::string description = "[rank " + std::to_string(rank_) + "/" + std::to_string(size_) + "] nccl " + op +
                                   " #" + std::to_string(seq) + " (" + summary + ")";
@@ -159,18 +197,42 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
   void* sendPtr = nullptr;
   void* recvPtr = nullptr;
   at::Tensor hostIn, hostOut;
-  if (in.is_cuda()) {
+  if (in.is_cuda() || out.is_cuda()) {
 #if DDP_TORCH_HAS_CUDA
+    for (const at::Tensor* t : {&in, &out}) {
+      if (!t->is_cuda() || t->device().index() != device_) {
+        throw UsageError(description + ": tensor on " + t->device().str() + ", but this rank's group uses cuda:" +
+                         std::to_string(device_) + ". HINT: move inputs and outputs to cuda:" +
+                         std::to_string(device_) + " (rank -> cuda:LOCAL_RANK)");
+      }
+    }
+    // NCCL reads and writes dense memory: strided tensors go through
+    // contiguous copies (made on the current stream, so the event below
+    // orders the collective after them too).
+    at::Tensor sendTensor = in.contiguous();
+    at::Tensor recvTensor = outputIsInput ? sendTensor : out.contiguous();
     // Order after the stream that produced the tensor.
+    cudaStream_t producer = c10::cuda::getCurrentCUDAStream(device_).stream();
     cudaEvent_t ready;
     impl_->check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), description + ": cudaEventCreate");
-    impl_->check(cudaEventRecord(ready, c10::cuda::getCurrentCUDAStream(device_).stream()),
-                 description + ": cudaEventRecord");
+    impl_->check(cudaEventRecord(ready, producer), description + ": cudaEventRecord");
     impl_->check(cudaStreamWaitEvent(stream, ready, 0), description + ": cudaStreamWaitEvent");
     cudaEventDestroy(ready);
+    sendPtr = sendTensor.data_ptr();
+    recvPtr = recvTensor.data_ptr();
+    const at::Tensor& target = outputIsInput ? in : out;
+    if (!recvTensor.is_same(target)) {
+      const int device = device_;
+      p.afterSuccess = [target, recvTensor, device]() mutable {
+        target.copy_(recvTensor);
+        // The waiter may use `target` on any stream once the Work is done.
+        cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(device).stream());
+      };
+    }
+    p.inUse = {in, out, sendTensor, recvTensor};
+#else
+    throw UsageError(description + ": CUDA tensors need a CUDA build of LibTorch");
 #endif
-    sendPtr = in.data_ptr();
-    recvPtr = outputIsInput ? sendPtr : out.data_ptr();
   } else {
     // A CPU-only LibTorch: stage through device memory with the CUDA runtime.
     hostIn = in.contiguous();
@@ -189,8 +251,14 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
                    description + ": copy to device");
     }
   }
-  impl_->check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), description + ": cudaEventCreate");
-  issue(sendPtr, recvPtr, stream);
+  try {
+    impl_->check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), description + ": cudaEventCreate");
+    impl_->settle(static_cast<ncclResult_t>(issue(sendPtr, recvPtr, stream)), description, p.deadline, timeout);
+  } catch (...) {
+    for (void* b : p.deviceBuffers) cudaFree(b);
+    if (p.done) cudaEventDestroy(p.done);
+    throw;
+  }
   if (!in.is_cuda()) {
     const at::Tensor& result = outputIsInput ? hostIn : hostOut;
     if (result.nbytes()) {
@@ -243,6 +311,8 @@ void ProcessGroupNccl::watchdogLoop() {
     }
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(impl_->comm, &async);
+    // A non-blocking communicator is "in progress" while a call enqueues.
+    if (async == ncclInProgress) async = ncclSuccess;
     const bool timedOut = Clock::now() > head.deadline;
     if (state != cudaErrorNotReady || async != ncclSuccess || timedOut) {
       std::string why = async != ncclSuccess ? std::string("NCCL error: ") + ncclGetErrorString(async)
@@ -280,9 +350,8 @@ WorkPtr ProcessGroupNccl::allreduce(at::Tensor& tensor, const AllreduceOptions& 
   ncclComm_t comm = impl_->comm;
   return launch("allreduce", tensor, tensor, true, resolveTimeout(opts.timeout),
                 summarize(tensor, reduceOpName(opts.op)), [&](void* send, void* recv, void* stream) {
-                  impl_->check(ncclAllReduce(send, recv, count, type, ncclOpFor(opts.op), comm,
-                                             static_cast<cudaStream_t>(stream)),
-                               "ncclAllReduce");
+                  return ncclAllReduce(send, recv, count, type, ncclOpFor(opts.op), comm,
+                                       static_cast<cudaStream_t>(stream));
                 });
 }
 
@@ -296,9 +365,7 @@ WorkPtr ProcessGroupNccl::broadcast(at::Tensor& tensor, const BroadcastOptions& 
   ncclComm_t comm = impl_->comm;
   return launch("broadcast", tensor, tensor, true, resolveTimeout(opts.timeout),
                 summarize(tensor, "root " + std::to_string(opts.root)), [&](void* send, void* recv, void* stream) {
-                  impl_->check(
-                      ncclBroadcast(send, recv, count, type, opts.root, comm, static_cast<cudaStream_t>(stream)),
-                      "ncclBroadcast");
+                  return ncclBroadcast(send, recv, count, type, opts.root, comm, static_cast<cudaStream_t>(stream));
                 });
 }
 
@@ -311,8 +378,7 @@ WorkPtr ProcessGroupNccl::allgather(const at::Tensor& input, at::Tensor& output,
   ncclComm_t comm = impl_->comm;
   return launch("allgather", input, output, false, resolveTimeout(opts.timeout), summarize(input),
                 [&](void* send, void* recv, void* stream) {
-                  impl_->check(ncclAllGather(send, recv, count, type, comm, static_cast<cudaStream_t>(stream)),
-                               "ncclAllGather");
+                  return ncclAllGather(send, recv, count, type, comm, static_cast<cudaStream_t>(stream));
                 });
 }
 
@@ -326,9 +392,8 @@ WorkPtr ProcessGroupNccl::reduceScatter(const at::Tensor& input, at::Tensor& out
   ncclComm_t comm = impl_->comm;
   return launch("reduce_scatter", input, output, false, resolveTimeout(opts.timeout),
                 summarize(input, reduceOpName(opts.op)), [&](void* send, void* recv, void* stream) {
-                  impl_->check(ncclReduceScatter(send, recv, count, type, ncclOpFor(opts.op), comm,
-                                                 static_cast<cudaStream_t>(stream)),
-                               "ncclReduceScatter");
+                  return ncclReduceScatter(send, recv, count, type, ncclOpFor(opts.op), comm,
+                                           static_cast<cudaStream_t>(stream));
                 });
 }
 

@@ -2,13 +2,17 @@
 // over NCCL, for GPUs.
 //
 // - One communicator per group. Rank 0 creates the unique id and shares it
-//   through the Store; every rank then calls ncclCommInitRank on its device
-//   (ProcessGroupOptions::deviceIndex, or LOCAL_RANK modulo the devices seen).
-//   NCCL does not allow two ranks of one group on the same GPU.
+//   through the Store; every rank then initialises the communicator on its
+//   device (ProcessGroupOptions::deviceIndex, or LOCAL_RANK modulo the
+//   devices seen). NCCL does not allow two ranks of one group on the same
+//   GPU. The communicator is non-blocking (NCCL >= 2.14), so that a peer
+//   that never arrives fails the constructor after the group's timeout
+//   instead of hanging it.
 // - Collectives run on the group's own CUDA stream. With a CUDA build of
 //   LibTorch they wait first (by an event) for the stream that produced the
-//   tensor; with a CPU-only LibTorch, CPU tensors are staged through device
-//   buffers with the CUDA runtime.
+//   tensor, and keep the tensor alive until the operation has finished; with
+//   a CPU-only LibTorch, CPU tensors are staged through device buffers with
+//   the CUDA runtime (CPU tensors take that path with any LibTorch).
 // - A Work completes when the event recorded after its operation does. A
 //   watchdog thread polls the events and ncclCommGetAsyncError; when an
 //   operation outlives its timeout or NCCL reports an error, it aborts the
@@ -49,11 +53,11 @@ class ProcessGroupNccl : public ProcessGroup {
   struct Impl;  // CUDA and NCCL handles; defined in the .cpp
 
  private:
-  // Issues one operation: `issue(stream)` enqueues the NCCL call given device
-  // pointers prepared by `run`. See the .cpp.
+  // Issues one operation: `issue(send, recv, stream)` enqueues the NCCL call
+  // on device pointers that launch() prepared and returns its ncclResult_t.
   WorkPtr launch(const char* op, const at::Tensor& in, const at::Tensor& out, bool outputIsInput,
                  Milliseconds timeout, const std::string& summary,
-                 const std::function<void(void* send, void* recv, void* stream)>& issue);
+                 const std::function<int(void* send, void* recv, void* stream)>& issue);
   void watchdogLoop();
 
   std::unique_ptr<Impl> impl_;
