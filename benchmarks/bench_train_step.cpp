@@ -262,6 +262,12 @@ std::optional<double> scaling(const json& records, const std::string& impl) {
 }
 
 void printScaling(const json& records) {
+  const json* plain = findRecord(records, "ddp", 1);
+  const json* wrapped = findRecord(records, "ddp-w1-wrapped", 1);
+  if (plain && wrapped) {
+    std::cout << fmt::format("ddp at world size 1: wrapped / plain step time = {:.3f}x (target <= 1.03)\n",
+                             (*wrapped)["step_ms"].get<double>() / (*plain)["step_ms"].get<double>());
+  }
   if (auto s = scaling(records, "ddp")) {
     std::cout << fmt::format("scaling ddp: 2-rank throughput / 1-rank throughput = {:.2f}x (target >= 1.5)\n", *s);
   }
