@@ -17,7 +17,9 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <type_traits>
+#include <utility>
 
 #include "plugins/adam_kernel.hpp"
 #include "plugins/builtin.hpp"
@@ -33,15 +35,34 @@ bool fusable(const at::Tensor& t, const at::Tensor& like) {
          t.is_contiguous() && t.numel() == like.numel();
 }
 
-// The key LibTorch's optimizers file a parameter's state under,
-// c10::guts::to_string(impl) ("0x" and the address in lowercase hex), without
-// the std::ostringstream that makes that cost several microseconds per
-// parameter per step. Fits std::string's small buffer: no allocation either.
-std::string stateKey(const c10::TensorImpl* impl) {
+// The key LibTorch's optimizers file a parameter's state under. LibTorch
+// 1.x keys state_ by a string, the parameter's TensorImpl address as an
+// std::ostream prints a pointer ("0x" and lowercase hex); LibTorch 2.x keys
+// it by the TensorImpl pointer itself. The map's key_type tells which.
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+// 1.x: the string, spelled without the std::ostringstream that costs several
+// microseconds per parameter per step. Fits std::string's small buffer: no
+// allocation either.
+[[maybe_unused]] std::string stateKeyAs(const c10::TensorImpl* impl, std::string* /*type*/) {
   char buf[2 + 2 * sizeof(uintptr_t)] = {'0', 'x'};
   const auto end = std::to_chars(buf + 2, buf + sizeof(buf), reinterpret_cast<uintptr_t>(impl), 16).ptr;
   return std::string(buf, end);
 }
+// 2.x: the pointer.
+[[maybe_unused]] void* stateKeyAs(const c10::TensorImpl* impl, void** /*type*/) {
+  return const_cast<c10::TensorImpl*>(impl);
+}
+
+StateKey stateKey(const c10::TensorImpl* impl) { return stateKeyAs(impl, static_cast<StateKey*>(nullptr)); }
+
+// Whether stateKey(impl) is the key LibTorch's save()/load() use for impl.
+[[maybe_unused]] bool isLibTorchStateKey(const c10::TensorImpl* impl, const std::string& key) {
+  std::ostringstream spelled;
+  spelled << static_cast<const void*>(impl);
+  return key == spelled.str();
+}
+[[maybe_unused]] bool isLibTorchStateKey(const c10::TensorImpl* impl, void* key) { return key == impl; }
 
 // PyTorch's formulas as tensor operations: for dtypes and devices the
 // kernel does not handle.
@@ -97,9 +118,9 @@ class FusedAdam : public torch::optim::Optimizer {
  public:
   FusedAdam(std::vector<at::Tensor> params, const Options& defaults)
       : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))}, std::make_unique<Options>(defaults)) {
-    // save()/load() find states by LibTorch's own key: stateKey must spell it.
+    // save()/load() find states by LibTorch's own key: stateKey must make it.
     for (const auto& p : param_groups_.front().params()) {
-      TORCH_INTERNAL_ASSERT(stateKey(p.unsafeGetTensorImpl()) == c10::guts::to_string(p.unsafeGetTensorImpl()));
+      TORCH_INTERNAL_ASSERT(isLibTorchStateKey(p.unsafeGetTensorImpl(), stateKey(p.unsafeGetTensorImpl())));
     }
   }
 
@@ -133,7 +154,7 @@ class FusedAdam : public torch::optim::Optimizer {
   void stepOne(const Options& options, at::Tensor& param) {
     const at::Tensor& grad = param.grad();
     TORCH_CHECK(!grad.is_sparse(), Decoupled ? "adamw" : "adam", " does not support sparse gradients");
-    const std::string key = stateKey(param.unsafeGetTensorImpl());
+    const StateKey key = stateKey(param.unsafeGetTensorImpl());
     auto found = state_.find(key);
     if (found == state_.end()) {
       auto fresh = std::make_unique<State>();
