@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <tuple>
 
 #include "plugins/builtin.hpp"
@@ -31,7 +32,7 @@ struct CrossEntropyBackward : torch::autograd::Node {
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     torch::autograd::variable_list out(1);
     if (!grads[0].defined() || !task_should_compute_output(0)) return out;
-    c10::optional<at::AutoDispatchBelowADInplaceOrView> belowAutograd;
+    std::optional<at::AutoDispatchBelowADInplaceOrView> belowAutograd;
     at::Tensor lp;
     if (at::GradMode::is_enabled()) {
       // create_graph: the gradient must itself be differentiable in the
