@@ -18,6 +18,7 @@
 #include "framework/ddp.hpp"
 #include "framework/errors.hpp"
 #include "framework/sampler.hpp"
+#include "framework/torch_compat.hpp"
 
 namespace ddp {
 namespace {
@@ -151,12 +152,13 @@ class BatchGather {
   at::Tensor uploaded_;
 };
 
-// zero_grad() without DDP: drops the gradients instead of zeroing them, so
-// the next backward hands its fresh gradient tensors to the parameters (no
-// zero pass, and no addition into zeros). To keep zero_grad()'s semantics
-// exactly, a parameter that had a gradient and got none from the next
-// backward (unused this step) is given zeros again before the optimizer sees
-// it: the optimizer steps the same parameters with the same values.
+// zeroGradients() without DDP: drops the gradients instead of zeroing them,
+// so the next backward hands its fresh gradient tensors to the parameters
+// (no zero pass, and no addition into zeros). To keep zeroing's semantics
+// exactly (LibTorch 1.x's zero_grad(); 2.x's with set_to_none = false), a
+// parameter that had a gradient and got none from the next backward (unused
+// this step) is given zeros again before the optimizer sees it: the
+// optimizer steps the same parameters with the same values.
 class GradientReset {
  public:
   explicit GradientReset(std::vector<at::Tensor> params) : params_(std::move(params)), hadGrad_(params_.size(), 0) {}
@@ -344,7 +346,7 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
         if (gradientReset) {
           gradientReset->reset();
         } else {
-          optimizer->zero_grad();
+          zeroGradients(*optimizer);  // in place, keeping DDP's bucket views
         }
         micro = 0;
         ++result.steps;

@@ -12,6 +12,7 @@
 #include "framework/ddp.hpp"
 #include "framework/errors.hpp"
 #include "framework/sampler.hpp"
+#include "framework/torch_compat.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
@@ -395,7 +396,7 @@ TEST_CASE("DDP gradients as bucket views train exactly like copied gradients", "
       const void* firstGrad = nullptr;
       for (int step = 0; step < 4; ++step) {
         const Data data = makeData(100 * step + rank, 12, 10, 3);
-        opt.zero_grad();
+        zeroGradients(opt);  // in place: the views must survive it
         {
           auto guard = ddp.noSync();
           (lossOf(*model, data.x.slice(0, 0, 6), data.y.slice(0, 0, 6)) / 2).backward();

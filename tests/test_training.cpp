@@ -19,6 +19,7 @@
 #include "framework/experiment_config.hpp"
 #include "framework/hash_store.hpp"
 #include "framework/sampler.hpp"
+#include "framework/torch_compat.hpp"
 #include "framework/trainer.hpp"
 #include "tests/test_support.hpp"
 
@@ -132,7 +133,8 @@ TEST_CASE("the trainer's steps equal a plain loop with zero_grad(), unused param
   ro.quiet = true;
   const auto result = runTraining(config, ctx, ro, registry);
 
-  // The same run by hand, with LibTorch's zero_grad() and index_select.
+  // The same run by hand, zeroing gradients in place (LibTorch 1.x's
+  // zero_grad(); 2.x's would drop them) and with index_select.
   torch::manual_seed(3);
   DatasetSplits data = registry.get(PluginKind::Dataset, "wine").dataset(config.dataset.params, {3, ""});
   ModelPtr model = registry.get(PluginKind::Model, "sometimes").model(config.model.params, {13, 3});
@@ -147,7 +149,7 @@ TEST_CASE("the trainer's steps equal a plain loop with zero_grad(), unused param
       at::Tensor rows = index.narrow(0, begin, std::min<int64_t>(32, n - begin));
       loss(model->forward(data.trainFeatures.index_select(0, rows)), data.trainTargets.index_select(0, rows)).backward();
       optimizer->step();
-      optimizer->zero_grad();
+      zeroGradients(*optimizer);
     }
   }
   std::vector<at::Tensor> expected;
