@@ -295,7 +295,8 @@ int runWorker(const Options& o) {
 
 // ---- launcher ------------------------------------------------------------------
 
-// The implementations to run, in order: our CPU backends, then c10d-gloo.
+// The implementations to run, in order: our CPU backends, then c10d-gloo
+// (where this build has it).
 std::vector<std::string> selectImpls(const Options& o) {
   const auto& registry = BackendRegistry::global();
   std::vector<std::string> all;
@@ -313,10 +314,18 @@ std::vector<std::string> selectImpls(const Options& o) {
       std::cout << fmt::format("# skipping backend '{}': not in this build (and {})\n", skip.first, skip.second);
     }
   }
-  all.push_back(kC10dGloo);
+  std::string whyNoC10d;
+  if (c10dGlooBuilt(&whyNoC10d)) {
+    all.push_back(kC10dGloo);
+  } else {
+    std::cout << fmt::format("# skipping {}: not in this build: {}\n", kC10dGloo, whyNoC10d);
+  }
   if (o.impls.empty()) return all;
 
   for (const auto& name : o.impls) {
+    if (name == kC10dGloo && !c10dGlooBuilt()) {
+      throw BenchError(fmt::format("--impls: {} is not in this build: {}", kC10dGloo, whyNoC10d));
+    }
     if (std::find(all.begin(), all.end(), name) == all.end()) {
       std::string known;
       for (const auto& n : all) known += (known.empty() ? "" : ", ") + n;
@@ -462,7 +471,7 @@ void registerCollectivesCommand(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--impls", options->impls,
-                  "Comma-separated implementations (default: every CPU backend and c10d-gloo)")
+                  "Comma-separated implementations (default: every CPU backend and c10d-gloo, if built)")
       ->delimiter(',');
   cmd->add_option("--warmup", options->warmup, "Untimed iterations per point")->capture_default_str();
   cmd->add_option("--iters", options->iters, "Timed iterations per point (halved, min 5, from 16 MiB)")

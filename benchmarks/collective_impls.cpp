@@ -1,14 +1,22 @@
+// Whether LibTorch's c10d ProcessGroupGloo builds here: CMake found out
+// (benchmarks/CMakeLists.txt).
+#include "ddp/c10d_gloo.hpp"
+
+#if DDP_HAVE_C10D_GLOO
 // LibTorch's c10d ProcessGroupGloo header is empty unless this is defined.
 // Torch's CMake config usually passes -DUSE_C10D_GLOO; do not rely on it.
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO 1
 #endif
+#endif
 
 #include "benchmarks/collective_impls.hpp"
 
 #include <fmt/format.h>
+#if DDP_HAVE_C10D_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
 
 #include <filesystem>
 #include <fstream>
@@ -43,6 +51,7 @@ namespace {
 
 constexpr const char* kLoopback = "127.0.0.1";
 
+#if DDP_HAVE_C10D_GLOO
 // The chunks of a flat tensor that belong to each rank.
 std::vector<at::Tensor> chunksOf(const at::Tensor& flat, int worldSize) {
   const int64_t chunk = flat.numel() / worldSize;
@@ -50,6 +59,7 @@ std::vector<at::Tensor> chunksOf(const at::Tensor& flat, int worldSize) {
   for (int r = 0; r < worldSize; ++r) chunks.push_back(flat.narrow(0, r * chunk, chunk));
   return chunks;
 }
+#endif
 
 // ---- our backends -------------------------------------------------------------
 
@@ -111,6 +121,7 @@ class DdpCommunicator : public Communicator {
 
 // ---- the reference: LibTorch's c10d::ProcessGroupGloo ------------------------
 
+#if DDP_HAVE_C10D_GLOO
 class C10dGlooCommunicator : public Communicator {
  public:
   explicit C10dGlooCommunicator(const Rendezvous& rendezvous) : worldSize_(rendezvous.worldSize) {
@@ -188,11 +199,23 @@ class C10dGlooCommunicator : public Communicator {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;  // last: destroyed before the store
 };
+#endif  // DDP_HAVE_C10D_GLOO
 
 }  // namespace
 
+bool c10dGlooBuilt(std::string* whyNot) {
+  if (whyNot) *whyNot = DDP_HAVE_C10D_GLOO ? "" : DDP_C10D_GLOO_STATUS;
+  return DDP_HAVE_C10D_GLOO;
+}
+
 std::unique_ptr<Communicator> makeCommunicator(const std::string& impl, const Rendezvous& rendezvous) {
-  if (impl == kC10dGloo) return std::make_unique<C10dGlooCommunicator>(rendezvous);
+  if (impl == kC10dGloo) {
+#if DDP_HAVE_C10D_GLOO
+    return std::make_unique<C10dGlooCommunicator>(rendezvous);
+#else
+    throw BenchError(std::string(kC10dGloo) + " is not in this build: " + DDP_C10D_GLOO_STATUS);
+#endif
+  }
   if (impl == kGlooTcp) return std::make_unique<DdpCommunicator>("gloo", rendezvous, /*sharedMemory=*/false);
   return std::make_unique<DdpCommunicator>(impl, rendezvous);
 }

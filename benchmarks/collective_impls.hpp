@@ -1,6 +1,6 @@
 // The implementations that `ddp-bench collectives` compares, behind one
 // small interface: our backends (ddp::ProcessGroup from the registry) and
-// LibTorch's own c10d::ProcessGroupGloo as the reference.
+// LibTorch's own c10d::ProcessGroupGloo as the reference, where it builds.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,6 +21,9 @@ std::optional<CollectiveOp> parseOp(const std::string& name);
 
 // The name under which LibTorch's ProcessGroupGloo is benchmarked.
 constexpr const char* kC10dGloo = "c10d-gloo";
+// Whether this build has kC10dGloo: only where LibTorch's c10d Gloo header
+// compiled and linked when CMake ran. If not, `whyNot` says why.
+bool c10dGlooBuilt(std::string* whyNot = nullptr);
 // Our gloo backend with its same-host shared-memory path turned off: the
 // path that ranks on different hosts take.
 constexpr const char* kGlooTcp = "gloo-tcp";
@@ -64,7 +67,8 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
-// `impl` is a backend name from ddp::BackendRegistry::global(), kGlooTcp or kC10dGloo.
+// `impl` is a backend name from ddp::BackendRegistry::global(), kGlooTcp or
+// kC10dGloo (BenchError when c10dGlooBuilt() is false).
 std::unique_ptr<Communicator> makeCommunicator(const std::string& impl, const Rendezvous& rendezvous);
 
 }  // namespace ddp::bench

@@ -14,7 +14,8 @@ class App;
 namespace ddp::bench {
 
 // `ddp-bench collectives`: bandwidth of allreduce/allgather/broadcast/
-// reduce_scatter for each CPU backend against LibTorch's c10d Gloo.
+// reduce_scatter for each CPU backend against LibTorch's c10d Gloo (where
+// this build has it: see benchmarks/CMakeLists.txt).
 void registerCollectivesCommand(CLI::App& app);
 
 // `ddp-bench wine`: wall time of the 100-epoch wine baseline in-process vs
