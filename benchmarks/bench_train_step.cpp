@@ -38,6 +38,7 @@
 #include "framework/ddp.hpp"
 #include "framework/plugin_registry.hpp"
 #include "framework/tcp_store.hpp"
+#include "framework/torch_compat.hpp"
 
 namespace ddp::bench {
 namespace {
@@ -183,7 +184,7 @@ void runWorker(const Options& o) {
   std::vector<double> times, syncTimes;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    optimizer->zero_grad();
+    zeroGradients(*optimizer);  // in place on every LibTorch, keeping DDP's bucket views
     at::Tensor loss = torch::nn::functional::cross_entropy(net->forward(x), y);
     loss.backward();
     if (ddpModel) ddpModel->finishGradientSync();

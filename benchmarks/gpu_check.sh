@@ -80,7 +80,7 @@ if [ "$device" = cuda ]; then cmake_args+=(-DDDP_WITH_GLOO=OFF -DDDP_WITH_NCCL=O
 run_step 600 build.log cmake "${cmake_args[@]}" &&
   timeout -k 10 900 cmake --build "$build" -j "$(nproc)" --target ddp_tests ddp-run ddp-bench >>"$logs/build.log" 2>&1
 build_rc=$?
-grep -E '✓|✗' "$logs/build.log"
+grep -E '✓|✗|c10d-gloo|^-- LibTorch ' "$logs/build.log"
 if [ $build_rc != 0 ]; then
   grep -m5 -E 'error|Error' "$logs/build.log"
   tail -20 "$logs/build.log"
