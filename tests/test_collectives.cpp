@@ -270,6 +270,34 @@ TEST_CASE("nccl collectives on device tensors match closed forms", "[collectives
   }
 }
 
+// One GPU is enough: rank 0 of 2 starts alone and its peer never arrives.
+// The communicator is non-blocking, so the constructor fails after the
+// group's timeout, naming the rank and the call, instead of hanging.
+TEST_CASE("nccl: a peer that never arrives fails initialisation within the timeout", "[collectives][nccl][errors]") {
+  std::string whyNot;
+  if (!ddp::test::backendRunnable("nccl", &whyNot)) {
+    WARN("SKIPPED: " << whyNot);
+    return;
+  }
+  auto store = std::make_shared<HashStore>();
+  store->setTimeout(std::chrono::milliseconds(3000));
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::milliseconds(3000);
+  options.deviceIndex = 0;
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    BackendRegistry::global().create("nccl", store, 0, 2, options);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  INFO(error);
+  CHECK(error.find("[rank 0/2] nccl") != std::string::npos);
+  CHECK(error.find("did not complete within 3000 ms") != std::string::npos);
+  CHECK(elapsed < std::chrono::seconds(30));
+}
+
 TEST_CASE("non-contiguous tensors are staged and written back", "[collectives]") {
   auto errors = runRanks("gloo", 2, [](int rank, ProcessGroup& pg) {
     at::Tensor m = at::full({4, 6}, rank + 1.0f).t();  // a transposed view
