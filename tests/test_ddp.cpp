@@ -314,9 +314,13 @@ TEST_CASE("DDP reports parameters without gradient, or zeroes them with findUnus
       opt.zero_grad();
       at::Tensor loss = lossOf(*model, data.x, data.y);
       if (rank == 0) loss = loss + model->unused->forward(model->hidden(data.x)).pow(2).mean();
+      // This rank's own gradient, taken without running the accumulators (so
+      // no DDP hook fires). Reading .grad after backward would race: buckets
+      // are reduced in place while backward and its hooks still run.
+      const at::Tensor local = torch::autograd::grad({loss}, {model->unused->weight}, {}, /*retain_graph=*/true,
+                                                     /*create_graph=*/false, /*allow_unused=*/true)[0];
+      usedOnRank0Local[rank] = local.defined() ? local.clone() : at::zeros_like(model->unused->weight);
       loss.backward();
-      usedOnRank0Local[rank] = model->unused->weight.grad().defined() ? model->unused->weight.grad().clone()
-                                                                       : at::zeros_like(model->unused->weight);
       ddp.finishGradientSync();
       usedOnRank0Averaged[rank] = model->unused->weight.grad().clone();
     });
