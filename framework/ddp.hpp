@@ -13,6 +13,10 @@
 //   finishGradientSync(), then optimizer.step(). After finishGradientSync()
 //   every rank's param.grad() holds the average over ranks of the local
 //   gradients, and (broadcastBuffers) every rank holds rank 0's buffers.
+//   Between backward and finishGradientSync() param.grad() is in flux: with
+//   gradientAsBucketView it is the bucket itself, which may be being
+//   averaged in place already. To see a rank's own gradient, take it with
+//   torch::autograd::grad() (which fires no DDP hook) or under noSync().
 // - Gradients are averaged in buckets of parameters, in reverse
 //   registration order (an approximation of the order in which backward
 //   produces them). With overlap, a bucket's allreduce starts during
