@@ -134,8 +134,8 @@ void checkDevices(const std::string& device, int worldSize) {
   }
 }
 
+// The launcher has checked the devices (checkDevices) before starting ranks.
 torch::Device workerDevice(const Options& o, int rank) {
-  checkDevices(o.device, o.workerWorld);
   if (o.device == "cpu") return torch::Device(torch::kCPU);
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(rank));
 }
@@ -336,15 +336,13 @@ void runLauncher(const Options& o) {
   for (auto& repeats : runs) {
     std::vector<double> steps;
     for (const auto& r : repeats) steps.push_back(r["step_ms"].get<double>());
-    const double medianStep = median(steps);
     // The repeat whose step time is the median (the lower middle one for an
-    // even count) stands for the configuration, with every repeat's time.
-    json record = repeats.front();
-    double bestDistance = std::numeric_limits<double>::infinity();
-    for (const auto& r : repeats) {
-      const double distance = std::abs(r["step_ms"].get<double>() - medianStep);
-      if (distance < bestDistance) bestDistance = distance, record = r;
-    }
+    // even count, as the reference script picks) stands for the
+    // configuration, with every repeat's time.
+    const auto byStep = [](const json& a, const json& b) { return a["step_ms"] < b["step_ms"]; };
+    const auto middle = repeats.begin() + (repeats.size() - 1) / 2;
+    std::nth_element(repeats.begin(), middle, repeats.end(), byStep);
+    json record = *middle;
     record["step_ms_repeats"] = steps;
     records.push_back(record);
   }

@@ -197,7 +197,9 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
   void* sendPtr = nullptr;
   void* recvPtr = nullptr;
   at::Tensor hostIn, hostOut;
-  if (in.is_cuda() || out.is_cuda()) {
+  // Device tensors are used where they are; host tensors are staged.
+  const bool onDevice = in.is_cuda() || out.is_cuda();
+  if (onDevice) {
 #if DDP_TORCH_HAS_CUDA
     for (const at::Tensor* t : {&in, &out}) {
       if (!t->is_cuda() || t->device().index() != device_) {
@@ -259,7 +261,7 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
     if (p.done) cudaEventDestroy(p.done);
     throw;
   }
-  if (!in.is_cuda()) {
+  if (!onDevice) {
     const at::Tensor& result = outputIsInput ? hostIn : hostOut;
     if (result.nbytes()) {
       impl_->check(cudaMemcpyAsync(result.data_ptr(), recvPtr, result.nbytes(), cudaMemcpyDeviceToHost, stream),
