@@ -29,6 +29,7 @@
 #include <limits>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "benchmarks/bench_python.hpp"
 #include "benchmarks/bench_util.hpp"
@@ -211,7 +212,11 @@ void runWorker(const Options& o) {
     for (const auto& p : model->parameters()) params += p.numel();
     // Throughput adds up over ranks; the step time is their mean.
     double samplesPerSecond = 0;
-    for (int r = 0; r < o.workerWorld; ++r) samplesPerSecond += kBatchPerRank / medians[r].item<double>();
+    std::vector<double> rankStepMs;
+    for (int r = 0; r < o.workerWorld; ++r) {
+      samplesPerSecond += kBatchPerRank / medians[r].item<double>();
+      rankStepMs.push_back(medians[r].item<double>() * 1e3);
+    }
     const double stepSeconds = medians.mean().item<double>();
     writeJsonFile(resultsPath(o.workerDir, tag),
                   json{{"impl", o.workerImpl},
@@ -219,6 +224,7 @@ void runWorker(const Options& o) {
                        {"params", params},
                        {"batch_per_rank", kBatchPerRank},
                        {"step_ms", stepSeconds * 1e3},
+                       {"rank_step_ms", rankStepMs},
                        {"samples_per_s", samplesPerSecond},
                        {"sync_ms", syncTimes.empty() ? 0.0 : median(syncTimes) * 1e3},
                        {"bucket_cap_mb", o.bucketCapMb},

@@ -45,7 +45,12 @@ assert got == want, got
 for r in records:
     assert r["params"] == 2892298 and r["batch_per_rank"] == 64, r
     assert len(r["step_ms_repeats"]) == 2 and r["step_ms"] in r["step_ms_repeats"], r
-    assert abs(r["samples_per_s"] - 1000 * 64 * r["world_size"] / r["step_ms"]) < 0.05 * r["samples_per_s"], r
+    # Step time is the mean of the ranks' medians and throughput their sum;
+    # "independent" ranks never synchronise, so their medians may differ.
+    ranks = r["rank_step_ms"]
+    assert len(ranks) == r["world_size"] and min(ranks) > 0, r
+    assert abs(r["step_ms"] - sum(ranks) / len(ranks)) < 1e-6 * r["step_ms"], r
+    assert abs(r["samples_per_s"] - sum(1000 * 64 / m for m in ranks)) < 1e-6 * r["samples_per_s"], r
 print("train-step:", sorted(got))
 PY
 
