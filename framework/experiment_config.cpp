@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -486,6 +487,20 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
 
 ExperimentConfig loadExperimentConfig(const std::string& path, const std::vector<std::string>& overrides,
                                       PluginRegistry& registry) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    std::vector<std::string> experiments;
+    for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+      if (entry.path().extension() == ".json") experiments.push_back(entry.path().filename().string());
+    }
+    std::sort(experiments.begin(), experiments.end());
+    std::string hint = "pass one of its JSON files";
+    if (!experiments.empty()) {
+      hint += ":";
+      for (const auto& name : experiments) hint += " " + name;
+    }
+    throw ConfigError(path + ": is a folder, not an experiment file. HINT: " + hint);
+  }
   std::ifstream in(path);
   if (!in) {
     throw ConfigError(path + ": cannot open experiment file (" + std::strerror(errno) +

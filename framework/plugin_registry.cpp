@@ -288,6 +288,12 @@ void loadPluginLibrary(const std::string& path, PluginRegistry& registry) {
                           ? ". HINT: build the program that loads plugins with ENABLE_EXPORTS (-rdynamic)"
                           : ""));
   }
+  // A library registers into a registry once: an experiment read twice in
+  // one process (by the launcher, then by the rank) names it twice.
+  if (registry.libraries_.count(handle) > 0) {
+    dlclose(handle);  // drops the reference this dlopen() added
+    return;
+  }
   using RegisterFn = void (*)(PluginRegistry&);
   dlerror();
   auto* fn = reinterpret_cast<RegisterFn>(dlsym(handle, "ddp_register_plugins"));
@@ -300,6 +306,7 @@ void loadPluginLibrary(const std::string& path, PluginRegistry& registry) {
   // The library stays loaded for the life of the process: the registry now
   // holds factories whose code lives in it.
   fn(registry);
+  registry.libraries_.insert(handle);
 }
 
 }  // namespace ddp

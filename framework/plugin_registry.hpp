@@ -24,6 +24,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -150,7 +151,9 @@ class PluginRegistry {
   std::string describe(const std::string& kindDotName) const;
 
  private:
+  friend void loadPluginLibrary(const std::string& path, PluginRegistry& registry);
   std::map<PluginKind, std::map<std::string, PluginSpec>> plugins_;
+  std::set<void*> libraries_;  // dlopen() handles registered here
 };
 
 // Registers the plugins in plugins/ (explicitly: no static initializers).
@@ -159,6 +162,7 @@ void registerBuiltinPlugins(PluginRegistry& registry);
 // dlopen()s a shared library and calls its
 //   extern "C" void ddp_register_plugins(ddp::PluginRegistry&);
 // Throws UsageError naming the path when the file or the symbol is missing.
+// A library already registered into `registry` is not registered again.
 void loadPluginLibrary(const std::string& path, PluginRegistry& registry);
 
 // The name among `candidates` closest to `name` (edit distance), or "" when

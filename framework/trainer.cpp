@@ -11,7 +11,9 @@
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -187,6 +189,53 @@ class GradientReset {
 
 }  // namespace
 
+void checkRunFolderIsFree(const std::string& runDir) {
+  std::error_code ec;
+  const bool hasMetrics = std::filesystem::exists(runDir + "/metrics.jsonl", ec);
+  const bool hasCheckpoints = !std::filesystem::is_empty(runDir + "/checkpoints", ec) && !ec;
+  if (hasMetrics || hasCheckpoints) {
+    throw UsageError("run folder " + runDir + " already holds a run (" +
+                     (hasCheckpoints ? "checkpoints/" : "metrics.jsonl") +
+                     "). HINT: --resume to continue it, or another --out");
+  }
+}
+
+namespace {
+
+void makeRunFolder(const std::string& runDir) {
+  std::error_code ec;
+  std::filesystem::create_directories(runDir, ec);
+  if (ec) throw UsageError("cannot create run folder " + runDir + ": " + ec.message());
+}
+
+// After a resume from the checkpoint of `epoch`, keeps the records of epochs
+// up to it: a crash may have left records of later epochs, which run again.
+void dropMetricsAfter(const std::string& runDir, int64_t epoch) {
+  for (const char* name : {"metrics.jsonl", "metrics.csv"}) {
+    const std::string path = runDir + "/" + name;
+    std::ifstream in(path);
+    if (!in) continue;
+    const bool csv = std::string(name) == "metrics.csv";
+    std::string kept, line;
+    bool header = csv;
+    while (std::getline(in, line)) {
+      if (header) {
+        kept += line + "\n";
+        header = false;
+        continue;
+      }
+      // Both formats start with the epoch: `{"epoch": N, ...` and `N,...`.
+      const size_t digits = line.find_first_of("0123456789");
+      if (digits == std::string::npos) continue;
+      if (std::atoll(line.c_str() + digits) <= epoch) kept += line + "\n";
+    }
+    in.close();
+    std::ofstream(path, std::ios::trunc) << kept;
+  }
+}
+
+}  // namespace
+
 std::string newestCheckpoint(const std::string& runDir) {
   const std::string dir = runDir + "/checkpoints";
   DIR* d = ::opendir(dir.c_str());
@@ -209,7 +258,6 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
   const bool writer = rank == 0;
   const auto& tc = config.training;
   if (tc.threads > 0) at::set_num_threads(static_cast<int>(tc.threads));
-  RunLog log(writer, options.runDir, options.quiet);
 
   // rank -> cuda:LOCAL_RANK when the experiment asks for GPUs.
   torch::Device device(torch::kCPU);
@@ -245,6 +293,12 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
   LossFn lossFn = registry.get(PluginKind::Loss, config.loss.name).loss(config.loss.params);
   std::vector<double> baseLrs;
   for (auto& g : optimizer->param_groups()) baseLrs.push_back(g.options().get_lr());
+
+  if (writer) {
+    makeRunFolder(options.runDir);
+    if (!config.resolved.is_null()) std::ofstream(options.runDir + "/config.json") << config.resolved.dump(2) << "\n";
+  }
+  RunLog log(writer, options.runDir, options.quiet);
 
   ResumeState resumed;
   if (options.resume) {
@@ -284,7 +338,14 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
   // two files per epoch cost more than a small epoch's training).
   std::ofstream metricsJsonl, metricsCsv;
   if (writer) {
-    if (!options.resume) {
+    if (options.resume) {
+      dropMetricsAfter(options.runDir, resumed.epoch);
+      std::error_code ec;
+      if (!std::filesystem::exists(options.runDir + "/metrics.csv", ec)) {
+        std::ofstream(options.runDir + "/metrics.csv") << "epoch,train_loss,test_loss,test_accuracy,seconds\n";
+      }
+    } else {
+      std::ofstream(options.runDir + "/metrics.jsonl", std::ios::trunc);
       std::ofstream(options.runDir + "/metrics.csv") << "epoch,train_loss,test_loss,test_accuracy,seconds\n";
     }
     metricsJsonl.open(options.runDir + "/metrics.jsonl", std::ios::app);
@@ -413,7 +474,7 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
       const bool everyLine = tc.epochs <= 20 || evaluate || lastEpoch;
       if (everyLine) log.line(line);
     }
-    if (tc.saveEvery > 0 && ((epoch + 1) % tc.saveEvery == 0 || (lastEpoch && stop))) {
+    if (tc.saveEvery > 0 && ((epoch + 1) % tc.saveEvery == 0 || lastEpoch)) {
       if (writer) saveCheckpoint(options.runDir, epoch + 1, result.steps, *model, *optimizer);
       // The others wait while rank 0 writes; a slow disk gets ten minutes.
       if (world > 1) group.barrier({std::chrono::milliseconds(600000)})->wait();

@@ -9,12 +9,18 @@
 //   evaluation epochs the test loss and accuracy (over the whole test split,
 //   sharded across ranks and summed), then one record in metrics.jsonl and
 //   metrics.csv and a line in train.log. Only rank 0 writes.
-// - Every training.save_every epochs rank 0 writes checkpoints/epoch_NNNNNN.pt
+// - Rank 0 creates the run folder and writes config.json there once the
+//   dataset, model, optimizer, scheduler and loss are built, so a mistake
+//   they find leaves no folder behind.
+// - Every training.save_every epochs, and after the last epoch, rank 0
+//   writes checkpoints/epoch_NNNNNN.pt
 //   (model, optimizer, epoch, step, RNG state) through a temporary file and a
 //   rename, so a crash mid-write leaves the previous checkpoint intact; the
 //   other ranks wait at a barrier.
 // - With resume, training continues after the newest checkpoint and ends
-//   with the same parameters as an uninterrupted run.
+//   with the same parameters as an uninterrupted run; the metrics files then
+//   hold one record per epoch, the records of epochs after that checkpoint
+//   (run before a crash) dropped.
 #pragma once
 
 #include <optional>
@@ -27,7 +33,7 @@
 namespace ddp {
 
 struct RunOptions {
-  std::string runDir;   // created by the caller (rank 0) before training
+  std::string runDir;   // created by rank 0 when training starts
   bool resume = false;  // continue from the newest checkpoint in runDir
   bool progress = true; // a progress line with ETA on an interactive terminal
   bool quiet = false;   // no per-epoch lines on stdout (tests)
@@ -55,5 +61,9 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
 
 // The newest checkpoint in runDir/checkpoints, or "" when there is none.
 std::string newestCheckpoint(const std::string& runDir);
+
+// Throws UsageError when runDir already holds a run (metrics or
+// checkpoints), which a new run would mix with its own.
+void checkRunFolderIsFree(const std::string& runDir);
 
 }  // namespace ddp

@@ -89,6 +89,15 @@ TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no ru
       {"override of unknown section", "", "--set trainer.epochs=3", "unknown section \"trainer\""},
       {"bool as string", "", "--set training.drop_last=yes", "training.drop_last: expected true or false, got \"yes\""},
       {"timeout zero", "", "--set distributed.timeout_s=0", "distributed.timeout_s: expected a number > 0, got 0"},
+      // Found by the plugins when they are built, still before any folder.
+      {"layers that do not fit the dataset", "", "--set model.layers=[10,64,3]",
+       "model.layers: first width 10 does not match the dataset's 13 features"},
+      // Command-line mistakes.
+      {"no ranks", "", "--nproc-per-node 0", "--nproc-per-node: Value 0 not in range 1 to 4096"},
+      {"port out of range", "", "--master-port 99999", "--master-port: Value 99999 not in range 0 to 65535"},
+      {"negative restarts", "", "--max-restarts -1", "--max-restarts: Value -1 not in range"},
+      {"node rank past the nodes", "", "--nnodes 2 --node-rank 2", "--node-rank: 2 is not below --nnodes 2"},
+      {"stray argument", "", "stray", "The following argument was not expected: stray"},
   };
   const std::string dir = tempDir();
   for (const auto& c : cases) {
@@ -104,6 +113,15 @@ TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no ru
       CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
       CHECK_FALSE(exists(runDir));
     }
+  }
+  SECTION("a folder given as the experiment") {
+    ddp::test::ProgramOutcome o = runDdpRun(std::string(DDP_SOURCE_DIR) + "/experiments --out " + dir + "/run");
+    INFO(o.output);
+    CHECK(o.exitCode == 2);
+    CHECK(o.output.find("is a folder, not an experiment file. HINT: pass one of its JSON files: ") !=
+          std::string::npos);
+    CHECK(o.output.find("wine_baseline.json") != std::string::npos);
+    CHECK_FALSE(exists(dir + "/run"));
   }
   SECTION("a missing experiment file") {
     ddp::test::ProgramOutcome o = runDdpRun(dir + "/absent.json --out " + dir + "/run");

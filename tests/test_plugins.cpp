@@ -14,6 +14,7 @@
 
 #include "framework/errors.hpp"
 #include "framework/plugin_registry.hpp"
+#include "tests/test_support.hpp"
 
 using namespace ddp;
 using Catch::Matchers::Contains;
@@ -791,9 +792,20 @@ TEST_CASE("plugin libraries: the example loads, bad ones fail clearly", "[plugin
   auto loss = smoothL1.loss(Params(Json{{"beta", 1.0}}));
   CHECK(loss(torch::tensor({{0.5f}, {3.0f}}), torch::zeros({2})).item<double>() == Approx((0.125 + 2.5) / 2));
 
-  // Loading it twice registers its names twice; the registry refuses, and
-  // the error crosses back out of the library as a UsageError.
-  CHECK(usageErrorOf([&] { loadPluginLibrary(DDP_EXAMPLE_PLUGIN_PATH, registry); }) ==
+  // Loading it again (an experiment read twice in one process) is a no-op.
+  const auto modelsBefore = registry.names(PluginKind::Model);
+  CHECK_NOTHROW(loadPluginLibrary(DDP_EXAMPLE_PLUGIN_PATH, registry));
+  CHECK(registry.names(PluginKind::Model) == modelsBefore);
+
+  // A library whose names are taken: the registry refuses, and the error
+  // crosses back out of the library as a UsageError.
+  PluginRegistry taken;
+  PluginSpec other;
+  other.kind = PluginKind::Model;
+  other.name = "linear";
+  other.model = [](const Params&, const ModelContext&) -> ModelPtr { return nullptr; };
+  taken.add(other);
+  CHECK(usageErrorOf([&] { loadPluginLibrary(DDP_EXAMPLE_PLUGIN_PATH, taken); }) ==
         "plugin registry: model 'linear' is registered twice");
 
   TempDir dir;
@@ -810,4 +822,22 @@ TEST_CASE("plugin libraries: the example loads, bad ones fail clearly", "[plugin
   const std::string notElfError = usageErrorOf([&] { loadPluginLibrary(notElf, registry); });
   CHECK_THAT(notElfError, StartsWith("plugin library '" + notElf + "': "));
   CHECK_THAT(notElfError, Contains("ELF"));
+}
+
+TEST_CASE("ddp-run trains an experiment whose model comes from a plugin library, on 1 and 2 ranks",
+          "[plugins][launcher]") {
+  TempDir dir;
+  const std::string experiment = dir.write("linear.json", R"({
+    "plugins": [")" + std::string(DDP_EXAMPLE_PLUGIN_PATH) + R"("],
+    "dataset": {"name": "wine"}, "model": {"name": "linear"}, "optimizer": {"name": "adam", "lr": 0.05},
+    "loss": {"name": "cross_entropy"}, "training": {"epochs": 3, "threads": 1}})");
+  for (const std::string ranks : {"1", "2"}) {
+    const std::string runDir = dir.path() + "/run" + ranks;
+    ddp::test::ProgramOutcome o =
+        ddp::test::runDdpRun("--nproc-per-node " + ranks + " " + experiment + " --out " + runDir);
+    INFO(o.output);
+    CHECK(o.exitCode == 0);
+    CHECK_THAT(o.output, Contains("done: "));
+    CHECK(std::filesystem::exists(runDir + "/metrics.jsonl"));
+  }
 }

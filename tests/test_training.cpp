@@ -50,6 +50,25 @@ Json lastMetrics(const std::string& runDir) {
   return last.empty() ? Json() : Json::parse(last);
 }
 
+// The epoch of every record in the run's metrics.jsonl, and the first
+// column of metrics.csv (its header included), in file order.
+std::vector<int64_t> metricsEpochs(const std::string& runDir) {
+  std::ifstream in(runDir + "/metrics.jsonl");
+  std::vector<int64_t> epochs;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) epochs.push_back(Json::parse(line)["epoch"].get<int64_t>());
+  }
+  return epochs;
+}
+std::vector<std::string> csvEpochs(const std::string& runDir) {
+  std::ifstream in(runDir + "/metrics.csv");
+  std::vector<std::string> epochs;
+  std::string line;
+  while (std::getline(in, line)) epochs.push_back(line.substr(0, line.find(',')));
+  return epochs;
+}
+
 // Final parameters from a checkpoint, loaded into the wine experiment's model.
 std::vector<at::Tensor> checkpointParameters(const std::string& path) {
   torch::serialize::InputArchive archive, modelArchive;
@@ -182,10 +201,17 @@ TEST_CASE("a resumed run ends with the parameters of an uninterrupted one", "[tr
   runTraining(wine(firstHalf), ctx, parts);
   // A crash while writing the next checkpoint leaves a partial temporary file.
   std::ofstream(parts.runDir + "/checkpoints/epoch_000006.pt.tmp") << "partial";
+  // ... after epoch 5's records were written.
+  std::ofstream(parts.runDir + "/metrics.jsonl", std::ios::app) << R"({"epoch": 5, "train_loss": 9.0})" << "\n";
+  std::ofstream(parts.runDir + "/metrics.csv", std::ios::app) << "5,9.0,,,1.0\n";
   CHECK(newestCheckpoint(parts.runDir) == parts.runDir + "/checkpoints/epoch_000004.pt");
   parts.resume = true;
   auto resumed = runTraining(wine(base), ctx, parts);
   CHECK(resumed.history.size() == 2);
+  // One record per epoch: the crashed run's epoch 5 gave way to the rerun's.
+  CHECK(metricsEpochs(parts.runDir) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
+  CHECK(csvEpochs(parts.runDir) == std::vector<std::string>{"epoch", "1", "2", "3", "4", "5", "6"});
+  CHECK(lastMetrics(parts.runDir)["train_loss"].get<double>() == Approx(resumed.history.back().trainLoss));
   CHECK(resumed.steps == uninterrupted.steps);
   CHECK(maxDifference(resumed.finalParameters, uninterrupted.finalParameters) == 0.0);
 }
@@ -195,8 +221,11 @@ TEST_CASE("a checkpoint round-trips model and optimizer", "[training][checkpoint
   RunOptions ro;
   ro.runDir = tempDir();
   ro.quiet = true;
-  auto result = runTraining(wine({"training.epochs=2", "training.save_every=2"}), ctx, ro);
-  auto saved = checkpointParameters(ro.runDir + "/checkpoints/epoch_000002.pt");
+  // Every second epoch, and the last one.
+  auto result = runTraining(wine({"training.epochs=3", "training.save_every=2"}), ctx, ro);
+  CHECK(newestCheckpoint(ro.runDir) == ro.runDir + "/checkpoints/epoch_000003.pt");
+  CHECK(access((ro.runDir + "/checkpoints/epoch_000002.pt").c_str(), F_OK) == 0);
+  auto saved = checkpointParameters(ro.runDir + "/checkpoints/epoch_000003.pt");
   CHECK(maxDifference(saved, result.finalParameters) == 0.0);
 }
 
@@ -262,4 +291,27 @@ TEST_CASE("max-restarts resumes after a kill and ends like an uninterrupted run"
   auto a = checkpointParameters(cleanDir + "/checkpoints/epoch_000006.pt");
   auto b = checkpointParameters(restartDir + "/checkpoints/epoch_000006.pt");
   CHECK(maxDifference(a, b) == 0.0);
+  CHECK(metricsEpochs(restartDir) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
+  CHECK(metricsEpochs(cleanDir) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
+}
+
+TEST_CASE("a run folder that holds a run is not reused without --resume", "[launcher][checkpoint]") {
+  const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
+  const std::string runDir = tempDir() + "/run";
+  REQUIRE(runDdpRun(exp + " --set training.epochs=2 --out " + runDir).exitCode == 0);
+  const auto before = metricsEpochs(runDir);
+  REQUIRE(before == std::vector<int64_t>{1, 2});
+  for (const std::string ranks : {"", "--nproc-per-node 2 "}) {
+    ddp::test::ProgramOutcome again = runDdpRun(ranks + exp + " --set training.epochs=3 --out " + runDir);
+    INFO(again.output);
+    CHECK(again.exitCode == 2);
+    CHECK(again.output == "run folder " + runDir +
+                              " already holds a run (checkpoints/). HINT: --resume to continue it, or another --out\n");
+    CHECK(metricsEpochs(runDir) == before);
+  }
+  // --resume continues it, after its last checkpoint (epoch 2, the last one).
+  ddp::test::ProgramOutcome resumed = runDdpRun(exp + " --set training.epochs=3 --resume --out " + runDir);
+  INFO(resumed.output);
+  CHECK(resumed.exitCode == 0);
+  CHECK(metricsEpochs(runDir) == std::vector<int64_t>{1, 2, 3});
 }

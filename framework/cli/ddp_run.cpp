@@ -2,15 +2,13 @@
 // experiment's distributed.nproc_per_node) it validates the experiment,
 // creates the run folder and spawns this node's ranks; as a rank (started by
 // ddp-run, torchrun, srun or mpirun) it joins the group and trains.
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 
 #include <ctime>
-#include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "framework/distributed.hpp"
 #include "framework/errors.hpp"
@@ -72,21 +70,12 @@ std::string defaultRunDir(const ddp::ExperimentConfig& config) {
   return "runs/" + name + "-" + stamp;
 }
 
-void makeDirs(const std::string& path) {
-  std::string partial;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || path[i] == '/') {
-      if (!partial.empty() && ::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-        throw ddp::UsageError("cannot create run folder " + path + ": " + std::strerror(errno));
-      }
-    }
-    if (i < path.size()) partial += path[i];
-  }
-}
-
-int runRank(const Args& args, const ddp::RankEnv& env) {
+// `loaded`: the experiment as the launcher already read it (one process
+// runs); read it here otherwise.
+int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::ExperimentConfig> loaded = std::nullopt) {
   auto& registry = ddp::PluginRegistry::global();
-  ddp::ExperimentConfig config = ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
+  ddp::ExperimentConfig config =
+      loaded ? std::move(*loaded) : ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
   // Ranks started by srun, mpirun or torchrun say who they think they are,
   // before the rendezvous, so a job that never meets shows why.
   if (env.source != "ddp-run" && env.source != "single") {
@@ -98,19 +87,20 @@ int runRank(const Args& args, const ddp::RankEnv& env) {
   auto ctx = ddp::initDistributed(env, dopts);
 
   // Rank 0 names the run folder; the others learn it through the store, so
-  // ranks started by srun or mpirun agree without a shared clock.
+  // ranks started by srun or mpirun agree without a shared clock. Training
+  // creates it, once the experiment's plugins are built.
+  const bool resume = args.resume || std::getenv("DDP_RESTART") && std::string(std::getenv("DDP_RESTART")) != "0";
   std::string runDir = args.outDir;
   if (env.rank == 0) {
     if (runDir.empty()) runDir = defaultRunDir(config);
-    makeDirs(runDir);
-    std::ofstream(runDir + "/config.json") << config.resolved.dump(2) << "\n";
+    if (!resume) ddp::checkRunFolderIsFree(runDir);
     ctx.store->setString("ddp-run/run_dir", runDir);
   } else {
     runDir = ctx.store->getString("ddp-run/run_dir");
   }
   ddp::RunOptions ro;
   ro.runDir = runDir;
-  ro.resume = args.resume || std::getenv("DDP_RESTART") && std::string(std::getenv("DDP_RESTART")) != "0";
+  ro.resume = resume;
   auto result = ddp::runTraining(config, ctx, ro, registry);
   if (env.rank == 0 && !result.history.empty()) {
     const auto& last = result.history.back();
@@ -133,15 +123,34 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", args.resume, "continue from the newest checkpoint in --out");
   app.add_flag("--list-plugins", args.listPlugins, "list datasets, models, optimizers, schedulers and losses");
   app.add_option("--describe", args.describe, "describe one plugin's parameters, e.g. optimizer.adam");
-  app.add_option("--nproc-per-node", args.nprocPerNode, "ranks to start on this node (launcher mode)");
-  app.add_option("--nnodes", args.nnodes, "number of nodes in the job");
-  app.add_option("--node-rank", args.nodeRank, "this node's index, 0 on the master");
+  app.add_option("--nproc-per-node", args.nprocPerNode, "ranks to start on this node (launcher mode)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--nnodes", args.nnodes, "number of nodes in the job")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--node-rank", args.nodeRank, "this node's index, 0 on the master")->check(CLI::Range(0, 1 << 20));
   app.add_option("--master-addr", args.masterAddr, "address of the node with --node-rank 0");
-  app.add_option("--master-port", args.masterPort, "port of the rendezvous store (0: pick a free one)");
-  app.add_option("--max-restarts", args.maxRestarts, "restart all ranks up to this many times after a failure");
+  app.add_option("--master-port", args.masterPort, "port of the rendezvous store (0: pick a free one)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--max-restarts", args.maxRestarts, "restart all ranks up to this many times after a failure")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--demo", args.demo, "run a collective demo instead of an experiment");
   app.add_option("--demo-backend", args.demoBackend, "backend of the collective demo (gloo, nccl)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+    if (args.nodeRank >= args.nnodes) {
+      throw CLI::ValidationError("--node-rank", std::to_string(args.nodeRank) + " is not below --nnodes " +
+                                                    std::to_string(args.nnodes));
+    }
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line and exit code 2, like every other mistake in what was asked.
+    std::string what = e.what();
+    for (char& c : what) {
+      if (c == '\n') c = ' ';
+    }
+    std::cerr << "ddp-run: " << what << ". HINT: ddp-run --help" << std::endl;
+    return 2;
+  }
 
   try {
     auto& registry = ddp::PluginRegistry::global();
@@ -161,6 +170,7 @@ int main(int argc, char** argv) {
         lo.nprocPerNode = args.nprocPerNode;
         lo.masterAddr = args.masterAddr;
         lo.masterPort = args.masterPort;
+        lo.backend = args.demoBackend;
         lo.workerArgv = {"/proc/self/exe"};
         for (int i = 1; i < argc; ++i) lo.workerArgv.push_back(argv[i]);
         return ddp::launchLocalRanks(lo);
@@ -179,10 +189,11 @@ int main(int argc, char** argv) {
     ddp::ExperimentConfig config = ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
     const int nproc = args.nprocPerNode > 0 ? args.nprocPerNode : static_cast<int>(config.distributed.nprocPerNode);
     std::string runDir = args.outDir.empty() ? defaultRunDir(config) : args.outDir;
+    if (!args.resume) ddp::checkRunFolderIsFree(runDir);
     if (nproc == 1 && args.nnodes == 1) {
       Args single = args;
       single.outDir = runDir;
-      return runRank(single, ddp::RankEnv{});
+      return runRank(single, ddp::RankEnv{}, std::move(config));
     }
     ddp::LaunchOptions lo;
     lo.nprocPerNode = nproc;
