@@ -101,7 +101,10 @@ std::optional<RankEnv> rankEnvFromEnvironment(const EnvMap& env) {
     e.worldSize = parseInt(env, "OMPI_COMM_WORLD_SIZE", 1, true);
     e.localRank = parseInt(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0);
     e.localWorldSize = parseInt(env, "OMPI_COMM_WORLD_LOCAL_SIZE", e.worldSize);
-    e.nodeRank = parseInt(env, "OMPI_COMM_WORLD_NODE_RANK", e.rank / std::max(1, e.localWorldSize));
+    // Not OMPI_COMM_WORLD_NODE_RANK: despite its name it is the process's
+    // rank among those on its node (mpirun -np 2 on one node sets 0 and 1).
+    // Nodes hold equal blocks of ranks, as mpirun places them by default.
+    e.nodeRank = e.rank / std::max(1, e.localWorldSize);
     // mpirun names no master. All ranks on this node: rank 0 is here too, so
     // loopback reaches it; across nodes the user must say where rank 0 runs.
     std::vector<std::string> origin;

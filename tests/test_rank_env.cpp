@@ -116,11 +116,14 @@ TEST_CASE("OpenMPI on one node needs no MASTER_ADDR or MASTER_PORT", "[launcher]
   CHECK(e->source == "openmpi");
   CHECK(e->masterAddr == "127.0.0.1");
   CHECK(e->masterPort == masterPortFromJobName("1869086721"));
+  CHECK(e->masterPort == 24203);  // 20000 + FNV-1a-32("1869086721") % 12000
   CHECK(e->masterPort >= 20000);
   CHECK(e->masterPort < 32000);
   CHECK_THAT(e->masterOrigin, Catch::Contains("all ranks on this node") &&
                                   Catch::Contains("port from the OpenMPI job id 1869086721"));
-  CHECK(describeRankEnv(*e) == "rank 1 of 2 (openmpi): node 1, local rank 1 of 2, store at 127.0.0.1:" +
+  // Node 0: OMPI_COMM_WORLD_NODE_RANK (1) is the rank on the node, not the node.
+  CHECK(e->nodeRank == 0);
+  CHECK(describeRankEnv(*e) == "rank 1 of 2 (openmpi): node 0, local rank 1 of 2, store at 127.0.0.1:" +
                                    std::to_string(e->masterPort) +
                                    " (address: all ranks on this node; port from the OpenMPI job id 1869086721)");
   // Every rank of the job derives the same port.
@@ -156,6 +159,7 @@ TEST_CASE("OpenMPI across nodes needs MASTER_ADDR, and the port still comes from
   CHECK(e->masterAddr == "node1");
   CHECK(e->masterPort == masterPortFromJobName("77"));
   CHECK(e->localWorldSize == 2);
+  CHECK(e->nodeRank == 1);  // ranks 2 and 3 are the second node's
 }
 
 TEST_CASE("ports derived from OpenMPI job ids spread over 20000..31999", "[launcher][env]") {
