@@ -234,7 +234,9 @@ int runOnce(const LaunchOptions& o, int attempt, const std::string& token) {
             << "; stopped the other ranks.\n";
   std::cerr << "ddp-run: last lines of rank " << f.rank << ":\n";
   for (const auto& line : f.lastLines) std::cerr << "  | " << line << "\n";
-  return 1;
+  // The rank's own code (2: a mistake in what was asked) where it exited; 1
+  // where a signal ended it.
+  return WIFEXITED(f.status) ? WEXITSTATUS(f.status) : 1;
 }
 
 }  // namespace

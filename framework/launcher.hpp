@@ -35,7 +35,8 @@ struct LaunchOptions {
   int lastLinesKept = 20;
 };
 
-// Runs the job; returns the exit code for ddp-run (0 on success).
+// Runs the job; returns the exit code for ddp-run: 0 on success, else that of
+// the rank that failed first (1 where a signal ended it).
 int launchLocalRanks(LaunchOptions options);
 
 // Throws UsageError naming the port when host:port cannot be bound.

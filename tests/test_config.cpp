@@ -158,3 +158,27 @@ TEST_CASE("a plugin switched by an override validates against its own declaratio
   CHECK(c.optimizer.name == "sgd");
   CHECK(c.optimizer.params.getDouble("momentum") == Approx(0.9));
 }
+
+TEST_CASE("bad tuning variables of the gloo backend fail at start-up, naming the variable", "[config][gloo]") {
+  struct Case {
+    const char* env;
+    const char* ranks;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"DDP_GLOO_CHUNK_BYTES=12k", "1", "DDP_GLOO_CHUNK_BYTES=\"12k\": expected a number of bytes > 0"},
+      {"DDP_GLOO_CHUNK_BYTES=0", "2", "DDP_GLOO_CHUNK_BYTES=\"0\": expected a number of bytes > 0"},
+      {"DDP_GLOO_SHM=yes", "2", "DDP_GLOO_SHM=\"yes\": expected 0 (TCP only) or 1 (shared memory)"},
+      {"DDP_GLOO_SHM_SLOT_BYTES=100", "2", "DDP_GLOO_SHM_SLOT_BYTES=\"100\": expected a number of bytes >= 4096"},
+  };
+  for (const auto& c : cases) {
+    const bool one = std::string(c.ranks) == "1";
+    ddp::test::ProgramOutcome o = runDdpRun(one ? "--demo" : "--demo --nproc-per-node 2", c.env);
+    INFO(c.env << " on " << c.ranks << " rank(s): " << o.output);
+    // 2, a mistake in what was asked; the launcher passes on its rank's code.
+    CHECK(o.exitCode == 2);
+    CHECK(o.output.find(c.expected) != std::string::npos);
+    CHECK(o.output.find("peer rank may have died") == std::string::npos);
+    if (one) CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
+  }
+}

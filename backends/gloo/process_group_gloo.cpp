@@ -54,9 +54,17 @@ uint64_t slotFor(uint64_t seq, Phase phase) { return (seq << 8) | phase; }
 // small enough that reduction overlaps transfer (measured: docs/performance.md).
 size_t chunkBytes() {
   static const size_t bytes = [] {
+    const size_t fallback = size_t(512) * 1024;
     const char* env = std::getenv("DDP_GLOO_CHUNK_BYTES");
-    long v = env ? std::atol(env) : 0;
-    return v > 0 ? static_cast<size_t>(v) : size_t(512) * 1024;
+    if (env == nullptr || *env == '\0') return fallback;
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (*end != '\0' || v <= 0) {
+      throw UsageError("DDP_GLOO_CHUNK_BYTES=\"" + std::string(env) +
+                       "\": expected a number of bytes > 0. HINT: unset it for the default, " +
+                       std::to_string(fallback));
+    }
+    return static_cast<size_t>(v);
   }();
   return bytes;
 }
@@ -180,6 +188,7 @@ std::string localAddressTowards(const std::string& host) {
 // ---- construction ------------------------------------------------------------
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
     : ProcessGroup(rank, size, std::move(options)) {
+  chunkBytes();  // a bad DDP_GLOO_CHUNK_BYTES fails here, not in the first allreduce
   gloo::transport::tcp::attr attr;
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (!options_.interface.empty()) {
@@ -215,9 +224,14 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
 
   if (size_ > 1) {
     const char* shmEnv = std::getenv("DDP_GLOO_SHM");
+    if (shmEnv && *shmEnv && std::string(shmEnv) != "0" && std::string(shmEnv) != "1") {
+      throw UsageError("DDP_GLOO_SHM=\"" + std::string(shmEnv) + "\": expected 0 (TCP only) or 1 (shared memory)");
+    }
     const bool wantShm = options_.sharedMemory && !(shmEnv && std::string(shmEnv) == "0");
     try {
       shm_ = ShmChannel::connect(*store_, rank, size, wantShm, options_.timeout, &shmWhyNot_);
+    } catch (const UsageError&) {
+      throw;  // a bad DDP_GLOO_SHM_SLOT_BYTES: the user's to fix, no peer involved
     } catch (const std::exception& e) {
       throw CollectiveError("[rank " + std::to_string(rank) + "/" + std::to_string(size) +
                             "] gloo: shared-memory setup through " + store->describe() + " did not complete: " +

@@ -44,9 +44,14 @@ size_t roundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 // segment stays small enough for a container's /dev/shm. Measured in
 // docs/performance.md.
 size_t slotBytesFor(int size) {
-  if (const char* env = std::getenv("DDP_GLOO_SHM_SLOT_BYTES")) {
-    long v = std::atol(env);
-    if (v >= 4096) return roundUp(static_cast<size_t>(v), 4096);
+  if (const char* env = std::getenv("DDP_GLOO_SHM_SLOT_BYTES"); env && *env) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (*end != '\0' || v < 4096) {
+      throw UsageError("DDP_GLOO_SHM_SLOT_BYTES=\"" + std::string(env) +
+                       "\": expected a number of bytes >= 4096. HINT: unset it for the default");
+    }
+    return roundUp(static_cast<size_t>(v), 4096);
   }
   const size_t budget = size_t(32) << 20;  // both sets of all ranks
   size_t slot = budget / (2 * static_cast<size_t>(size));
