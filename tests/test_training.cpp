@@ -255,12 +255,22 @@ TEST_CASE("a master port in use is named", "[launcher]") {
   socklen_t len = sizeof(addr);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   const int port = ntohs(addr.sin_port);
-  ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 --master-port " + std::to_string(port) + " " +
-                        std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json --out " + tempDir() + "/run");
+  const std::string experiment = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json --out " + tempDir() + "/run";
+  // Given as --master-port, or as MASTER_PORT (its default, as for torchrun).
+  for (const auto& [args, env] : {std::pair<std::string, std::string>{"--master-port " + std::to_string(port), ""},
+                                  {"", "MASTER_PORT=" + std::to_string(port)}}) {
+    ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + args + " " + experiment, env);
+    INFO(o.output);
+    CHECK(o.exitCode == 2);
+    CHECK(o.output.find("MASTER_PORT " + std::to_string(port) + " on 127.0.0.1 is already in use") !=
+          std::string::npos);
+  }
   ::close(fd);
-  INFO(o.output);
-  CHECK(o.exitCode == 2);
-  CHECK(o.output.find("MASTER_PORT " + std::to_string(port)) != std::string::npos);
+  ddp::test::ProgramOutcome bad = runDdpRun("--nproc-per-node 2 " + experiment, "MASTER_PORT=http");
+  INFO(bad.output);
+  CHECK(bad.exitCode == 2);
+  CHECK(bad.output == "ddp-run: MASTER_PORT: 'http' is not a port (0-65535); it is the default of --master-port. "
+                      "HINT: ddp-run --help\n");
 }
 
 TEST_CASE("a rank killed with SIGKILL stops the job quickly, naming it", "[launcher]") {

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <ctime>
 #include <iostream>
 #include <optional>
@@ -127,8 +128,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--nnodes", args.nnodes, "number of nodes in the job")->check(CLI::Range(1, 1 << 20));
   app.add_option("--node-rank", args.nodeRank, "this node's index, 0 on the master")->check(CLI::Range(0, 1 << 20));
-  app.add_option("--master-addr", args.masterAddr, "address of the node with --node-rank 0");
-  app.add_option("--master-port", args.masterPort, "port of the rendezvous store (0: pick a free one)")
+  app.add_option("--master-addr", args.masterAddr, "address of the node with --node-rank 0 (default: MASTER_ADDR)");
+  app.add_option("--master-port", args.masterPort,
+                 "port of the rendezvous store (default: MASTER_PORT; 0: pick a free one)")
       ->check(CLI::Range(0, 65535));
   app.add_option("--max-restarts", args.maxRestarts, "restart all ranks up to this many times after a failure")
       ->check(CLI::Range(0, 1 << 20));
@@ -139,6 +141,20 @@ int main(int argc, char** argv) {
     if (args.nodeRank >= args.nnodes) {
       throw CLI::ValidationError("--node-rank", std::to_string(args.nodeRank) + " is not below --nnodes " +
                                                     std::to_string(args.nnodes));
+    }
+    // As a launcher, MASTER_ADDR / MASTER_PORT give the defaults (as for
+    // torchrun); a rank reads them itself, from its environment.
+    if (app.count("--master-addr") == 0) {
+      if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) args.masterAddr = addr;
+    }
+    if (const char* port = std::getenv("MASTER_PORT"); port && *port && app.count("--master-port") == 0) {
+      char* end = nullptr;
+      const long value = std::strtol(port, &end, 10);
+      if (*end != '\0' || value < 0 || value > 65535) {
+        throw CLI::ValidationError("MASTER_PORT", std::string("'") + port +
+                                                      "' is not a port (0-65535); it is the default of --master-port");
+      }
+      args.masterPort = static_cast<int>(value);
     }
   } catch (const CLI::Success& e) {
     return app.exit(e);
