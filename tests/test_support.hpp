@@ -95,7 +95,9 @@ struct ProgramOutcome {
 // Runs the ddp-run program with `args` (and `env` assignments before it).
 inline ProgramOutcome runDdpRun(const std::string& args, const std::string& env = "") {
   const auto start = std::chrono::steady_clock::now();
-  const std::string cmd = env + " " + std::string(DDP_RUN_PATH) + " " + args + " 2>&1";
+  // Whatever job this test runs in, its rank variables are not the program's.
+  const std::string cmd = "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u LOCAL_RANK " + env + " " +
+                          std::string(DDP_RUN_PATH) + " " + args + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");
   ProgramOutcome o;
   char buf[4096];
