@@ -289,6 +289,12 @@ int launchLocalRanks(LaunchOptions o) {
   for (int attempt = 0;; ++attempt) {
     int code = runOnce(o, attempt, token);
     if (code == 0) return 0;
+    // 2: a mistake in what was asked (config, environment), the same again
+    // on every attempt; restarts are for failures that may pass.
+    if (code == 2 && o.maxRestarts > 0) {
+      std::cerr << "ddp-run: not restarting: the rank reported a mistake in the job's input (exit code 2)\n";
+      return code;
+    }
     if (attempt >= o.maxRestarts) {
       if (o.maxRestarts > 0) std::cerr << "ddp-run: giving up after " << o.maxRestarts << " restart(s)\n";
       return code;

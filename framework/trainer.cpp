@@ -8,6 +8,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -202,35 +203,49 @@ void checkRunFolderIsFree(const std::string& runDir) {
 
 namespace {
 
+const char* const kMetricsCsvHeader = "epoch,train_loss,test_loss,test_accuracy,seconds\n";
+
 void makeRunFolder(const std::string& runDir) {
   std::error_code ec;
   std::filesystem::create_directories(runDir, ec);
   if (ec) throw UsageError("cannot create run folder " + runDir + ": " + ec.message());
 }
 
-// After a resume from the checkpoint of `epoch`, keeps the records of epochs
-// up to it: a crash may have left records of later epochs, which run again.
+// The epoch of one metrics record, or -1 for a line that is not a whole
+// record (the header, or the torn last line of a crashed run).
+int64_t recordEpoch(const std::string& line, bool csv) {
+  if (csv) {
+    if (std::count(line.begin(), line.end(), ',') != 4) return -1;
+    char* end = nullptr;
+    const long long epoch = std::strtoll(line.c_str(), &end, 10);
+    return end != line.c_str() && *end == ',' ? epoch : -1;
+  }
+  const Json record = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!record.is_object() || !record.contains("epoch") || !record["epoch"].is_number_integer()) return -1;
+  return record["epoch"].get<int64_t>();
+}
+
+// After a resume from the checkpoint of `epoch`, keeps the whole records of
+// epochs up to it: a crash may have left records of later epochs, which run
+// again, and a torn line. Rewritten through a temporary file and a rename,
+// so a kill meanwhile leaves the old file.
 void dropMetricsAfter(const std::string& runDir, int64_t epoch) {
-  for (const char* name : {"metrics.jsonl", "metrics.csv"}) {
-    const std::string path = runDir + "/" + name;
+  for (const bool csv : {false, true}) {
+    const std::string path = runDir + (csv ? "/metrics.csv" : "/metrics.jsonl");
     std::ifstream in(path);
     if (!in) continue;
-    const bool csv = std::string(name) == "metrics.csv";
-    std::string kept, line;
-    bool header = csv;
+    std::string kept = csv ? kMetricsCsvHeader : "";
+    std::string line;
     while (std::getline(in, line)) {
-      if (header) {
-        kept += line + "\n";
-        header = false;
-        continue;
-      }
-      // Both formats start with the epoch: `{"epoch": N, ...` and `N,...`.
-      const size_t digits = line.find_first_of("0123456789");
-      if (digits == std::string::npos) continue;
-      if (std::atoll(line.c_str() + digits) <= epoch) kept += line + "\n";
+      const int64_t e = recordEpoch(line, csv);
+      if (e >= 1 && e <= epoch) kept += line + "\n";
     }
     in.close();
-    std::ofstream(path, std::ios::trunc) << kept;
+    const std::string tmp = path + ".tmp";
+    std::ofstream(tmp, std::ios::trunc) << kept;
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      throw std::runtime_error("metrics: cannot rename " + tmp + " to " + path + ": " + strerror(errno));
+    }
   }
 }
 
@@ -342,11 +357,11 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
       dropMetricsAfter(options.runDir, resumed.epoch);
       std::error_code ec;
       if (!std::filesystem::exists(options.runDir + "/metrics.csv", ec)) {
-        std::ofstream(options.runDir + "/metrics.csv") << "epoch,train_loss,test_loss,test_accuracy,seconds\n";
+        std::ofstream(options.runDir + "/metrics.csv") << kMetricsCsvHeader;
       }
     } else {
       std::ofstream(options.runDir + "/metrics.jsonl", std::ios::trunc);
-      std::ofstream(options.runDir + "/metrics.csv") << "epoch,train_loss,test_loss,test_accuracy,seconds\n";
+      std::ofstream(options.runDir + "/metrics.csv") << kMetricsCsvHeader;
     }
     metricsJsonl.open(options.runDir + "/metrics.jsonl", std::ios::app);
     metricsCsv.open(options.runDir + "/metrics.csv", std::ios::app);

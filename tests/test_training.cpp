@@ -50,6 +50,19 @@ Json lastMetrics(const std::string& runDir) {
   return last.empty() ? Json() : Json::parse(last);
 }
 
+// A port that was free a moment ago (the kernel's pick for port 0).
+int freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
 // The epoch of every record in the run's metrics.jsonl, and the first
 // column of metrics.csv (its header included), in file order.
 std::vector<int64_t> metricsEpochs(const std::string& runDir) {
@@ -202,8 +215,10 @@ TEST_CASE("a resumed run ends with the parameters of an uninterrupted one", "[tr
   // A crash while writing the next checkpoint leaves a partial temporary file.
   std::ofstream(parts.runDir + "/checkpoints/epoch_000006.pt.tmp") << "partial";
   // ... after epoch 5's records were written.
-  std::ofstream(parts.runDir + "/metrics.jsonl", std::ios::app) << R"({"epoch": 5, "train_loss": 9.0})" << "\n";
-  std::ofstream(parts.runDir + "/metrics.csv", std::ios::app) << "5,9.0,,,1.0\n";
+  // ... after epoch 5's records were written, and while epoch 6's were.
+  std::ofstream(parts.runDir + "/metrics.jsonl", std::ios::app) << R"({"epoch": 5, "train_loss": 9.0})" << "\n"
+                                                                << R"({"epoch": 1)";
+  std::ofstream(parts.runDir + "/metrics.csv", std::ios::app) << "5,9.0,,,1.0\n1,0.5";
   CHECK(newestCheckpoint(parts.runDir) == parts.runDir + "/checkpoints/epoch_000004.pt");
   parts.resume = true;
   auto resumed = runTraining(wine(base), ctx, parts);
@@ -324,4 +339,24 @@ TEST_CASE("a run folder that holds a run is not reused without --resume", "[laun
   INFO(resumed.output);
   CHECK(resumed.exitCode == 0);
   CHECK(metricsEpochs(runDir) == std::vector<int64_t>{1, 2, 3});
+  // So does a rank that torchrun restarted (its restart count above 0).
+  ddp::test::ProgramOutcome restarted =
+      runDdpRun(exp + " --set training.epochs=4 --out " + runDir,
+                "RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(freePort()) +
+                    " TORCHELASTIC_RESTART_COUNT=1");
+  INFO(restarted.output);
+  CHECK(restarted.exitCode == 0);
+  CHECK(restarted.output.find("resumed from") != std::string::npos);
+  CHECK(metricsEpochs(runDir) == std::vector<int64_t>{1, 2, 3, 4});
+}
+
+TEST_CASE("a rank that reports a mistake in the input is not restarted", "[launcher]") {
+  ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 --max-restarts 3 " + std::string(DDP_SOURCE_DIR) +
+                                              "/experiments/wine_ddp.json --out " + tempDir() + "/run",
+                                          "DDP_GLOO_CHUNK_BYTES=12k");
+  INFO(o.output);
+  CHECK(o.exitCode == 2);
+  CHECK(o.output.find("not restarting: the rank reported a mistake in the job's input (exit code 2)") !=
+        std::string::npos);
+  CHECK(o.output.find("restarting all ranks") == std::string::npos);
 }

@@ -188,7 +188,14 @@ std::string localAddressTowards(const std::string& host) {
 // ---- construction ------------------------------------------------------------
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
     : ProcessGroup(rank, size, std::move(options)) {
-  chunkBytes();  // a bad DDP_GLOO_CHUNK_BYTES fails here, not in the first allreduce
+  // The tuning variables, checked here on every rank before any store
+  // traffic: a mistake fails alike everywhere, not as a peer that vanished.
+  chunkBytes();
+  ShmChannel::checkSlotBytesVariable();
+  const char* shmEnv = std::getenv("DDP_GLOO_SHM");
+  if (shmEnv && *shmEnv && std::string(shmEnv) != "0" && std::string(shmEnv) != "1") {
+    throw UsageError("DDP_GLOO_SHM=\"" + std::string(shmEnv) + "\": expected 0 (TCP only) or 1 (shared memory)");
+  }
   gloo::transport::tcp::attr attr;
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (!options_.interface.empty()) {
@@ -223,15 +230,9 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   context_ = context;
 
   if (size_ > 1) {
-    const char* shmEnv = std::getenv("DDP_GLOO_SHM");
-    if (shmEnv && *shmEnv && std::string(shmEnv) != "0" && std::string(shmEnv) != "1") {
-      throw UsageError("DDP_GLOO_SHM=\"" + std::string(shmEnv) + "\": expected 0 (TCP only) or 1 (shared memory)");
-    }
     const bool wantShm = options_.sharedMemory && !(shmEnv && std::string(shmEnv) == "0");
     try {
       shm_ = ShmChannel::connect(*store_, rank, size, wantShm, options_.timeout, &shmWhyNot_);
-    } catch (const UsageError&) {
-      throw;  // a bad DDP_GLOO_SHM_SLOT_BYTES: the user's to fix, no peer involved
     } catch (const std::exception& e) {
       throw CollectiveError("[rank " + std::to_string(rank) + "/" + std::to_string(size) +
                             "] gloo: shared-memory setup through " + store->describe() + " did not complete: " +

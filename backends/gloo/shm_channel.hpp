@@ -67,6 +67,9 @@ class ShmChannel {
   // receives the reason for null.
   static std::unique_ptr<ShmChannel> connect(Store& store, int rank, int size, bool enabled,
                                              std::chrono::milliseconds timeout, std::string* why);
+  // Throws UsageError when DDP_GLOO_SHM_SLOT_BYTES is set but not a size
+  // (a number >= 4096). Local: call it before any store traffic.
+  static void checkSlotBytesVariable();
   ~ShmChannel();
   ShmChannel(const ShmChannel&) = delete;
   ShmChannel& operator=(const ShmChannel&) = delete;

@@ -1,7 +1,8 @@
 // ddp-run: runs an experiment. As a launcher (--nproc-per-node N, or the
-// experiment's distributed.nproc_per_node) it validates the experiment,
-// creates the run folder and spawns this node's ranks; as a rank (started by
-// ddp-run, torchrun, srun or mpirun) it joins the group and trains.
+// experiment's distributed.nproc_per_node) it validates the experiment and
+// its command line and spawns this node's ranks; as a rank (started by
+// ddp-run, torchrun, srun or mpirun) it joins the group and trains, rank 0
+// creating the run folder.
 
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
@@ -71,6 +72,16 @@ std::string defaultRunDir(const ddp::ExperimentConfig& config) {
   return "runs/" + name + "-" + stamp;
 }
 
+// A restart by a launcher or scheduler (ddp-run --max-restarts, torchrun
+// --max-restarts, a requeued SLURM job) continues from the newest checkpoint.
+bool isRestart() {
+  for (const char* name : {"DDP_RESTART", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
+    const char* value = std::getenv(name);
+    if (value && *value && std::string(value) != "0") return true;
+  }
+  return false;
+}
+
 // `loaded`: the experiment as the launcher already read it (one process
 // runs); read it here otherwise.
 int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::ExperimentConfig> loaded = std::nullopt) {
@@ -90,7 +101,7 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
   // Rank 0 names the run folder; the others learn it through the store, so
   // ranks started by srun or mpirun agree without a shared clock. Training
   // creates it, once the experiment's plugins are built.
-  const bool resume = args.resume || std::getenv("DDP_RESTART") && std::string(std::getenv("DDP_RESTART")) != "0";
+  const bool resume = args.resume || isRestart();
   std::string runDir = args.outDir;
   if (env.rank == 0) {
     if (runDir.empty()) runDir = defaultRunDir(config);
@@ -142,9 +153,10 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--node-rank", std::to_string(args.nodeRank) + " is not below --nnodes " +
                                                     std::to_string(args.nnodes));
     }
-    // As a launcher, MASTER_ADDR / MASTER_PORT give the defaults (as for
-    // torchrun); a rank reads them itself, from its environment.
-    if (app.count("--master-addr") == 0) {
+    // As a launcher, MASTER_PORT (and, for several nodes, MASTER_ADDR) give
+    // the defaults; a rank reads them itself, from its environment. One node
+    // keeps 127.0.0.1: an inherited MASTER_ADDR may name another host.
+    if (app.count("--master-addr") == 0 && args.nnodes > 1) {
       if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) args.masterAddr = addr;
     }
     if (const char* port = std::getenv("MASTER_PORT"); port && *port && app.count("--master-port") == 0) {
@@ -205,7 +217,7 @@ int main(int argc, char** argv) {
     ddp::ExperimentConfig config = ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
     const int nproc = args.nprocPerNode > 0 ? args.nprocPerNode : static_cast<int>(config.distributed.nprocPerNode);
     std::string runDir = args.outDir.empty() ? defaultRunDir(config) : args.outDir;
-    if (!args.resume) ddp::checkRunFolderIsFree(runDir);
+    if (!args.resume && !isRestart()) ddp::checkRunFolderIsFree(runDir);
     if (nproc == 1 && args.nnodes == 1) {
       Args single = args;
       single.outDir = runDir;
