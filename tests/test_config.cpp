@@ -182,3 +182,30 @@ TEST_CASE("bad tuning variables of the gloo backend fail at start-up, naming the
     if (one) CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
   }
 }
+
+TEST_CASE("a backend this machine cannot run is named before any rank starts", "[config][launcher]") {
+  const auto why = ddp::BackendRegistry::global().whyUnusable("nccl");
+  if (!why) {
+    WARN("SKIPPED: nccl can run here, so there is no unusable backend to name");
+    return;
+  }
+  const std::string dir = tempDir();
+  const std::string experiment = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
+  struct Case {
+    std::string args, expected;
+  };
+  const Case cases[] = {
+      {"--nproc-per-node 2 " + experiment + " --set distributed.backend=nccl --out " + dir + "/run",
+       "distributed.backend: " + *why},
+      {"--nproc-per-node 2 --demo --demo-backend nccl", "--demo-backend: " + *why},
+      {"--nproc-per-node 2 --demo --demo-backend mpi", "--demo-backend: unknown backend 'mpi'; known backends: "},
+  };
+  for (const auto& c : cases) {
+    ddp::test::ProgramOutcome o = runDdpRun(c.args);
+    INFO(o.output);
+    CHECK(o.exitCode == 2);
+    CHECK(o.output.find(c.expected) != std::string::npos);
+    CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);  // no rank started
+  }
+  CHECK_FALSE(exists(dir + "/run"));
+}

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "ddp/config.hpp"
@@ -101,6 +102,11 @@ struct ProcessGroupNccl::Impl {
   }
 };
 
+static std::optional<std::string> ncclUnusable() {
+  if (cudaDeviceCount() > 0) return std::nullopt;
+  return std::string("backend nccl needs CUDA devices; found 0. HINT: use \"gloo\" on CPUs");
+}
+
 int cudaDeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
@@ -109,10 +115,8 @@ int cudaDeviceCount() {
 
 ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
     : ProcessGroup(rank, size, std::move(options)), impl_(std::make_unique<Impl>()) {
+  if (auto why = ncclUnusable()) throw UsageError(*why);
   const int devices = cudaDeviceCount();
-  if (devices == 0) {
-    throw UsageError("backend nccl needs CUDA devices; found 0; use \"gloo\"");
-  }
   int local = options_.deviceIndex;
   if (local < 0) {
     const char* lr = std::getenv("LOCAL_RANK");
@@ -408,9 +412,12 @@ WorkPtr ProcessGroupNccl::barrier(const BarrierOptions& opts) {
 }
 
 void registerNcclBackend(BackendRegistry& registry) {
-  registry.add("nccl", [](std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options) {
-    return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options);
-  });
+  registry.add(
+      "nccl",
+      [](std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options) {
+        return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, options);
+      },
+      ncclUnusable);
 }
 
 }  // namespace ddp

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <optional>
 
+#include "framework/backend_registry.hpp"
 #include "framework/distributed.hpp"
 #include "framework/errors.hpp"
 #include "framework/experiment_config.hpp"
@@ -80,6 +81,12 @@ bool isRestart() {
     if (value && *value && std::string(value) != "0") return true;
   }
   return false;
+}
+
+// Before any rank starts: a backend this build or machine cannot run (NCCL
+// without GPUs) would otherwise fail in every rank.
+void checkBackendUsable(const std::string& where, const std::string& backend) {
+  if (auto why = ddp::BackendRegistry::global().whyUnusable(backend)) throw ddp::UsageError(where + ": " + *why);
 }
 
 // `loaded`: the experiment as the launcher already read it (one process
@@ -194,6 +201,7 @@ int main(int argc, char** argv) {
     const bool isRank = env.has_value() && (env->source == "ddp-run" || args.nprocPerNode == 0);
     if (args.demo) {
       if (!isRank && args.nprocPerNode > 0) {
+        checkBackendUsable("--demo-backend", args.demoBackend);
         ddp::LaunchOptions lo;
         lo.nprocPerNode = args.nprocPerNode;
         lo.masterAddr = args.masterAddr;
@@ -223,6 +231,7 @@ int main(int argc, char** argv) {
       single.outDir = runDir;
       return runRank(single, ddp::RankEnv{}, std::move(config));
     }
+    checkBackendUsable("distributed.backend", config.distributed.backend);
     ddp::LaunchOptions lo;
     lo.nprocPerNode = nproc;
     lo.nnodes = args.nnodes;
