@@ -50,8 +50,8 @@ Json lastMetrics(const std::string& runDir) {
   return last.empty() ? Json() : Json::parse(last);
 }
 
-// A port that was free a moment ago (the kernel's pick for port 0).
-int freePort() {
+// A socket bound to a loopback port of the kernel's choice, and that port.
+int bindLoopback(int* port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -59,8 +59,15 @@ int freePort() {
   REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
   socklen_t len = sizeof(addr);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+// A port that was free a moment ago.
+int freePort() {
+  int port = 0;
+  ::close(bindLoopback(&port));
+  return port;
 }
 
 // The epoch of every record in the run's metrics.jsonl, and the first
@@ -261,15 +268,9 @@ TEST_CASE("ddp-run trains wine on two ranks", "[training][launcher]") {
 }
 
 TEST_CASE("a master port in use is named", "[launcher]") {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  int port = 0;
+  const int fd = bindLoopback(&port);
   REQUIRE(::listen(fd, 1) == 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
   const std::string experiment = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json --out " + tempDir() + "/run";
   // Given as --master-port, or as MASTER_PORT (its default, as for torchrun).
   for (const auto& [args, env] : {std::pair<std::string, std::string>{"--master-port " + std::to_string(port), ""},
