@@ -227,13 +227,12 @@ int64_t recordEpoch(const std::string& line, bool csv) {
 
 // After a resume from the checkpoint of `epoch`, keeps the whole records of
 // epochs up to it: a crash may have left records of later epochs, which run
-// again, and a torn line. Rewritten through a temporary file and a rename,
-// so a kill meanwhile leaves the old file.
+// again, and a torn line. Rewritten (or, when missing, created) through a
+// temporary file and a rename, so a kill meanwhile leaves the old file.
 void dropMetricsAfter(const std::string& runDir, int64_t epoch) {
   for (const bool csv : {false, true}) {
     const std::string path = runDir + (csv ? "/metrics.csv" : "/metrics.jsonl");
     std::ifstream in(path);
-    if (!in) continue;
     std::string kept = csv ? kMetricsCsvHeader : "";
     std::string line;
     while (std::getline(in, line)) {
@@ -355,10 +354,6 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
   if (writer) {
     if (options.resume) {
       dropMetricsAfter(options.runDir, resumed.epoch);
-      std::error_code ec;
-      if (!std::filesystem::exists(options.runDir + "/metrics.csv", ec)) {
-        std::ofstream(options.runDir + "/metrics.csv") << kMetricsCsvHeader;
-      }
     } else {
       std::ofstream(options.runDir + "/metrics.jsonl", std::ios::trunc);
       std::ofstream(options.runDir + "/metrics.csv") << kMetricsCsvHeader;
