@@ -93,6 +93,15 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// A model plugin that only holds a name, for tests of the registry itself.
+PluginSpec placeholderModel(const std::string& name) {
+  PluginSpec spec;
+  spec.kind = PluginKind::Model;
+  spec.name = name;
+  spec.model = [](const Params&, const ModelContext&) -> ModelPtr { return nullptr; };
+  return spec;
+}
+
 double maxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 }  // namespace
@@ -163,10 +172,7 @@ TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]"
 
 TEST_CASE("plugin registry: duplicate and unknown names are usage errors", "[plugins]") {
   PluginRegistry registry;
-  PluginSpec spec;
-  spec.kind = PluginKind::Model;
-  spec.name = "mlp";
-  spec.model = [](const Params&, const ModelContext&) -> ModelPtr { return nullptr; };
+  PluginSpec spec = placeholderModel("mlp");
   registry.add(spec);
   CHECK(usageErrorOf([&] { registry.add(spec); }) == "plugin registry: model 'mlp' is registered twice");
   // The same name of another kind is a different plugin.
@@ -800,11 +806,7 @@ TEST_CASE("plugin libraries: the example loads, bad ones fail clearly", "[plugin
   // A library whose names are taken: the registry refuses, and the error
   // crosses back out of the library as a UsageError.
   PluginRegistry taken;
-  PluginSpec other;
-  other.kind = PluginKind::Model;
-  other.name = "linear";
-  other.model = [](const Params&, const ModelContext&) -> ModelPtr { return nullptr; };
-  taken.add(other);
+  taken.add(placeholderModel("linear"));
   CHECK(usageErrorOf([&] { loadPluginLibrary(DDP_EXAMPLE_PLUGIN_PATH, taken); }) ==
         "plugin registry: model 'linear' is registered twice");
 
