@@ -1,6 +1,7 @@
 // Registers the backends this build compiled, and explains the missing ones.
+#include "backends/builtin.hpp"
+
 #include "ddp/config.hpp"
-#include "framework/backend_registry.hpp"
 
 #if DDP_HAVE_GLOO
 #include "backends/gloo/process_group_gloo.hpp"
@@ -11,9 +12,7 @@
 
 namespace ddp {
 
-// Lives here, not in the framework, so that linking the framework alone
-// never needs the backends.
-BackendRegistry& BackendRegistry::global() {
+BackendRegistry& builtinBackends() {
   static BackendRegistry* registry = [] {
     auto* r = new BackendRegistry();
     registerBuiltinBackends(*r);

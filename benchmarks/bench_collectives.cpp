@@ -28,11 +28,12 @@
 #include <optional>
 #include <thread>
 
+#include "backends/builtin.hpp"
 #include "benchmarks/bench_util.hpp"
 #include "benchmarks/collective_impls.hpp"
 #include "benchmarks/commands.hpp"
-#include "framework/backend_registry.hpp"
-#include "framework/tcp_store.hpp"
+#include "framework/comm/backend_registry.hpp"
+#include "framework/store/tcp_store.hpp"
 
 namespace ddp::bench {
 namespace {
@@ -298,7 +299,7 @@ int runWorker(const Options& o) {
 // The implementations to run, in order: our CPU backends, then c10d-gloo
 // (where this build has it).
 std::vector<std::string> selectImpls(const Options& o) {
-  const auto& registry = BackendRegistry::global();
+  const auto& registry = builtinBackends();
   std::vector<std::string> all;
   for (const auto& name : registry.names()) {
     auto skip = kSkippedBackends.find(name);

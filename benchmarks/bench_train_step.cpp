@@ -31,15 +31,17 @@
 #include <thread>
 #include <vector>
 
+#include "plugins/builtin.hpp"
+#include "backends/builtin.hpp"
 #include "benchmarks/bench_python.hpp"
 #include "benchmarks/bench_util.hpp"
 #include "benchmarks/commands.hpp"
 #include "ddp/config.hpp"
-#include "framework/backend_registry.hpp"
-#include "framework/ddp.hpp"
-#include "framework/plugin_registry.hpp"
-#include "framework/tcp_store.hpp"
-#include "framework/torch_compat.hpp"
+#include "framework/comm/backend_registry.hpp"
+#include "framework/parallel/ddp.hpp"
+#include "framework/experiment/plugin_registry.hpp"
+#include "framework/store/tcp_store.hpp"
+#include "framework/parallel/torch_compat.hpp"
 
 namespace ddp::bench {
 namespace {
@@ -106,7 +108,7 @@ std::shared_ptr<torch::nn::Module> buildModel() {
 // The registry's "adam" (what experiments use), lr 1e-3, other params at
 // their defaults.
 std::unique_ptr<torch::optim::Optimizer> buildOptimizer(std::vector<at::Tensor> parameters) {
-  const PluginSpec& spec = PluginRegistry::global().get(PluginKind::Optimizer, "adam");
+  const PluginSpec& spec = builtinPlugins().get(PluginKind::Optimizer, "adam");
   Json values = Json::object();
   for (const auto& p : spec.params) {
     if (!p.defaultValue.is_null()) values[p.name] = p.defaultValue;
@@ -161,7 +163,7 @@ void runWorker(const Options& o) {
   groupOptions.timeout = timeout;
   groupOptions.masterAddr = kLoopback;
   groupOptions.deviceIndex = device.is_cuda() ? device.index() : -1;
-  ProcessGroupPtr group = BackendRegistry::global().create(backendFor(o), store, rank, o.workerWorld, groupOptions);
+  ProcessGroupPtr group = builtinBackends().create(backendFor(o), store, rank, o.workerWorld, groupOptions);
 
   // Same seed on every rank (DDP also broadcasts rank 0's parameters);
   // different data per rank, as in real data-parallel training.

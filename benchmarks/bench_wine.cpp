@@ -26,14 +26,16 @@
 #include <optional>
 #include <utility>
 
+#include "plugins/builtin.hpp"
+#include "backends/builtin.hpp"
 #include "benchmarks/bench_python.hpp"
 #include "benchmarks/bench_util.hpp"
 #include "benchmarks/commands.hpp"
 #include "ddp/config.hpp"
-#include "framework/backend_registry.hpp"
-#include "framework/experiment_config.hpp"
-#include "framework/hash_store.hpp"
-#include "framework/trainer.hpp"
+#include "framework/comm/backend_registry.hpp"
+#include "framework/experiment/experiment_config.hpp"
+#include "framework/store/hash_store.hpp"
+#include "framework/experiment/trainer.hpp"
 
 namespace ddp::bench {
 namespace {
@@ -52,10 +54,10 @@ class Ours {
     at::set_num_threads(1);
     const std::string path = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
     // No checkpoints: the benchmark times training, not disk writes.
-    config_ = loadExperimentConfig(path, {"training.save_every=0"}, PluginRegistry::global());
+    config_ = loadExperimentConfig(path, {"training.save_every=0"}, builtinPlugins());
     // World size 1 in this process: a HashStore needs no rendezvous.
     dist_.store = std::make_shared<HashStore>();
-    dist_.group = BackendRegistry::global().create("gloo", dist_.store, 0, 1);
+    dist_.group = builtinBackends().create("gloo", dist_.store, 0, 1);
   }
 
   // One whole run: {loop seconds, total seconds}.
@@ -68,7 +70,7 @@ class Ours {
     run.quiet = true;
     run.progress = false;
     const auto start = std::chrono::steady_clock::now();
-    last_ = runTraining(config_, dist_, run);
+    last_ = runTraining(config_, dist_, run, builtinPlugins());
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (last_.history.empty()) throw BenchError("runTraining ran no epoch");
     return {last_.loopSeconds, total};

@@ -1,5 +1,6 @@
 // Whether LibTorch's c10d ProcessGroupGloo builds here: CMake found out
 // (benchmarks/CMakeLists.txt).
+#include "backends/builtin.hpp"
 #include "ddp/c10d_gloo.hpp"
 
 #if DDP_HAVE_C10D_GLOO
@@ -23,9 +24,9 @@
 #include <thread>
 
 #include "benchmarks/bench_util.hpp"
-#include "framework/backend_registry.hpp"
-#include "framework/errors.hpp"
-#include "framework/tcp_store.hpp"
+#include "framework/comm/backend_registry.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/store/tcp_store.hpp"
 
 namespace ddp::bench {
 
@@ -79,7 +80,7 @@ class DdpCommunicator : public Communicator {
     groupOptions.timeout = rendezvous.timeout;
     groupOptions.masterAddr = kLoopback;
     groupOptions.sharedMemory = sharedMemory;
-    group_ = BackendRegistry::global().create(backend, store, rendezvous.rank, rendezvous.worldSize, groupOptions);
+    group_ = builtinBackends().create(backend, store, rendezvous.rank, rendezvous.worldSize, groupOptions);
     store_ = std::move(store);
   }
 

@@ -67,7 +67,7 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
-// `impl` is a backend name from ddp::BackendRegistry::global(), kGlooTcp or
+// `impl` is a backend name from ddp::builtinBackends(), kGlooTcp or
 // kC10dGloo (BenchError when c10dGlooBuilt() is false).
 std::unique_ptr<Communicator> makeCommunicator(const std::string& impl, const Rendezvous& rendezvous);
 

@@ -1,7 +1,6 @@
-// The plugins shipped with the framework, registered explicitly rather than
-// by static initializers, which a static library drops when nothing
-// references their object file.
 #include "plugins/builtin.hpp"
+
+#include "plugins/common.hpp"
 
 namespace ddp {
 
@@ -11,6 +10,17 @@ void registerBuiltinPlugins(PluginRegistry& registry) {
   plugins::registerOptimizers(registry);
   plugins::registerSchedulers(registry);
   plugins::registerLosses(registry);
+}
+
+PluginRegistry& builtinPlugins() {
+  // Never destroyed: factories loaded from plugin libraries must outlive every
+  // static destructor that might still call them.
+  static PluginRegistry* registry = [] {
+    auto* r = new PluginRegistry;
+    registerBuiltinPlugins(*r);
+    return r;
+  }();
+  return *registry;
 }
 
 }  // namespace ddp

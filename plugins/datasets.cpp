@@ -12,7 +12,7 @@
 #include <random>
 
 #include "ddp/config.hpp"
-#include "plugins/builtin.hpp"
+#include "plugins/common.hpp"
 
 namespace ddp::plugins {
 

@@ -14,7 +14,7 @@
 #include <optional>
 #include <tuple>
 
-#include "plugins/builtin.hpp"
+#include "plugins/common.hpp"
 
 namespace ddp::plugins {
 

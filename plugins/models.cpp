@@ -23,8 +23,8 @@
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/torch.h>
 
-#include "plugins/builtin.hpp"
-#include "plugins/linear_kernel.hpp"
+#include "plugins/common.hpp"
+#include "plugins/kernels/linear_kernel.hpp"
 
 namespace ddp::plugins {
 

@@ -21,8 +21,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "plugins/adam_kernel.hpp"
-#include "plugins/builtin.hpp"
+#include "plugins/kernels/adam_kernel.hpp"
+#include "plugins/common.hpp"
 
 namespace ddp::plugins {
 

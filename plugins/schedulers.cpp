@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "plugins/builtin.hpp"
+#include "plugins/common.hpp"
 
 namespace ddp::plugins {
 

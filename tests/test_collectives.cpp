@@ -2,9 +2,10 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "backends/builtin.hpp"
 #include "ddp/config.hpp"
-#include "framework/errors.hpp"
-#include "framework/single_process_group.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/comm/single_process_group.hpp"
 #if DDP_HAVE_GLOO
 #include "backends/gloo/process_group_gloo.hpp"
 #endif
@@ -287,7 +288,7 @@ TEST_CASE("nccl: a peer that never arrives fails initialisation within the timeo
   const auto start = std::chrono::steady_clock::now();
   std::string error;
   try {
-    BackendRegistry::global().create("nccl", store, 0, 2, options);
+    builtinBackends().create("nccl", store, 0, 2, options);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -381,7 +382,7 @@ TEST_CASE("a failed group fails later collectives at once", "[collectives][error
 TEST_CASE("the backend registry names what exists", "[registry]") {
   auto store = std::make_shared<HashStore>();
   try {
-    BackendRegistry::global().create("glooo", store, 0, 1);
+    builtinBackends().create("glooo", store, 0, 1);
     FAIL("no error for an unknown backend");
   } catch (const UsageError& e) {
     std::string msg = e.what();

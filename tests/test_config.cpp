@@ -8,8 +8,10 @@
 #include <cstdio>
 #include <fstream>
 
-#include "framework/experiment_config.hpp"
-#include "framework/plugin_registry.hpp"
+#include "plugins/builtin.hpp"
+#include "backends/builtin.hpp"
+#include "framework/experiment/experiment_config.hpp"
+#include "framework/experiment/plugin_registry.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
@@ -131,7 +133,7 @@ TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no ru
 }
 
 TEST_CASE("overrides are typed by the declaration and land in the resolved config", "[config]") {
-  auto& registry = PluginRegistry::global();
+  auto& registry = builtinPlugins();
   ExperimentConfig c = parseExperimentConfig(
       kValid, "inline", ".",
       {"optimizer.lr=0.01", "training.epochs=5", "model.activation=tanh", "model.layers=[13, 32, 32, 3]",
@@ -152,7 +154,7 @@ TEST_CASE("overrides are typed by the declaration and land in the resolved confi
 }
 
 TEST_CASE("a plugin switched by an override validates against its own declaration", "[config]") {
-  auto& registry = PluginRegistry::global();
+  auto& registry = builtinPlugins();
   ExperimentConfig c =
       parseExperimentConfig(kValid, "inline", ".", {"optimizer.name=sgd", "optimizer.momentum=0.9"}, registry);
   CHECK(c.optimizer.name == "sgd");
@@ -184,7 +186,7 @@ TEST_CASE("bad tuning variables of the gloo backend fail at start-up, naming the
 }
 
 TEST_CASE("a backend this machine cannot run is named before any rank starts", "[config][launcher]") {
-  const auto why = ddp::BackendRegistry::global().whyUnusable("nccl");
+  const auto why = ddp::builtinBackends().whyUnusable("nccl");
   if (!why) {
     WARN("SKIPPED: nccl can run here, so there is no unusable backend to name");
     return;

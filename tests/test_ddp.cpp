@@ -9,10 +9,10 @@
 #include <numeric>
 #include <set>
 
-#include "framework/ddp.hpp"
-#include "framework/errors.hpp"
-#include "framework/sampler.hpp"
-#include "framework/torch_compat.hpp"
+#include "framework/parallel/ddp.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/parallel/sampler.hpp"
+#include "framework/parallel/torch_compat.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;

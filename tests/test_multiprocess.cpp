@@ -12,10 +12,11 @@
 #include <cstdlib>
 #include <thread>
 
-#include "framework/distributed.hpp"
-#include "framework/errors.hpp"
-#include "framework/launcher.hpp"
-#include "framework/rank_env.hpp"
+#include "backends/builtin.hpp"
+#include "framework/launch/distributed.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/launch/launcher.hpp"
+#include "framework/launch/rank_env.hpp"
 
 using namespace ddp;
 
@@ -68,7 +69,7 @@ DistributedContext joinFromEnvironment() {
   REQUIRE(env);
   DistributedOptions options;
   options.timeout = std::chrono::milliseconds(60000);
-  return initDistributed(*env, options);
+  return initDistributed(*env, options, builtinBackends());
 }
 
 }  // namespace
@@ -159,7 +160,7 @@ TEST_CASE("an unreachable master fails with a clear error", "[multiprocess][erro
   options.connectTimeout = std::chrono::milliseconds(1000);
   const auto start = std::chrono::steady_clock::now();
   try {
-    initDistributed(env, options);
+    initDistributed(env, options, builtinBackends());
     FAIL("no error without a master");
   } catch (const std::exception& e) {
     std::string msg = e.what();
@@ -178,7 +179,7 @@ TEST_CASE("a wrong master address fails with a clear error", "[multiprocess][err
   DistributedOptions options;
   options.connectTimeout = std::chrono::milliseconds(1000);
   try {
-    initDistributed(env, options);
+    initDistributed(env, options, builtinBackends());
     FAIL("no error for an unresolvable master");
   } catch (const std::exception& e) {
     std::string msg = e.what();

@@ -12,8 +12,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "framework/errors.hpp"
-#include "framework/plugin_registry.hpp"
+#include "plugins/builtin.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/experiment/plugin_registry.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
@@ -33,7 +34,7 @@ Params paramsFor(const PluginSpec& spec, const Json& values = Json::object()) {
   return Params(all);
 }
 
-const PluginSpec& builtin(PluginKind kind, const std::string& name) { return PluginRegistry::global().get(kind, name); }
+const PluginSpec& builtin(PluginKind kind, const std::string& name) { return builtinPlugins().get(kind, name); }
 
 DatasetSplits loadDataset(const std::string& name, const Json& values = Json::object(), uint64_t seed = 0,
                           const std::string& configDir = "") {
@@ -128,7 +129,7 @@ TEST_CASE("plugin registry: kinds, types and closest names", "[plugins]") {
 }
 
 TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]") {
-  const auto& registry = PluginRegistry::global();
+  const auto& registry = builtinPlugins();
   CHECK(registry.names(PluginKind::Dataset) == std::vector<std::string>{"csv", "synthetic", "wine"});
   CHECK(registry.names(PluginKind::Model) == std::vector<std::string>{"mlp"});
   CHECK(registry.names(PluginKind::Optimizer) == std::vector<std::string>{"adam", "adamw", "sgd"});
@@ -192,7 +193,7 @@ TEST_CASE("plugin registry: duplicate and unknown names are usage errors", "[plu
         "unknown model 'resnet50'; known models: mlp");
   CHECK(usageErrorOf([&] { registry.get(PluginKind::Scheduler, "step"); }) ==
         "unknown scheduler 'step'; known schedulers: (none)");
-  CHECK(usageErrorOf([&] { PluginRegistry::global().get(PluginKind::Loss, "mes"); }) ==
+  CHECK(usageErrorOf([&] { builtinPlugins().get(PluginKind::Loss, "mes"); }) ==
         "unknown loss 'mes'; did you mean 'mse'? known losses: cross_entropy, mse");
 }
 
@@ -785,7 +786,7 @@ TEST_CASE("plugin libraries: the example loads, bad ones fail clearly", "[plugin
   CHECK_THAT(registry.listing(), Contains("example plugin"));
   CHECK_THAT(registry.describe("loss.smooth_l1"), Contains("beta"));
   // The global registry is untouched.
-  CHECK_FALSE(PluginRegistry::global().has(PluginKind::Model, "linear"));
+  CHECK_FALSE(builtinPlugins().has(PluginKind::Model, "linear"));
 
   const auto& linear = registry.get(PluginKind::Model, "linear");
   ModelContext context;

@@ -3,8 +3,8 @@
 
 #include <set>
 
-#include "framework/errors.hpp"
-#include "framework/rank_env.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/launch/rank_env.hpp"
 
 using namespace ddp;
 

@@ -19,10 +19,10 @@
 #include <memory>
 #include <thread>
 
-#include "framework/file_store.hpp"
-#include "framework/hash_store.hpp"
-#include "framework/prefix_store.hpp"
-#include "framework/tcp_store.hpp"
+#include "framework/store/file_store.hpp"
+#include "framework/store/hash_store.hpp"
+#include "framework/store/prefix_store.hpp"
+#include "framework/store/tcp_store.hpp"
 
 using namespace ddp;
 using Catch::Matchers::Contains;

@@ -14,12 +14,13 @@
 #include <thread>
 #include <vector>
 
+#include "backends/builtin.hpp"
 #include "ddp/config.hpp"
-#include "framework/backend_registry.hpp"
+#include "framework/comm/backend_registry.hpp"
 #if DDP_HAVE_NCCL
 #include "backends/nccl/process_group_nccl.hpp"
 #endif
-#include "framework/hash_store.hpp"
+#include "framework/store/hash_store.hpp"
 
 namespace ddp::test {
 
@@ -37,7 +38,7 @@ inline std::vector<std::string> runRanks(const std::string& backend, int world,
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto group = BackendRegistry::global().create(backend, store, r, world, options);
+        auto group = builtinBackends().create(backend, store, r, world, options);
         body(r, *group);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -68,7 +69,7 @@ inline int cudaDevices() {
 
 // Backends that can run here; tests of the others are skipped with a reason.
 inline bool backendRunnable(const std::string& backend, std::string* whyNot) {
-  if (!BackendRegistry::global().has(backend)) {
+  if (!builtinBackends().has(backend)) {
     *whyNot = "backend '" + backend + "' is not compiled into this build";
     return false;
   }

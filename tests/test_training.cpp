@@ -15,12 +15,14 @@
 #include <fstream>
 #include <sstream>
 
+#include "plugins/builtin.hpp"
+#include "backends/builtin.hpp"
 #include "ddp/config.hpp"
-#include "framework/experiment_config.hpp"
-#include "framework/hash_store.hpp"
-#include "framework/sampler.hpp"
-#include "framework/torch_compat.hpp"
-#include "framework/trainer.hpp"
+#include "framework/experiment/experiment_config.hpp"
+#include "framework/store/hash_store.hpp"
+#include "framework/parallel/sampler.hpp"
+#include "framework/parallel/torch_compat.hpp"
+#include "framework/experiment/trainer.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
@@ -32,13 +34,13 @@ namespace {
 DistributedContext singleProcess() {
   DistributedContext ctx;
   ctx.store = std::make_shared<HashStore>();
-  ctx.group = BackendRegistry::global().create("gloo", ctx.store, 0, 1);
+  ctx.group = builtinBackends().create("gloo", ctx.store, 0, 1);
   return ctx;
 }
 
 ExperimentConfig wine(const std::vector<std::string>& overrides) {
   return loadExperimentConfig(std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json", overrides,
-                              PluginRegistry::global());
+                              builtinPlugins());
 }
 
 Json lastMetrics(const std::string& runDir) {
@@ -95,8 +97,8 @@ std::vector<at::Tensor> checkpointParameters(const std::string& path) {
   archive.load_from(path);
   archive.read("model", modelArchive);
   ExperimentConfig config = loadExperimentConfig(std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json", {},
-                                                 PluginRegistry::global());
-  ModelPtr model = PluginRegistry::global().get(PluginKind::Model, "mlp").model(config.model.params, {13, 3});
+                                                 builtinPlugins());
+  ModelPtr model = builtinPlugins().get(PluginKind::Model, "mlp").model(config.model.params, {13, 3});
   model->load(modelArchive);
   std::vector<at::Tensor> out;
   for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
@@ -117,7 +119,7 @@ TEST_CASE("the wine baseline reaches the reference's quality", "[training]") {
   RunOptions ro;
   ro.runDir = tempDir();
   ro.quiet = true;
-  auto result = runTraining(wine({"training.save_every=0"}), ctx, ro);
+  auto result = runTraining(wine({"training.save_every=0"}), ctx, ro, builtinPlugins());
   REQUIRE(result.history.size() == 100);
   INFO("final train loss " << result.history.back().trainLoss);
   CHECK(result.history.back().trainLoss <= 0.05);
@@ -211,14 +213,14 @@ TEST_CASE("a resumed run ends with the parameters of an uninterrupted one", "[tr
   RunOptions whole;
   whole.runDir = tempDir();
   whole.quiet = true;
-  auto uninterrupted = runTraining(wine(base), ctx, whole);
+  auto uninterrupted = runTraining(wine(base), ctx, whole, builtinPlugins());
 
   RunOptions parts;
   parts.runDir = tempDir();
   parts.quiet = true;
   auto firstHalf = base;
   firstHalf.push_back("training.epochs=4");
-  runTraining(wine(firstHalf), ctx, parts);
+  runTraining(wine(firstHalf), ctx, parts, builtinPlugins());
   // A crash while writing the next checkpoint leaves a partial temporary file.
   std::ofstream(parts.runDir + "/checkpoints/epoch_000006.pt.tmp") << "partial";
   // ... after epoch 5's records were written.
@@ -228,7 +230,7 @@ TEST_CASE("a resumed run ends with the parameters of an uninterrupted one", "[tr
   std::ofstream(parts.runDir + "/metrics.csv", std::ios::app) << "5,9.0,,,1.0\n1,0.5";
   CHECK(newestCheckpoint(parts.runDir) == parts.runDir + "/checkpoints/epoch_000004.pt");
   parts.resume = true;
-  auto resumed = runTraining(wine(base), ctx, parts);
+  auto resumed = runTraining(wine(base), ctx, parts, builtinPlugins());
   CHECK(resumed.history.size() == 2);
   // One record per epoch: the crashed run's epoch 5 gave way to the rerun's.
   CHECK(metricsEpochs(parts.runDir) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
@@ -244,7 +246,7 @@ TEST_CASE("a checkpoint round-trips model and optimizer", "[training][checkpoint
   ro.runDir = tempDir();
   ro.quiet = true;
   // Every second epoch, and the last one.
-  auto result = runTraining(wine({"training.epochs=3", "training.save_every=2"}), ctx, ro);
+  auto result = runTraining(wine({"training.epochs=3", "training.save_every=2"}), ctx, ro, builtinPlugins());
   CHECK(newestCheckpoint(ro.runDir) == ro.runDir + "/checkpoints/epoch_000003.pt");
   CHECK(access((ro.runDir + "/checkpoints/epoch_000002.pt").c_str(), F_OK) == 0);
   auto saved = checkpointParameters(ro.runDir + "/checkpoints/epoch_000003.pt");

@@ -22,9 +22,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "framework/errors.hpp"
-#include "framework/help_links.hpp"
-#include "framework/prefix_store.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/core/help_links.hpp"
+#include "framework/store/prefix_store.hpp"
 
 namespace ddp {
 namespace {
@@ -262,6 +262,22 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     postFrameReceives(1);
   }
   worker_ = std::thread([this] { workerLoop(); });
+}
+
+std::string ProcessGroupGloo::describeEndpoint() const {
+  // Gloo describes its device as "tcp, pci=, iface=eth0, speed=-1, addr=[10.0.0.2]".
+  auto field = [&](const std::string& key, const std::string& end) {
+    const size_t at = listenAddress_.find(key);
+    if (at == std::string::npos) return std::string();
+    const size_t from = at + key.size();
+    return listenAddress_.substr(from, listenAddress_.find(end, from) - from);
+  };
+  std::string addr = field("addr=[", "]"), iface = field("iface=", ",");
+  if (addr.empty()) addr = listenAddress_;
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  const std::string why = ifname && *ifname ? "from GLOO_SOCKET_IFNAME"
+                                            : "the one that routes to MASTER_ADDR " + options_.masterAddr;
+  return "listens on " + addr + " (interface " + (iface.empty() ? "?" : iface) + ", " + why + ")";
 }
 
 ProcessGroupGloo::~ProcessGroupGloo() {

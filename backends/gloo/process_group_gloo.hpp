@@ -1,4 +1,4 @@
-// ProcessGroupGloo: the ProcessGroup contract (framework/process_group.hpp)
+// ProcessGroupGloo: the ProcessGroup contract (framework/comm/process_group.hpp)
 // over the Gloo library's TCP transport, for CPU tensors.
 //
 // - Ranks meet through gloo::rendezvous over our Store, then hold one TCP
@@ -34,9 +34,9 @@
 #include <mutex>
 #include <thread>
 
-#include "framework/backend_registry.hpp"
-#include "framework/process_group.hpp"
-#include "framework/store.hpp"
+#include "framework/comm/backend_registry.hpp"
+#include "framework/comm/process_group.hpp"
+#include "framework/store/store.hpp"
 
 namespace gloo {
 class Context;
@@ -56,6 +56,8 @@ class ProcessGroupGloo : public ProcessGroup {
   ~ProcessGroupGloo() override;
 
   std::string backendName() const override { return "gloo"; }
+  // "listens on 10.0.0.2 (interface eth0, the one that routes to MASTER_ADDR ...)".
+  std::string describeEndpoint() const override;
 
   WorkPtr allreduce(at::Tensor& tensor, const AllreduceOptions& opts = {}) override;
   WorkPtr broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {}) override;

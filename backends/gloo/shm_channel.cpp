@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "framework/errors.hpp"
-#include "framework/store.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/store/store.hpp"
 
 namespace ddp {
 

@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "ddp/config.hpp"
-#include "framework/errors.hpp"
-#include "framework/help_links.hpp"
-#include "framework/prefix_store.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/core/help_links.hpp"
+#include "framework/store/prefix_store.hpp"
 
 #if DDP_TORCH_HAS_CUDA
 #include <c10/cuda/CUDAStream.h>

@@ -1,4 +1,4 @@
-// ProcessGroupNccl: the ProcessGroup contract (framework/process_group.hpp)
+// ProcessGroupNccl: the ProcessGroup contract (framework/comm/process_group.hpp)
 // over NCCL, for GPUs.
 //
 // - One communicator per group. Rank 0 creates the unique id and shares it
@@ -29,9 +29,9 @@
 #include <mutex>
 #include <thread>
 
-#include "framework/backend_registry.hpp"
-#include "framework/process_group.hpp"
-#include "framework/store.hpp"
+#include "framework/comm/backend_registry.hpp"
+#include "framework/comm/process_group.hpp"
+#include "framework/store/store.hpp"
 
 namespace ddp {
 

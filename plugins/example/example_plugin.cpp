@@ -6,8 +6,8 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
 
-#include "framework/errors.hpp"
-#include "framework/plugin_registry.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/experiment/plugin_registry.hpp"
 
 namespace {
 

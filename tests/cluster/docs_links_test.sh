@@ -10,11 +10,11 @@ cd "$repo"
 
 fail() { echo "FAILED: $*" >&2; exit 1; }
 
-links=$(grep -rhoE 'docs/[A-Za-z0-9_-]+\.md#[A-Za-z0-9_-]+' framework backends plugins benchmarks scripts 2>/dev/null |
+links=$(grep -rhoE 'docs/[A-Za-z0-9_-]+\.md#[A-Za-z0-9_-]+' framework backends plugins apps benchmarks scripts 2>/dev/null |
   sort -u)
 [ -n "$links" ] || fail "no docs/<page>.md#<anchor> pointer in the sources"
 grep -qx 'docs/clusters.md#diagnosing-a-rendezvous-that-does-not-complete' <<<"$links" ||
-  fail "the rendezvous pointer (framework/help_links.hpp) is gone"
+  fail "the rendezvous pointer (framework/core/help_links.hpp) is gone"
 
 bad=0
 for link in $links; do

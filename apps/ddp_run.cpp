@@ -1,0 +1,259 @@
+// ddp-run: runs an experiment. As a launcher (--nproc-per-node N, or the
+// experiment's distributed.nproc_per_node) it validates the experiment and
+// its command line and spawns this node's ranks; as a rank (started by
+// ddp-run, torchrun, srun or mpirun) it joins the group and trains, rank 0
+// creating the run folder.
+
+#include <ATen/ATen.h>
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <optional>
+
+#include "plugins/builtin.hpp"
+#include "backends/builtin.hpp"
+#include "framework/comm/backend_registry.hpp"
+#include "framework/launch/distributed.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/experiment/experiment_config.hpp"
+#include "framework/launch/launcher.hpp"
+#include "framework/experiment/plugin_registry.hpp"
+#include "framework/launch/rank_env.hpp"
+#include "framework/experiment/trainer.hpp"
+
+namespace {
+
+struct Args {
+  std::string experiment;
+  std::vector<std::string> overrides;
+  std::string outDir;
+  bool resume = false;
+  bool listPlugins = false;
+  std::string describe;
+  int nprocPerNode = 0;
+  int nnodes = 1;
+  int nodeRank = 0;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 0;
+  int maxRestarts = 0;
+  bool demo = false;
+  std::string demoBackend = "gloo";
+};
+
+// The collective demo: allreduce, broadcast and allgather with checked results.
+int runDemo(const ddp::RankEnv& env, const std::string& backend) {
+  ddp::DistributedOptions dopts;
+  dopts.backend = backend;
+  dopts.timeout = std::chrono::milliseconds(60000);
+  auto ctx = ddp::initDistributed(env, dopts, ddp::builtinBackends());
+  auto& pg = *ctx.group;
+  const int n = pg.size(), r = pg.rank();
+  at::Tensor t = at::full({1 << 20}, float(r + 1));
+  pg.allreduce(t)->wait();
+  const float expected = n * (n + 1) / 2.0f;
+  bool ok = at::all(t == expected).item<bool>();
+  at::Tensor b = at::full({4}, float(r));
+  pg.broadcast(b, {0})->wait();
+  ok = ok && at::all(b == 0.0f).item<bool>();
+  at::Tensor g = at::empty({n});
+  pg.allgather(at::full({1}, float(r)), g)->wait();
+  ok = ok && at::equal(g, at::arange(n).to(at::kFloat));
+  pg.barrier()->wait();
+  std::cout << "rank " << r << "/" << n << " (" << pg.backendName() << ", from " << env.source
+            << "): allreduce sum = " << t[0].item<float>() << " (expected " << expected << "); broadcast, allgather "
+            << (ok ? "correct" : "WRONG") << std::endl;
+  return ok ? 0 : 1;
+}
+
+std::string defaultRunDir(const ddp::ExperimentConfig& config) {
+  char stamp[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+  std::string name = config.name.empty() ? "run" : config.name;
+  return "runs/" + name + "-" + stamp;
+}
+
+// A restart by a launcher or scheduler (ddp-run --max-restarts, torchrun
+// --max-restarts, a requeued SLURM job) continues from the newest checkpoint.
+bool isRestart() {
+  for (const char* name : {"DDP_RESTART", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
+    const char* value = std::getenv(name);
+    if (value && *value && std::string(value) != "0") return true;
+  }
+  return false;
+}
+
+// Before any rank starts: a backend this build or machine cannot run (NCCL
+// without GPUs) would otherwise fail in every rank.
+void checkBackendUsable(const std::string& where, const std::string& backend) {
+  if (auto why = ddp::builtinBackends().whyUnusable(backend)) throw ddp::UsageError(where + ": " + *why);
+}
+
+// `loaded`: the experiment as the launcher already read it (one process
+// runs); read it here otherwise.
+int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::ExperimentConfig> loaded = std::nullopt) {
+  auto& registry = ddp::builtinPlugins();
+  ddp::ExperimentConfig config =
+      loaded ? std::move(*loaded) : ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
+  // Ranks started by srun, mpirun or torchrun say who they think they are,
+  // before the rendezvous, so a job that never meets shows why.
+  if (env.source != "ddp-run" && env.source != "single") {
+    std::cerr << "ddp-run: " + ddp::describeRankEnv(env) + "\n" << std::flush;  // one write: ranks share a terminal
+  }
+  ddp::DistributedOptions dopts;
+  dopts.backend = config.distributed.backend;
+  dopts.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
+  auto ctx = ddp::initDistributed(env, dopts, ddp::builtinBackends());
+
+  // Rank 0 names the run folder; the others learn it through the store, so
+  // ranks started by srun or mpirun agree without a shared clock. Training
+  // creates it, once the experiment's plugins are built.
+  const bool resume = args.resume || isRestart();
+  std::string runDir = args.outDir;
+  if (env.rank == 0) {
+    if (runDir.empty()) runDir = defaultRunDir(config);
+    if (!resume) ddp::checkRunFolderIsFree(runDir);
+    ctx.store->setString("ddp-run/run_dir", runDir);
+  } else {
+    runDir = ctx.store->getString("ddp-run/run_dir");
+  }
+  ddp::RunOptions ro;
+  ro.runDir = runDir;
+  ro.resume = resume;
+  auto result = ddp::runTraining(config, ctx, ro, registry);
+  if (env.rank == 0 && !result.history.empty()) {
+    const auto& last = result.history.back();
+    std::cout << "done: " << result.steps << " steps; final train_loss " << last.trainLoss;
+    if (last.testAccuracy) std::cout << ", test_accuracy " << *last.testAccuracy;
+    std::cout << "; run folder " << runDir << std::endl;
+  }
+  ctx.group->barrier()->wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddp-run: train an experiment on one process, every core of a machine, or a cluster"};
+  Args args;
+  app.add_option("experiment", args.experiment, "experiment JSON file");
+  app.add_option("--set", args.overrides, "override a setting, e.g. --set optimizer.lr=0.01 (repeatable)");
+  app.add_option("--out", args.outDir, "run folder (default: runs/<name>-<time>)");
+  app.add_flag("--resume", args.resume, "continue from the newest checkpoint in --out");
+  app.add_flag("--list-plugins", args.listPlugins, "list datasets, models, optimizers, schedulers and losses");
+  app.add_option("--describe", args.describe, "describe one plugin's parameters, e.g. optimizer.adam");
+  app.add_option("--nproc-per-node", args.nprocPerNode, "ranks to start on this node (launcher mode)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--nnodes", args.nnodes, "number of nodes in the job")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--node-rank", args.nodeRank, "this node's index, 0 on the master")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--master-addr", args.masterAddr, "address of the node with --node-rank 0 (default: MASTER_ADDR)");
+  app.add_option("--master-port", args.masterPort,
+                 "port of the rendezvous store (default: MASTER_PORT; 0: pick a free one)")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--max-restarts", args.maxRestarts, "restart all ranks up to this many times after a failure")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_flag("--demo", args.demo, "run a collective demo instead of an experiment");
+  app.add_option("--demo-backend", args.demoBackend, "backend of the collective demo (gloo, nccl)");
+  try {
+    app.parse(argc, argv);
+    if (args.nodeRank >= args.nnodes) {
+      throw CLI::ValidationError("--node-rank", std::to_string(args.nodeRank) + " is not below --nnodes " +
+                                                    std::to_string(args.nnodes));
+    }
+    // As a launcher, MASTER_PORT (and, for several nodes, MASTER_ADDR) give
+    // the defaults; a rank reads them itself, from its environment. One node
+    // keeps 127.0.0.1: an inherited MASTER_ADDR may name another host.
+    if (app.count("--master-addr") == 0 && args.nnodes > 1) {
+      if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) args.masterAddr = addr;
+    }
+    if (const char* port = std::getenv("MASTER_PORT"); port && *port && app.count("--master-port") == 0) {
+      char* end = nullptr;
+      const long value = std::strtol(port, &end, 10);
+      if (*end != '\0' || value < 0 || value > 65535) {
+        throw CLI::ValidationError("MASTER_PORT", std::string("'") + port +
+                                                      "' is not a port (0-65535); it is the default of --master-port");
+      }
+      args.masterPort = static_cast<int>(value);
+    }
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line and exit code 2, like every other mistake in what was asked.
+    std::string what = e.what();
+    for (char& c : what) {
+      if (c == '\n') c = ' ';
+    }
+    std::cerr << "ddp-run: " << what << ". HINT: ddp-run --help" << std::endl;
+    return 2;
+  }
+
+  try {
+    auto& registry = ddp::builtinPlugins();
+    if (args.listPlugins) {
+      std::cout << registry.listing();
+      return 0;
+    }
+    if (!args.describe.empty()) {
+      std::cout << registry.describe(args.describe);
+      return 0;
+    }
+    const auto env = ddp::rankEnvFromEnvironment(ddp::currentEnvironment());
+    const bool isRank = env.has_value() && (env->source == "ddp-run" || args.nprocPerNode == 0);
+    if (args.demo) {
+      if (!isRank && args.nprocPerNode > 0) {
+        checkBackendUsable("--demo-backend", args.demoBackend);
+        ddp::LaunchOptions lo;
+        lo.nprocPerNode = args.nprocPerNode;
+        lo.masterAddr = args.masterAddr;
+        lo.masterPort = args.masterPort;
+        lo.backend = args.demoBackend;
+        lo.workerArgv = {"/proc/self/exe"};
+        for (int i = 1; i < argc; ++i) lo.workerArgv.push_back(argv[i]);
+        return ddp::launchLocalRanks(lo);
+      }
+      return runDemo(env.value_or(ddp::RankEnv{}), args.demoBackend);
+    }
+    if (args.experiment.empty()) {
+      std::cerr << "ddp-run: no experiment given. HINT: ddp-run experiments/wine_baseline.json "
+                   "(or --list-plugins, --demo)"
+                << std::endl;
+      return 2;
+    }
+    if (isRank) return runRank(args, *env);
+
+    // Launcher: validate everything before any process or folder exists.
+    ddp::ExperimentConfig config = ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
+    const int nproc = args.nprocPerNode > 0 ? args.nprocPerNode : static_cast<int>(config.distributed.nprocPerNode);
+    std::string runDir = args.outDir.empty() ? defaultRunDir(config) : args.outDir;
+    if (!args.resume && !isRestart()) ddp::checkRunFolderIsFree(runDir);
+    if (nproc == 1 && args.nnodes == 1) {
+      Args single = args;
+      single.outDir = runDir;
+      return runRank(single, ddp::RankEnv{}, std::move(config));
+    }
+    checkBackendUsable("distributed.backend", config.distributed.backend);
+    ddp::LaunchOptions lo;
+    lo.nprocPerNode = nproc;
+    lo.nnodes = args.nnodes;
+    lo.nodeRank = args.nodeRank;
+    lo.masterAddr = args.masterAddr;
+    lo.masterPort = args.masterPort;
+    lo.maxRestarts = args.maxRestarts;
+    lo.backend = config.distributed.backend;
+    lo.workerArgv = {"/proc/self/exe", args.experiment, "--out", runDir};
+    for (const auto& o : args.overrides) {
+      lo.workerArgv.push_back("--set");
+      lo.workerArgv.push_back(o);
+    }
+    if (args.resume) lo.workerArgv.push_back("--resume");
+    return ddp::launchLocalRanks(lo);
+  } catch (const ddp::UsageError& e) {
+    std::cerr << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ddp-run: " << e.what() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,128 @@
+// ProcessGroup: the collectives that a set of ranks performs together.
+//
+// Contract
+// - Every rank of the group calls the same collectives in the same order
+//   with tensors of the same dtype and element count (broadcast: the same
+//   root). A rank that deviates gets a CollectiveError naming both sides,
+//   never corrupted memory.
+// - Calls return a Work at once; operations run in call order. Inputs must
+//   stay alive and unmodified until the Work completes. Results are in
+//   place (allreduce, broadcast) or in the output tensor given.
+// - Each call takes a plain options struct. A zero timeout means the
+//   group's default (ProcessGroupOptions::timeout). A collective that does
+//   not finish within its timeout fails with CollectiveError; none hangs.
+// - After a collective fails, the group is broken: later calls fail at once
+//   with the first error, since peers may be mid-operation.
+// - Dtypes: float32, float64, float16, bfloat16, int32, int64. ReduceOp::Avg
+//   on integer tensors truncates toward zero.
+// - A backend that lacks an operation inherits the default here, which
+//   throws NotSupportedError naming the backend and the operation.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "framework/comm/work.hpp"
+
+namespace ddp {
+
+enum class ReduceOp { Sum, Avg, Min, Max, Product };
+const char* reduceOpName(ReduceOp op);
+
+using Milliseconds = std::chrono::milliseconds;
+constexpr Milliseconds kUseGroupTimeout{0};
+
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::Sum;
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+struct BroadcastOptions {
+  int root = 0;
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+struct AllgatherOptions {
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::Sum;
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+struct BarrierOptions {
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+// Settings common to every backend, given when a group is created.
+struct ProcessGroupOptions {
+  Milliseconds timeout{300000};
+  // Network interface for TCP-based backends; empty = the one that reaches
+  // the master (or GLOO_SOCKET_IFNAME when set).
+  std::string interface;
+  // The address that peers should reach to decide the interface ("" = loopback).
+  std::string masterAddr;
+  // GPU backends: the device of this rank; -1 = LOCAL_RANK modulo the devices.
+  int deviceIndex = -1;
+  // CPU backends: when all ranks share a host, move payloads through shared
+  // memory instead of loopback TCP. DDP_GLOO_SHM=0 also turns it off.
+  bool sharedMemory = true;
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size, ProcessGroupOptions options);
+  virtual ~ProcessGroup() = default;
+
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backendName() const = 0;
+  // Where peers reach this rank, for start-up logs, e.g. "listens on
+  // 10.0.0.2 (interface eth0, ...)"; "" when the backend has nothing to say.
+  virtual std::string describeEndpoint() const { return ""; }
+  const ProcessGroupOptions& options() const { return options_; }
+
+  // In place: every rank ends with op(tensor of rank 0, ..., rank n-1).
+  virtual WorkPtr allreduce(at::Tensor& tensor, const AllreduceOptions& opts = {});
+  // In place: every rank ends with the root's tensor.
+  virtual WorkPtr broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {});
+  // output has size() * input.numel() elements; slice r receives rank r's input.
+  virtual WorkPtr allgather(const at::Tensor& input, at::Tensor& output, const AllgatherOptions& opts = {});
+  // input has size() * output.numel() elements; rank r receives op over
+  // ranks of slice r.
+  virtual WorkPtr reduceScatter(const at::Tensor& input, at::Tensor& output,
+                                const ReduceScatterOptions& opts = {});
+  virtual WorkPtr barrier(const BarrierOptions& opts = {});
+
+  // A zero-filled 1-D tensor for repeated collectives (DDP's gradient
+  // buckets), placed where the backend moves it fastest: for gloo on one
+  // host, shared memory that the peers reduce in place, with no copy in or
+  // out. Collective: every rank calls it in the same order with the same
+  // numel and dtype. The default is at::zeros. It stays valid after the
+  // group is destroyed.
+  virtual at::Tensor allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options);
+
+ protected:
+  [[noreturn]] void notSupported(const std::string& operation) const;
+  Milliseconds resolveTimeout(Milliseconds requested) const {
+    return requested.count() > 0 ? requested : options_.timeout;
+  }
+
+  const int rank_;
+  const int size_;
+  const ProcessGroupOptions options_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// "float32", "bfloat16", ... ; the names used in errors and benchmarks.
+std::string dtypeName(const at::Tensor& t);
+
+}  // namespace ddp

@@ -1,0 +1,23 @@
+#include "framework/core/system.hpp"
+
+#include <cstring>
+#include <random>
+
+namespace ddp {
+
+std::string errnoText(int err) { return std::strerror(err); }
+
+std::string randomHex(size_t bytes) {
+  static const char digits[] = "0123456789abcdef";
+  std::random_device device;  // /dev/urandom on Linux
+  std::string text;
+  text.reserve(2 * bytes);
+  for (size_t i = 0; i < bytes; ++i) {
+    const unsigned value = device() & 0xffu;
+    text += digits[value >> 4];
+    text += digits[value & 0xf];
+  }
+  return text;
+}
+
+}  // namespace ddp

@@ -1,0 +1,16 @@
+// Small operating-system helpers shared by the layers above.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace ddp {
+
+// strerror() as a std::string, e.g. "Connection refused".
+std::string errnoText(int err);
+
+// 2 * bytes hexadecimal digits from the system's random source, for job
+// tokens and names of shared-memory segments.
+std::string randomHex(size_t bytes);
+
+}  // namespace ddp

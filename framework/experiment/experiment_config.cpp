@@ -1,0 +1,517 @@
+#include "framework/experiment/experiment_config.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "ddp/config.hpp"
+
+namespace ddp {
+namespace {
+
+const std::vector<std::string> kTopLevelKeys = {"name",      "description", "plugins", "dataset",  "model",
+                                                "optimizer", "scheduler",   "loss",    "training", "distributed"};
+const std::vector<std::pair<std::string, PluginKind>> kPluginSections = {{"dataset", PluginKind::Dataset},
+                                                                         {"model", PluginKind::Model},
+                                                                         {"optimizer", PluginKind::Optimizer},
+                                                                         {"scheduler", PluginKind::Scheduler},
+                                                                         {"loss", PluginKind::Loss}};
+
+ParamSpec intParam(std::string name, int64_t def, std::optional<double> min, std::string doc) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.type = ParamType::Int;
+  p.defaultValue = def;
+  p.min = min;
+  p.doc = std::move(doc);
+  return p;
+}
+
+ParamSpec floatParam(std::string name, double def, double min, bool exclusive, std::string doc) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.type = ParamType::Float;
+  p.defaultValue = def;
+  p.min = min;
+  p.minExclusive = exclusive;
+  p.doc = std::move(doc);
+  return p;
+}
+
+ParamSpec boolParam(std::string name, bool def, std::string doc) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.type = ParamType::Bool;
+  p.defaultValue = def;
+  p.doc = std::move(doc);
+  return p;
+}
+
+ParamSpec stringParam(std::string name, std::string def, std::vector<std::string> choices, std::string doc) {
+  ParamSpec p;
+  p.name = std::move(name);
+  p.type = ParamType::String;
+  p.defaultValue = def;
+  p.choices = std::move(choices);
+  p.doc = std::move(doc);
+  return p;
+}
+
+std::string inQuotes(const std::string& s) { return "\"" + s + "\""; }
+
+std::string shown(const Json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+std::string formatNumber(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// "a number > 0", "an integer in [1, 100]", "true or false", ...
+std::string expectation(const ParamSpec& p) {
+  std::string range;
+  if (p.min && p.max) {
+    range = std::string(" in ") + (p.minExclusive ? "(" : "[") + formatNumber(*p.min) + ", " + formatNumber(*p.max) +
+            "]";
+  } else if (p.min) {
+    range = std::string(p.minExclusive ? " > " : " >= ") + formatNumber(*p.min);
+  } else if (p.max) {
+    range = " <= " + formatNumber(*p.max);
+  }
+  switch (p.type) {
+    case ParamType::Int: return "an integer" + range;
+    case ParamType::Float: return "a number" + range;
+    case ParamType::Bool: return "true or false";
+    case ParamType::String: {
+      if (p.choices.empty()) return p.isFile ? "a file path" : "a string";
+      std::string s = "one of ";
+      for (size_t i = 0; i < p.choices.size(); ++i) s += (i ? ", " : "") + inQuotes(p.choices[i]);
+      return s;
+    }
+    case ParamType::IntList: return "a list of integers" + (range.empty() ? "" : " each" + range);
+    case ParamType::FloatList: return "a list of numbers" + (range.empty() ? "" : " each" + range);
+  }
+  return "?";
+}
+
+bool inRange(const ParamSpec& p, double v) {
+  if (!std::isfinite(v)) return false;
+  if (p.min && (p.minExclusive ? v <= *p.min : v < *p.min)) return false;
+  if (p.max && v > *p.max) return false;
+  return true;
+}
+
+bool isInteger(const Json& v) {
+  if (v.is_number_integer()) return true;
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    return std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15;
+  }
+  return false;
+}
+
+bool fileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string absolutePath(const std::string& path) {
+  if (!path.empty() && path[0] == '/') return path;
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof(cwd))) return std::string(cwd) + "/" + path;
+  return path;
+}
+
+// Where an input file named in a config is looked for, in order.
+std::optional<std::string> resolveFile(const std::string& path, const std::string& configDir) {
+  if (path.empty()) return std::nullopt;
+  if (path[0] == '/') return fileExists(path) ? std::optional<std::string>(path) : std::nullopt;
+  for (const std::string& base : {configDir, std::string("."), std::string(DDP_SOURCE_DIR)}) {
+    if (base.empty()) continue;
+    std::string candidate = base + "/" + path;
+    if (fileExists(candidate)) return absolutePath(candidate);
+  }
+  return std::nullopt;
+}
+
+// Overrides typed by the declaration: "--set optimizer.lr=0.01".
+struct Override {
+  std::string path;  // "optimizer.lr"
+  std::string raw;   // "0.01"
+  bool used = false;
+};
+
+Json typedOverride(const Override& o, const ParamSpec* spec) {
+  const std::string& raw = o.raw;
+  if (spec && spec->type == ParamType::String) return raw;
+  // Anything else reads as JSON ("0.01", "true", "[13, 64, 3]"); what does not
+  // parse stays a string so that validation reports it with the expectation.
+  Json v = Json::parse(raw, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) return raw;
+  return v;
+}
+
+class Validator {
+ public:
+  Validator(std::string sourceName, std::string configDir, std::vector<Override>& overrides)
+      : sourceName_(std::move(sourceName)), configDir_(std::move(configDir)), overrides_(overrides) {}
+
+  [[noreturn]] void fail(const std::string& path, const std::string& message) const {
+    throw ConfigError(path + ": " + message);
+  }
+
+  // Checks `section` (a JSON object at `path`) against `specs`, applies the
+  // overrides under `path`, and returns the section with defaults filled in.
+  // `reserved` keys (e.g. "name") are allowed and left alone.
+  Json validateSection(const std::string& path, const Json& section, const std::vector<ParamSpec>& specs,
+                       const std::set<std::string>& reserved = {}) {
+    if (!section.is_object()) fail(path, "expected an object, got " + shown(section));
+    std::map<std::string, const ParamSpec*> byName;
+    std::vector<std::string> known(reserved.begin(), reserved.end());
+    for (const auto& s : specs) {
+      byName[s.name] = &s;
+      known.push_back(s.name);
+    }
+    Json values = section;
+    for (auto& o : overrides_) {
+      if (o.path.rfind(path + ".", 0) != 0) continue;
+      std::string key = o.path.substr(path.size() + 1);
+      if (reserved.count(key)) continue;  // handled by the caller
+      auto it = byName.find(key);
+      if (it == byName.end()) {
+        fail("--set " + o.path, "unknown key" + suggestion(key, known));
+      }
+      values[key] = typedOverride(o, it->second);
+      o.used = true;
+    }
+    Json out = Json::object();
+    for (auto it = values.begin(); it != values.end(); ++it) {
+      if (reserved.count(it.key())) {
+        out[it.key()] = it.value();
+        continue;
+      }
+      if (!byName.count(it.key())) fail(path + "." + it.key(), "unknown key" + suggestion(it.key(), known));
+    }
+    for (const auto& spec : specs) {
+      const std::string where = path + "." + spec.name;
+      if (!values.contains(spec.name)) {
+        if (spec.defaultValue.is_null()) fail(where, "required parameter is missing (" + spec.doc + ")");
+        out[spec.name] = spec.defaultValue;
+        if (!spec.isFile) continue;
+      }
+      out[spec.name] = checkValue(where, spec, values.contains(spec.name) ? values[spec.name] : spec.defaultValue);
+    }
+    return out;
+  }
+
+ private:
+  std::string suggestion(const std::string& key, const std::vector<std::string>& known) const {
+    std::string close = closestName(key, known);
+    std::string s;
+    if (!close.empty()) s += "; did you mean " + inQuotes(close) + "?";
+    s += " (known: ";
+    for (size_t i = 0; i < known.size(); ++i) s += (i ? ", " : "") + known[i];
+    return s + ")";
+  }
+
+  Json checkValue(const std::string& where, const ParamSpec& spec, const Json& v) const {
+    auto wrong = [&]() { fail(where, "expected " + expectation(spec) + ", got " + shown(v)); };
+    switch (spec.type) {
+      case ParamType::Int:
+        if (!isInteger(v) || !inRange(spec, v.get<double>())) wrong();
+        return v.get<int64_t>();
+      case ParamType::Float:
+        if (!v.is_number() || !inRange(spec, v.get<double>())) wrong();
+        return v.get<double>();
+      case ParamType::Bool:
+        if (!v.is_boolean()) wrong();
+        return v;
+      case ParamType::String: {
+        if (!v.is_string()) wrong();
+        const std::string s = v.get<std::string>();
+        if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
+          std::string close = closestName(s, spec.choices);
+          fail(where, "expected " + expectation(spec) + ", got " + shown(v) +
+                          (close.empty() ? "" : "; did you mean " + inQuotes(close) + "?"));
+        }
+        if (spec.isFile) {
+          auto found = resolveFile(s, configDir_);
+          if (!found) {
+            fail(where, "file " + inQuotes(s) + " not found (looked in " +
+                            (configDir_.empty() ? std::string() : configDir_ + ", ") + "the working folder and " +
+                            DDP_SOURCE_DIR + ")");
+          }
+          return *found;
+        }
+        return v;
+      }
+      case ParamType::IntList:
+      case ParamType::FloatList: {
+        if (!v.is_array()) wrong();
+        for (const auto& e : v) {
+          if (spec.type == ParamType::IntList ? !isInteger(e) : !e.is_number()) wrong();
+          if (!inRange(spec, e.get<double>())) wrong();
+        }
+        return v;
+      }
+    }
+    return v;
+  }
+
+  std::string sourceName_;
+  std::string configDir_;
+  std::vector<Override>& overrides_;
+};
+
+std::vector<Override> parseOverrides(const std::vector<std::string>& overrides) {
+  std::vector<Override> out;
+  for (const auto& text : overrides) {
+    auto eq = text.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw ConfigError("--set " + text + ": expected KEY=VALUE, e.g. --set optimizer.lr=0.01");
+    }
+    std::string path = text.substr(0, eq);
+    if (path.find('.') == std::string::npos && path != "name") {
+      throw ConfigError("--set " + text + ": expected SECTION.KEY=VALUE, e.g. --set training.epochs=5");
+    }
+    out.push_back({path, text.substr(eq + 1)});
+  }
+  return out;
+}
+
+// "file.json:3:14: malformed JSON: ..." from nlohmann's byte offset.
+[[noreturn]] void failMalformed(const std::string& text, const std::string& sourceName, const Json::parse_error& e) {
+  size_t line = 1, column = 1;
+  const size_t end = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
+  for (size_t i = 0; i < end; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  std::string what = e.what();
+  // nlohmann's text repeats the position; keep its reason only.
+  auto reason = what.find("syntax error");
+  if (reason != std::string::npos) what = what.substr(reason);
+  throw ConfigError(sourceName + ":" + std::to_string(line) + ":" + std::to_string(column) + ": malformed JSON: " +
+                    what);
+}
+
+}  // namespace
+
+const std::vector<ParamSpec>& trainingParamSpecs() {
+  static const std::vector<ParamSpec> specs = {
+      intParam("epochs", 1, 1, "passes over the training split"),
+      intParam("batch_size", 32, 1, "samples per rank per step"),
+      intParam("seed", 0, 0, "seeds the split, the initialization and the shuffling"),
+      intParam("save_every", 0, 0, "epochs between checkpoints (0: none)"),
+      intParam("eval_every", 1, 0, "epochs between evaluations on the test split (0: only after the last)"),
+      intParam("max_steps", 0, 0, "stop after this many optimizer steps (0: no limit)"),
+      intParam("accumulate_grad_batches", 1, 1, "micro-batches per optimizer step"),
+      intParam("threads", 0, 0, "intra-op threads per rank (0: cores / local ranks)"),
+      boolParam("drop_last", false, "drop the last incomplete batch and shard"),
+  };
+  return specs;
+}
+
+const std::vector<ParamSpec>& distributedParamSpecs() {
+  static const std::vector<ParamSpec> specs = [] {
+    std::vector<ParamSpec> s = {
+        stringParam("backend", "gloo", {"gloo", "nccl"}, "communication backend"),
+        stringParam("device", "cpu", {"cpu", "cuda"}, "where each rank computes (cuda: cuda:LOCAL_RANK)"),
+        intParam("nproc_per_node", 1, 1, "ranks ddp-run starts when --nproc-per-node is not given"),
+        floatParam("timeout_s", 300, 0, true, "seconds before a collective fails"),
+        boolParam("find_unused_parameters", false, "allow parameters that get no gradient"),
+        floatParam("bucket_cap_mb", 25, 0, true, "gradient bucket size"),
+        floatParam("first_bucket_cap_mb", 1, 0, true, "first gradient bucket size, small to start early"),
+    };
+    return s;
+  }();
+  return specs;
+}
+
+ExperimentConfig parseExperimentConfig(const std::string& text, const std::string& sourceName,
+                                       const std::string& configDir, const std::vector<std::string>& overrideTexts,
+                                       PluginRegistry& registry) {
+  Json root;
+  try {
+    root = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    failMalformed(text, sourceName, e);
+  }
+  if (!root.is_object()) throw ConfigError(sourceName + ": expected a JSON object at the top level");
+
+  std::vector<Override> overrides = parseOverrides(overrideTexts);
+  Validator v(sourceName, configDir, overrides);
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    if (std::find(kTopLevelKeys.begin(), kTopLevelKeys.end(), it.key()) == kTopLevelKeys.end()) {
+      std::string close = closestName(it.key(), kTopLevelKeys);
+      throw ConfigError(it.key() + ": unknown key" + (close.empty() ? "" : "; did you mean \"" + close + "\"?") +
+                        " (known: name, description, plugins, dataset, model, optimizer, scheduler, loss, "
+                        "training, distributed)");
+    }
+  }
+  for (auto& o : overrides) {
+    std::string section = o.path.substr(0, o.path.find('.'));
+    if (std::find(kTopLevelKeys.begin(), kTopLevelKeys.end(), section) == kTopLevelKeys.end()) {
+      std::string close = closestName(section, kTopLevelKeys);
+      throw ConfigError("--set " + o.path + ": unknown section \"" + section + "\"" +
+                        (close.empty() ? "" : "; did you mean \"" + close + "\"?"));
+    }
+    if (o.path == "name") {
+      root["name"] = o.raw;
+      o.used = true;
+    }
+  }
+
+  ExperimentConfig config;
+  config.sourcePath = sourceName;
+  config.configDir = configDir;
+  Json resolved = Json::object();
+  if (root.contains("name")) {
+    if (!root["name"].is_string()) v.fail("name", "expected a string, got " + shown(root["name"]));
+    config.name = root["name"].get<std::string>();
+  }
+  resolved["name"] = config.name;
+  if (root.contains("description")) resolved["description"] = root["description"];
+
+  // Plugin libraries first: their plugins may be named below.
+  if (root.contains("plugins")) {
+    const Json& libs = root["plugins"];
+    if (!libs.is_array()) v.fail("plugins", "expected a list of shared library paths, got " + shown(libs));
+    for (size_t i = 0; i < libs.size(); ++i) {
+      const std::string where = "plugins[" + std::to_string(i) + "]";
+      if (!libs[i].is_string()) v.fail(where, "expected a path, got " + shown(libs[i]));
+      auto found = resolveFile(libs[i].get<std::string>(), configDir);
+      if (!found) v.fail(where, "plugin library \"" + libs[i].get<std::string>() + "\" not found");
+      try {
+        loadPluginLibrary(*found, registry);
+      } catch (const std::exception& e) {
+        v.fail(where, e.what());
+      }
+      config.pluginLibraries.push_back(*found);
+    }
+  }
+  resolved["plugins"] = config.pluginLibraries;
+
+  for (const auto& [section, kind] : kPluginSections) {
+    const bool optional = kind == PluginKind::Scheduler;
+    std::string known;  // "mlp, linear": for errors that list what exists
+    for (const auto& n : registry.names(kind)) known += (known.empty() ? "" : ", ") + n;
+    Json body = root.contains(section) ? root[section] : Json();
+    for (auto& o : overrides) {
+      if (o.path == section + ".name") {
+        if (body.is_null()) body = Json::object();
+        if (body.is_object()) body["name"] = o.raw;
+        o.used = true;
+      }
+    }
+    if (body.is_null()) {
+      if (optional) continue;
+      throw ConfigError(section + ": required section is missing; it names a " + pluginKindName(kind) +
+                        " plugin, e.g. \"" + section + "\": {\"name\": \"" +
+                        (registry.names(kind).empty() ? std::string("...") : registry.names(kind).front()) + "\"}");
+    }
+    if (body.is_string()) body = Json{{"name", body}};
+    if (!body.is_object()) v.fail(section, "expected an object with a \"name\", got " + shown(body));
+    if (!body.contains("name") || !body["name"].is_string()) {
+      v.fail(section + ".name", std::string("required: the ") + pluginKindName(kind) + " to use (known: " + known +
+                                    ")");
+    }
+    const std::string name = body["name"].get<std::string>();
+    if (!registry.has(kind, name)) {
+      std::string close = closestName(name, registry.names(kind));
+      v.fail(section + ".name", std::string("unknown ") + pluginKindName(kind) + " " + inQuotes(name) +
+                                    (close.empty() ? "" : "; did you mean " + inQuotes(close) + "?") + " (known: " +
+                                    known + ")");
+    }
+    const PluginSpec& spec = registry.get(kind, name);
+    Json params = v.validateSection(section, body, spec.params, {"name"});
+    resolved[section] = params;
+    params.erase("name");
+    PluginChoice choice{name, Params(params)};
+    switch (kind) {
+      case PluginKind::Dataset: config.dataset = choice; break;
+      case PluginKind::Model: config.model = choice; break;
+      case PluginKind::Optimizer: config.optimizer = choice; break;
+      case PluginKind::Scheduler: config.scheduler = choice; break;
+      case PluginKind::Loss: config.loss = choice; break;
+    }
+  }
+
+  const Json training =
+      v.validateSection("training", root.contains("training") ? root["training"] : Json::object(), trainingParamSpecs());
+  resolved["training"] = training;
+  config.training.epochs = training["epochs"];
+  config.training.batchSize = training["batch_size"];
+  config.training.seed = training["seed"].get<uint64_t>();
+  config.training.saveEvery = training["save_every"];
+  config.training.evalEvery = training["eval_every"];
+  config.training.maxSteps = training["max_steps"];
+  config.training.accumulateGradBatches = training["accumulate_grad_batches"];
+  config.training.threads = training["threads"];
+  config.training.dropLast = training["drop_last"];
+
+  const Json distributed = v.validateSection(
+      "distributed", root.contains("distributed") ? root["distributed"] : Json::object(), distributedParamSpecs());
+  resolved["distributed"] = distributed;
+  config.distributed.backend = distributed["backend"];
+  config.distributed.device = distributed["device"];
+  config.distributed.nprocPerNode = distributed["nproc_per_node"];
+  config.distributed.timeoutSeconds = distributed["timeout_s"];
+  config.distributed.findUnusedParameters = distributed["find_unused_parameters"];
+  config.distributed.bucketCapMb = distributed["bucket_cap_mb"];
+  config.distributed.firstBucketCapMb = distributed["first_bucket_cap_mb"];
+
+  for (const auto& o : overrides) {
+    if (!o.used) throw ConfigError("--set " + o.path + ": nothing to set; the section is not in this experiment");
+  }
+  config.resolved = resolved;
+  return config;
+}
+
+ExperimentConfig loadExperimentConfig(const std::string& path, const std::vector<std::string>& overrides,
+                                      PluginRegistry& registry) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    std::vector<std::string> experiments;
+    for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+      if (entry.path().extension() == ".json") experiments.push_back(entry.path().filename().string());
+    }
+    std::sort(experiments.begin(), experiments.end());
+    std::string hint = "pass one of its JSON files";
+    if (!experiments.empty()) {
+      hint += ":";
+      for (const auto& name : experiments) hint += " " + name;
+    }
+    throw ConfigError(path + ": is a folder, not an experiment file. HINT: " + hint);
+  }
+  std::ifstream in(path);
+  if (!in) {
+    throw ConfigError(path + ": cannot open experiment file (" + std::strerror(errno) +
+                      "). HINT: pass the path of a JSON file, e.g. experiments/wine_baseline.json");
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string dir = ".";
+  auto slash = path.find_last_of('/');
+  if (slash != std::string::npos) dir = path.substr(0, slash == 0 ? 1 : slash);
+  return parseExperimentConfig(buffer.str(), path, absolutePath(dir), overrides, registry);
+}
+
+}  // namespace ddp

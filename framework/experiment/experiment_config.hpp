@@ -1,0 +1,84 @@
+// ExperimentConfig: an experiment JSON, validated against the plugin
+// registry before anything runs.
+//
+// Contract
+// - loadExperimentConfig() reads, parses and validates; every failure is one
+//   ConfigError line that names the file or JSON path, e.g.
+//   `optimizer.lr: expected a number > 0, got "fast"`: malformed JSON (with
+//   line and column), unknown keys (with "did you mean"), wrong types,
+//   out-of-range values, unknown plugin names (listing the known ones),
+//   missing required parameters and missing input files.
+// - Overrides ("optimizer.lr=0.01") are applied before validation and typed
+//   by the declaration of the parameter they set.
+// - The result holds the resolved config: defaults filled in, overrides
+//   applied, input paths made absolute. It is what a run saves as config.json.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "framework/core/errors.hpp"
+#include "framework/experiment/plugin_registry.hpp"
+
+namespace ddp {
+
+// A user mistake in an experiment or its overrides; ddp-run exits with 2.
+class ConfigError : public UsageError {
+ public:
+  using UsageError::UsageError;
+};
+
+struct PluginChoice {
+  std::string name;
+  Params params;
+};
+
+struct TrainingConfig {
+  int64_t epochs = 1;
+  int64_t batchSize = 32;  // per rank
+  uint64_t seed = 0;
+  int64_t saveEvery = 0;   // epochs between checkpoints; 0 = none
+  int64_t evalEvery = 1;   // epochs between evaluations; 0 = only the last
+  int64_t maxSteps = 0;    // optimizer steps; 0 = no limit
+  int64_t accumulateGradBatches = 1;
+  int64_t threads = 0;     // intra-op threads per rank; 0 = leave as set (ddp-run: cores / ranks)
+  bool dropLast = false;
+};
+
+struct DistributedConfig {
+  std::string backend = "gloo";
+  std::string device = "cpu";  // "cpu" or "cuda" (rank r uses cuda:LOCAL_RANK)
+  int64_t nprocPerNode = 1;    // the launcher's default when --nproc-per-node is not given
+  double timeoutSeconds = 300;
+  bool findUnusedParameters = false;
+  double bucketCapMb = 25;
+  double firstBucketCapMb = 1;
+};
+
+struct ExperimentConfig {
+  std::string name;
+  std::string sourcePath;  // the file it came from ("" for text)
+  std::string configDir;   // where its relative paths resolve
+  std::vector<std::string> pluginLibraries;  // absolute paths
+  PluginChoice dataset, model, optimizer, loss;
+  std::optional<PluginChoice> scheduler;
+  TrainingConfig training;
+  DistributedConfig distributed;
+  Json resolved;  // the whole resolved config
+};
+
+// Reads `path`; `overrides` are "a.b=value" strings from --set.
+ExperimentConfig loadExperimentConfig(const std::string& path, const std::vector<std::string>& overrides,
+                                      PluginRegistry& registry);
+
+// The same from text; `sourceName` labels errors, `configDir` resolves paths.
+ExperimentConfig parseExperimentConfig(const std::string& text, const std::string& sourceName,
+                                       const std::string& configDir, const std::vector<std::string>& overrides,
+                                       PluginRegistry& registry);
+
+// Declarations of the built-in sections, for --describe and docs.
+const std::vector<ParamSpec>& trainingParamSpecs();
+const std::vector<ParamSpec>& distributedParamSpecs();
+
+}  // namespace ddp

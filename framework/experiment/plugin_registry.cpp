@@ -1,0 +1,301 @@
+#include "framework/experiment/plugin_registry.hpp"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "framework/core/errors.hpp"
+
+namespace ddp {
+
+namespace {
+
+constexpr PluginKind kAllKinds[] = {PluginKind::Dataset, PluginKind::Model, PluginKind::Optimizer,
+                                    PluginKind::Scheduler, PluginKind::Loss};
+
+std::string joinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "(none)" : out;
+}
+
+// Numbers as a user would write them in JSON: 0.001, 30, 1e-08.
+std::string formatNumber(double value) {
+  std::ostringstream os;
+  os << std::setprecision(10) << value;
+  return os.str();
+}
+
+std::string formatDefault(const ParamSpec& spec) {
+  if (spec.defaultValue.is_null()) return "(required)";
+  return spec.defaultValue.dump();
+}
+
+std::string formatRange(const ParamSpec& spec) {
+  if (!spec.choices.empty()) {
+    std::string out;
+    for (const auto& c : spec.choices) out += (out.empty() ? "" : "|") + c;
+    return out;
+  }
+  if (spec.min && spec.max) {
+    return (spec.minExclusive ? "(" : "[") + formatNumber(*spec.min) + ", " + formatNumber(*spec.max) + "]";
+  }
+  if (spec.min) return (spec.minExclusive ? "> " : ">= ") + formatNumber(*spec.min);
+  if (spec.max) return "<= " + formatNumber(*spec.max);
+  return "";
+}
+
+// Left-aligned columns, each as wide as its widest cell, two spaces apart.
+std::string formatTable(const std::vector<std::vector<std::string>>& rows, const std::string& indent) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line = indent;
+    for (size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line += std::string(widths[c] - row[c].size() + 2, ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
+size_t editDistance(const std::string& a, const std::string& b) {
+  // One row of the Levenshtein table at a time: names are short.
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t above = row[j];
+      size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      row[j] = std::min({above + 1, row[j - 1] + 1, substitute});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+const char* pluginKindName(PluginKind kind) {
+  switch (kind) {
+    case PluginKind::Dataset:
+      return "dataset";
+    case PluginKind::Model:
+      return "model";
+    case PluginKind::Optimizer:
+      return "optimizer";
+    case PluginKind::Scheduler:
+      return "scheduler";
+    case PluginKind::Loss:
+      return "loss";
+  }
+  return "unknown";
+}
+
+std::optional<PluginKind> pluginKindFromName(const std::string& name) {
+  for (PluginKind kind : kAllKinds) {
+    if (name == pluginKindName(kind)) return kind;
+  }
+  return std::nullopt;
+}
+
+const char* paramTypeName(ParamType type) {
+  switch (type) {
+    case ParamType::Int:
+      return "int";
+    case ParamType::Float:
+      return "float";
+    case ParamType::Bool:
+      return "bool";
+    case ParamType::String:
+      return "string";
+    case ParamType::IntList:
+      return "int list";
+    case ParamType::FloatList:
+      return "float list";
+  }
+  return "unknown";
+}
+
+std::string closestName(const std::string& name, const std::vector<std::string>& candidates) {
+  // A suggestion further away than a third of the name is noise, not a typo;
+  // short names still get up to two edits ("mpl" -> "mlp").
+  const size_t limit = std::max<size_t>(2, name.size() / 3);
+  std::string best;
+  size_t bestDistance = limit + 1;
+  for (const auto& candidate : candidates) {
+    size_t d = editDistance(name, candidate);
+    if (d < bestDistance) {
+      bestDistance = d;
+      best = candidate;
+    }
+  }
+  return best;
+}
+
+void PluginRegistry::add(PluginSpec spec) {
+  const char* kind = pluginKindName(spec.kind);
+  if (spec.name.empty()) throw UsageError(std::string("plugin registry: a ") + kind + " has an empty name");
+  auto& ofKind = plugins_[spec.kind];
+  if (ofKind.count(spec.name)) {
+    throw UsageError(std::string("plugin registry: ") + kind + " '" + spec.name + "' is registered twice");
+  }
+  bool hasFactory = false;
+  switch (spec.kind) {
+    case PluginKind::Dataset:
+      hasFactory = static_cast<bool>(spec.dataset);
+      break;
+    case PluginKind::Model:
+      hasFactory = static_cast<bool>(spec.model);
+      break;
+    case PluginKind::Optimizer:
+      hasFactory = static_cast<bool>(spec.optimizer);
+      break;
+    case PluginKind::Scheduler:
+      hasFactory = static_cast<bool>(spec.scheduler);
+      break;
+    case PluginKind::Loss:
+      hasFactory = static_cast<bool>(spec.loss);
+      break;
+  }
+  if (!hasFactory) {
+    throw UsageError(std::string("plugin registry: ") + kind + " '" + spec.name + "' has no " + kind + " factory set");
+  }
+  std::string name = spec.name;
+  ofKind.emplace(std::move(name), std::move(spec));
+}
+
+bool PluginRegistry::has(PluginKind kind, const std::string& name) const {
+  auto it = plugins_.find(kind);
+  return it != plugins_.end() && it->second.count(name) > 0;
+}
+
+const PluginSpec& PluginRegistry::get(PluginKind kind, const std::string& name) const {
+  auto it = plugins_.find(kind);
+  if (it != plugins_.end()) {
+    auto found = it->second.find(name);
+    if (found != it->second.end()) return found->second;
+  }
+  const std::string kindName = pluginKindName(kind);
+  const auto known = names(kind);
+  std::string message = "unknown " + kindName + " '" + name + "'";
+  std::string suggestion = closestName(name, known);
+  if (!suggestion.empty()) message += "; did you mean '" + suggestion + "'?";
+  message += (suggestion.empty() ? "; known " : " known ") + (kind == PluginKind::Loss ? "losses" : kindName + "s") +
+             ": " + joinNames(known);
+  throw UsageError(message);
+}
+
+std::vector<std::string> PluginRegistry::names(PluginKind kind) const {
+  std::vector<std::string> out;
+  auto it = plugins_.find(kind);
+  if (it == plugins_.end()) return out;
+  for (const auto& kv : it->second) out.push_back(kv.first);
+  return out;
+}
+
+std::string PluginRegistry::listing() const {
+  std::string out;
+  for (PluginKind kind : kAllKinds) {
+    std::string kindName = pluginKindName(kind);
+    out += (kind == PluginKind::Loss ? std::string("losses") : kindName + "s") + ":\n";
+    std::vector<std::vector<std::string>> rows;
+    auto it = plugins_.find(kind);
+    if (it != plugins_.end()) {
+      for (const auto& kv : it->second) rows.push_back({kv.first, kv.second.doc});
+    }
+    if (rows.empty()) rows.push_back({"(none)"});
+    out += formatTable(rows, "  ");
+  }
+  out += "Run --describe KIND.NAME (e.g. optimizer.adam) for a plugin's parameters.\n";
+  return out;
+}
+
+std::string PluginRegistry::describe(const std::string& kindDotName) const {
+  auto everything = [this] {
+    std::vector<std::string> all;
+    for (PluginKind kind : kAllKinds) {
+      for (const auto& n : names(kind)) all.push_back(std::string(pluginKindName(kind)) + "." + n);
+    }
+    return all;
+  };
+  const auto dot = kindDotName.find('.');
+  std::optional<PluginKind> kind;
+  if (dot != std::string::npos) kind = pluginKindFromName(kindDotName.substr(0, dot));
+  if (!kind) {
+    const auto all = everything();
+    std::string message = "cannot describe '" + kindDotName + "': expected KIND.NAME";
+    // A bare name ("adam") is most likely meant as the plugin of that name.
+    std::string suggestion;
+    for (PluginKind k : kAllKinds) {
+      if (dot == std::string::npos && has(k, kindDotName))
+        suggestion = std::string(pluginKindName(k)) + "." + kindDotName;
+    }
+    if (suggestion.empty()) suggestion = closestName(kindDotName, all);
+    message += suggestion.empty() ? "; known plugins: " : "; did you mean '" + suggestion + "'? known plugins: ";
+    message += joinNames(all);
+    throw UsageError(message);
+  }
+  const PluginSpec& spec = get(*kind, kindDotName.substr(dot + 1));
+
+  std::string out = std::string(pluginKindName(spec.kind)) + "." + spec.name + ": " + spec.doc + "\n";
+  if (spec.params.empty()) return out + "  (no parameters)\n";
+  std::vector<std::vector<std::string>> rows{{"param", "type", "default", "range", "doc"}};
+  for (const auto& p : spec.params) {
+    rows.push_back({p.name, paramTypeName(p.type), formatDefault(p), formatRange(p), p.doc});
+  }
+  return out + formatTable(rows, "  ");
+}
+
+void loadPluginLibrary(const std::string& path, PluginRegistry& registry) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    throw UsageError("plugin library '" + path + "': file not found");
+  }
+  // An absolute path, because dlopen() searches the library path, not the
+  // current directory, for a name without a slash.
+  const std::string absolute = std::filesystem::absolute(path, ec).string();
+  // RTLD_NOW: an unresolved symbol fails here, naming the library, rather
+  // than in the middle of training. RTLD_LOCAL: two plugins may define
+  // helpers of the same name.
+  void* handle = dlopen(absolute.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    throw UsageError("plugin library '" + path + "': " + (why ? why : "dlopen failed") +
+                     (why && std::string(why).find("undefined symbol") != std::string::npos
+                          ? ". HINT: build the program that loads plugins with ENABLE_EXPORTS (-rdynamic)"
+                          : ""));
+  }
+  // A library registers into a registry once: an experiment read twice in
+  // one process (by the launcher, then by the rank) names it twice.
+  if (registry.libraries_.count(handle) > 0) {
+    dlclose(handle);  // drops the reference this dlopen() added
+    return;
+  }
+  using RegisterFn = void (*)(PluginRegistry&);
+  dlerror();
+  auto* fn = reinterpret_cast<RegisterFn>(dlsym(handle, "ddp_register_plugins"));
+  if (fn == nullptr) {
+    dlclose(handle);
+    throw UsageError("plugin library '" + path +
+                     "' has no ddp_register_plugins symbol. HINT: export extern \"C\" void "
+                     "ddp_register_plugins(ddp::PluginRegistry&)");
+  }
+  // The library stays loaded for the life of the process: the registry now
+  // holds factories whose code lives in it.
+  fn(registry);
+  registry.libraries_.insert(handle);
+}
+
+}  // namespace ddp

@@ -1,0 +1,33 @@
+// Distributed start-up for one rank: the TCPStore at MASTER_ADDR:MASTER_PORT
+// (served by rank 0) and the process group of the chosen backend.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "framework/comm/backend_registry.hpp"
+#include "framework/comm/process_group.hpp"
+#include "framework/launch/rank_env.hpp"
+#include "framework/store/store.hpp"
+
+namespace ddp {
+
+struct DistributedOptions {
+  std::string backend = "gloo";
+  Milliseconds timeout{300000};       // collectives
+  Milliseconds connectTimeout{60000};  // reaching the master
+};
+
+struct DistributedContext {
+  RankEnv env;
+  std::shared_ptr<Store> store;
+  ProcessGroupPtr group;
+};
+
+// World size 1 with no master needed uses an in-memory store.
+// `backends` names the ProcessGroup implementations to choose from (a
+// program with the built-in ones passes ddp::builtinBackends()).
+DistributedContext initDistributed(const RankEnv& env, const DistributedOptions& options,
+                                   const BackendRegistry& backends);
+
+}  // namespace ddp

@@ -1,0 +1,280 @@
+#include "framework/launch/launcher.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "framework/core/errors.hpp"
+#include "framework/core/system.hpp"
+#include "framework/launch/rank_env.hpp"
+#include "framework/launch/spawn.hpp"
+
+extern char** environ;
+
+namespace ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RankProcess {
+  int rank = 0;
+  pid_t pid = -1;
+  int outputFd = -1;
+  std::string partialLine;
+  std::deque<std::string> lastLines;
+  bool exited = false;
+  int status = 0;
+};
+
+// Binds a TCP socket to host:port; returns the bound port, or -errno.
+int tryBind(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found) {
+    throw UsageError("ddp-run: cannot resolve master address '" + host + "'. HINT: check --master-addr / MASTER_ADDR");
+  }
+  int result = -EADDRNOTAVAIL;
+  for (addrinfo* ai = found; ai; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype, 0);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      sockaddr_storage bound{};
+      socklen_t len = sizeof(bound);
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+      char serv[16] = {0};
+      getnameinfo(reinterpret_cast<sockaddr*>(&bound), len, nullptr, 0, serv, sizeof(serv), NI_NUMERICSERV);
+      result = std::atoi(serv);
+      ::close(fd);
+      break;
+    }
+    result = -errno;
+    ::close(fd);
+  }
+  freeaddrinfo(found);
+  return result;
+}
+
+pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::string& token, int* outputFd) {
+  const int worldSize = o.nnodes * o.nprocPerNode;
+  const int rank = o.nodeRank * o.nprocPerNode + localRank;
+  EnvMap env = currentEnvironment();
+  env["RANK"] = std::to_string(rank);
+  env["LOCAL_RANK"] = std::to_string(localRank);
+  env["WORLD_SIZE"] = std::to_string(worldSize);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(o.nprocPerNode);
+  env["GROUP_RANK"] = std::to_string(o.nodeRank);
+  env["MASTER_ADDR"] = o.masterAddr;
+  env["MASTER_PORT"] = std::to_string(o.masterPort);
+  env["DDP_RUN_LAUNCHED"] = "1";
+  env["DDP_RESTART"] = std::to_string(attempt);
+  if (!token.empty()) env["DDP_STORE_TOKEN"] = token;
+  if (!env.count("OMP_NUM_THREADS")) {
+    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    env["OMP_NUM_THREADS"] = std::to_string(std::max(1u, cores / static_cast<unsigned>(o.nprocPerNode)));
+  }
+  SpawnOptions spawn;
+  spawn.argv = o.workerArgv;
+  spawn.environment = std::move(env);
+  spawn.captureOutput = true;
+  spawn.ownProcessGroup = true;  // so that a kill reaches its children too
+  const ChildProcess child = spawnProcess(spawn);
+  *outputFd = child.outputFd;
+  return child.pid;
+}
+
+void forwardLine(RankProcess& p, const std::string& line, size_t keep) {
+  if (p.rank == 0) {
+    std::cout << line << "\n";
+  } else {
+    std::cout << "[rank " << p.rank << "] " << line << "\n";
+  }
+  p.lastLines.push_back(line);
+  while (p.lastLines.size() > keep) p.lastLines.pop_front();
+}
+
+// Reads what is available; returns false at end of output.
+bool drain(RankProcess& p, size_t keep) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(p.outputFd, buf, sizeof(buf));
+    if (n > 0) {
+      p.partialLine.append(buf, static_cast<size_t>(n));
+      size_t nl;
+      while ((nl = p.partialLine.find('\n')) != std::string::npos) {
+        forwardLine(p, p.partialLine.substr(0, nl), keep);
+        p.partialLine.erase(0, nl + 1);
+      }
+      continue;
+    }
+    if (n == 0) {
+      if (!p.partialLine.empty()) forwardLine(p, p.partialLine, keep);
+      p.partialLine.clear();
+      return false;
+    }
+    if (errno == EINTR) continue;
+    return true;  // EAGAIN: nothing more for now
+  }
+}
+
+// One attempt of the whole job on this node. Returns 0, or the failure code.
+int runOnce(const LaunchOptions& o, int attempt, const std::string& token) {
+  std::vector<RankProcess> procs(o.nprocPerNode);
+  for (int i = 0; i < o.nprocPerNode; ++i) {
+    procs[i].rank = o.nodeRank * o.nprocPerNode + i;
+    procs[i].pid = spawnRank(o, i, attempt, token, &procs[i].outputFd);
+  }
+  const size_t keep = static_cast<size_t>(o.lastLinesKept);
+  int firstFailure = -1;
+  Clock::time_point killDeadline{};
+  bool killedHard = false;
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<RankProcess*> owners;
+    for (auto& p : procs) {
+      if (p.outputFd >= 0) {
+        fds.push_back({p.outputFd, POLLIN, 0});
+        owners.push_back(&p);
+      }
+    }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents && !drain(*owners[i], keep)) {
+        ::close(owners[i]->outputFd);
+        owners[i]->outputFd = -1;
+      }
+    }
+    bool allExited = true;
+    for (auto& p : procs) {
+      if (p.exited) continue;
+      int status = 0;
+      pid_t r = ::waitpid(p.pid, &status, WNOHANG);
+      if (r == p.pid) {
+        p.exited = true;
+        p.status = status;
+        const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && firstFailure < 0) {
+          firstFailure = p.rank - o.nodeRank * o.nprocPerNode;
+          for (auto& q : procs) {
+            if (!q.exited) ::kill(-q.pid, SIGTERM);
+          }
+          killDeadline = Clock::now() + o.killGrace;
+        }
+      } else {
+        allExited = false;
+      }
+    }
+    if (firstFailure >= 0 && !killedHard && Clock::now() >= killDeadline) {
+      for (auto& q : procs) {
+        if (!q.exited) ::kill(-q.pid, SIGKILL);
+      }
+      killedHard = true;
+    }
+    if (allExited) {
+      for (auto& p : procs) {
+        if (p.outputFd >= 0) {
+          drain(p, keep);
+          ::close(p.outputFd);
+          p.outputFd = -1;
+        }
+      }
+      break;
+    }
+  }
+  if (firstFailure < 0) return 0;
+  const RankProcess& f = procs[firstFailure];
+  std::cerr << "ddp-run: rank " << f.rank << " (pid " << f.pid << ") failed first: " << describeExitStatus(f.status)
+            << "; stopped the other ranks.\n";
+  std::cerr << "ddp-run: last lines of rank " << f.rank << ":\n";
+  for (const auto& line : f.lastLines) std::cerr << "  | " << line << "\n";
+  // The rank's own code (2: a mistake in what was asked) where it exited; 1
+  // where a signal ended it.
+  return WIFEXITED(f.status) ? WEXITSTATUS(f.status) : 1;
+}
+
+}  // namespace
+
+void checkPortFree(const std::string& host, int port) {
+  int r = tryBind(host, port);
+  if (r == -EADDRINUSE) {
+    throw UsageError("ddp-run: MASTER_PORT " + std::to_string(port) + " on " + host +
+                     " is already in use. HINT: pass --master-port with a free port (or 0 to pick one), or stop "
+                     "the process that holds it (ss -ltnp 'sport = :" +
+                     std::to_string(port) + "')");
+  }
+  if (r < 0) {
+    throw UsageError("ddp-run: cannot bind " + host + ":" + std::to_string(port) + ": " + strerror(-r) +
+                     ". HINT: --master-addr must be an address of the node with --node-rank 0");
+  }
+}
+
+int pickFreePort(const std::string& host) {
+  int r = tryBind(host, 0);
+  if (r <= 0) throw UsageError("ddp-run: cannot find a free port on " + host + ": " + strerror(-r));
+  return r;
+}
+
+int launchLocalRanks(LaunchOptions o) {
+  if (o.nprocPerNode < 1) throw UsageError("ddp-run: --nproc-per-node must be at least 1");
+  if (o.nnodes < 1) throw UsageError("ddp-run: --nnodes must be at least 1");
+  if (o.nodeRank < 0 || o.nodeRank >= o.nnodes) {
+    throw UsageError("ddp-run: --node-rank " + std::to_string(o.nodeRank) + " is outside [0, " +
+                     std::to_string(o.nnodes) + ")");
+  }
+  if (o.masterPort == 0) {
+    if (o.nnodes > 1) throw UsageError("ddp-run: a multi-node job needs --master-port (the same on every node)");
+    o.masterPort = pickFreePort(o.masterAddr);
+  } else if (o.nodeRank == 0) {
+    checkPortFree(o.masterAddr, o.masterPort);
+  }
+  std::string token;
+  if (const char* t = std::getenv("DDP_STORE_TOKEN")) token = t;
+  if (token.empty() && o.nnodes == 1) token = randomHex(16);
+
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  const int worldSize = o.nnodes * o.nprocPerNode;
+  std::cout << "ddp-run: world size " << worldSize << " = " << o.nnodes << " node(s) x " << o.nprocPerNode
+            << " rank(s); master " << o.masterAddr << ":" << o.masterPort << "; backend " << o.backend << "\n";
+  std::cout << "ddp-run: node " << o.nodeRank << " (" << host << ") runs ranks " << o.nodeRank * o.nprocPerNode
+            << ".." << (o.nodeRank + 1) * o.nprocPerNode - 1 << std::endl;
+
+  for (int attempt = 0;; ++attempt) {
+    int code = runOnce(o, attempt, token);
+    if (code == 0) return 0;
+    // 2: a mistake in what was asked (config, environment), the same again
+    // on every attempt; restarts are for failures that may pass.
+    if (code == 2 && o.maxRestarts > 0) {
+      std::cerr << "ddp-run: not restarting: the rank reported a mistake in the job's input (exit code 2)\n";
+      return code;
+    }
+    if (attempt >= o.maxRestarts) {
+      if (o.maxRestarts > 0) std::cerr << "ddp-run: giving up after " << o.maxRestarts << " restart(s)\n";
+      return code;
+    }
+    std::cerr << "ddp-run: restarting all ranks from the newest checkpoint (restart " << attempt + 1 << " of "
+              << o.maxRestarts << ")" << std::endl;
+    if (o.nodeRank == 0) {
+      // The failed master may leave its port in TIME_WAIT briefly; SO_REUSEADDR copes.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,85 @@
+#include "framework/launch/spawn.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "framework/core/errors.hpp"
+#include "framework/core/system.hpp"
+
+namespace ddp {
+
+ChildProcess spawnProcess(const SpawnOptions& options) {
+  DDP_CHECK(!options.argv.empty(), "spawnProcess needs a program");
+  // Everything the child touches is built here, before fork().
+  std::vector<std::string> args = options.argv;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> envStrings;
+  std::vector<char*> envp;
+  if (options.environment) {
+    for (const auto& kv : *options.environment) envStrings.push_back(kv.first + "=" + kv.second);
+    for (auto& s : envStrings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+  }
+  const std::string cannotStart = "cannot start " + args[0] + ": ";
+
+  int pipeFds[2] = {-1, -1};
+  if (options.captureOutput && ::pipe2(pipeFds, O_CLOEXEC) != 0) {
+    fail<std::runtime_error>("spawn {}: pipe: {}", args[0], errnoText(errno));
+  }
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    if (options.captureOutput) {
+      ::close(pipeFds[0]);
+      ::close(pipeFds[1]);
+    }
+    fail<std::runtime_error>("spawn {}: fork: {}", args[0], errnoText(err));
+  }
+  if (pid == 0) {
+    if (options.dieWithParent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
+    }
+    if (options.captureOutput) {
+      ::dup2(pipeFds[1], STDOUT_FILENO);
+      ::dup2(pipeFds[1], STDERR_FILENO);
+    }
+    if (options.ownProcessGroup) ::setpgid(0, 0);
+    if (options.environment) {
+      ::execve(argv[0], argv.data(), envp.data());
+    } else {
+      ::execv(argv[0], argv.data());
+    }
+    const char* reason = ::strerror(errno);
+    (void)!::write(STDERR_FILENO, cannotStart.data(), cannotStart.size());
+    (void)!::write(STDERR_FILENO, reason, std::strlen(reason));
+    (void)!::write(STDERR_FILENO, "\n", 1);
+    ::_exit(127);
+  }
+  ChildProcess child;
+  child.pid = pid;
+  if (options.captureOutput) {
+    ::close(pipeFds[1]);
+    ::fcntl(pipeFds[0], F_SETFL, O_NONBLOCK);
+    child.outputFd = pipeFds[0];
+  }
+  return child;
+}
+
+std::string describeExitStatus(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("killed by signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
+  return fmt::format("ended with status {}", status);
+}
+
+}  // namespace ddp

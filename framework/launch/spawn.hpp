@@ -1,0 +1,49 @@
+// Starting child processes: the one fork/exec that the launcher, ddp-bench
+// and the multi-process tests share.
+//
+// Contract
+// - spawnProcess() executes argv[0] (a path, not searched in PATH) with
+//   argv, and the given environment or, when none is given, this process's.
+//   Everything the child needs is prepared before fork(), so the child runs
+//   only async-signal-safe calls until exec (the parent may have threads).
+// - captureOutput: the child's stdout and stderr go to one pipe whose read
+//   end (non-blocking, close-on-exec) is ChildProcess::outputFd; the caller
+//   closes it. Otherwise the child inherits both.
+// - ownProcessGroup: the child leads a new process group, so one kill(-pid)
+//   reaches whatever it starts in turn.
+// - dieWithParent: the child gets SIGKILL when the spawning thread's process
+//   ends (PR_SET_PDEATHSIG); a parent that died before the child could ask
+//   for that is noticed, and the child exits 127 instead of running orphaned.
+// - A child that cannot exec prints "cannot start <path>: <reason>" to its
+//   stderr and exits 127. fork() or pipe() failures throw std::runtime_error.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "framework/launch/rank_env.hpp"
+
+namespace ddp {
+
+struct SpawnOptions {
+  std::vector<std::string> argv;  // argv[0]: the program's path
+  std::optional<EnvMap> environment;
+  bool captureOutput = false;
+  bool ownProcessGroup = false;
+  bool dieWithParent = false;
+};
+
+struct ChildProcess {
+  pid_t pid = -1;
+  int outputFd = -1;  // with captureOutput
+};
+
+ChildProcess spawnProcess(const SpawnOptions& options);
+
+// "exited with code 3", "killed by signal 9 (Killed)": a waitpid() status.
+std::string describeExitStatus(int status);
+
+}  // namespace ddp

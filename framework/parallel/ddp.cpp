@@ -1,0 +1,568 @@
+#include "framework/parallel/ddp.hpp"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_set>
+
+#include "framework/core/errors.hpp"
+
+namespace ddp {
+
+namespace {
+
+// Broadcasts at construction are coalesced into flat tensors of at most this
+// size: few collectives, bounded extra memory.
+constexpr size_t kBroadcastChunkBytes = 64u * 1024 * 1024;
+constexpr size_t kMaxNamesInError = 10;
+
+std::string shapeString(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
+
+// One line per parameter or buffer; what must agree across ranks.
+struct TensorSpec {
+  char kind = 'P';  // 'P' parameter, 'B' buffer
+  std::string name;
+  std::string dtype;
+  std::string shape;
+  bool requiresGrad = false;
+
+  bool operator==(const TensorSpec& o) const {
+    return kind == o.kind && name == o.name && dtype == o.dtype && shape == o.shape && requiresGrad == o.requiresGrad;
+  }
+  const char* kindWord() const { return kind == 'P' ? "parameter" : "buffer"; }
+};
+
+std::string serialize(const std::vector<TensorSpec>& specs) {
+  std::string out;
+  for (const auto& s : specs) {
+    out += std::string(1, s.kind) + '\t' + s.name + '\t' + s.dtype + '\t' + s.shape + '\t' +
+           (s.requiresGrad ? "1" : "0") + '\n';
+  }
+  return out;
+}
+
+std::vector<TensorSpec> parse(const std::string& text) {
+  std::vector<TensorSpec> specs;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    std::vector<std::string> fields;
+    size_t start = 0;
+    for (size_t tab; (tab = line.find('\t', start)) != std::string::npos; start = tab + 1)
+      fields.push_back(line.substr(start, tab - start));
+    fields.push_back(line.substr(start));
+    DDP_CHECK(fields.size() == 5, "malformed model description line: " + line);
+    specs.push_back({fields[0][0], fields[1], fields[2], fields[3], fields[4] == "1"});
+  }
+  return specs;
+}
+
+uint64_t fingerprint(const std::string& text) {
+  uint64_t h = 14695981039346656037ull;  // FNV-1a
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// The first difference between rank 0's model and rank r's, as one line.
+std::string describeMismatch(const std::vector<TensorSpec>& base, const std::vector<TensorSpec>& other, int r) {
+  const std::string on0 = " on rank 0 but ";
+  const std::string onR = " on rank " + std::to_string(r);
+  std::map<std::string, const TensorSpec*> byName;
+  for (const auto& s : other) byName[s.name] = &s;
+  // Differences in a tensor both ranks have are the most telling: check
+  // those in rank 0's order first.
+  for (const auto& s : base) {
+    auto it = byName.find(s.name);
+    if (it == byName.end()) continue;
+    const TensorSpec& o = *it->second;
+    if (s.kind != o.kind)
+      return "DDP: '" + s.name + "' is a " + s.kindWord() + on0 + "a " + o.kindWord() + onR;
+    if (s.shape != o.shape)
+      return "DDP: " + std::string(s.kindWord()) + " '" + s.name + "' has shape " + s.shape + on0 + o.shape + onR;
+    if (s.dtype != o.dtype)
+      return "DDP: " + std::string(s.kindWord()) + " '" + s.name + "' has dtype " + s.dtype + on0 + o.dtype + onR;
+    if (s.requiresGrad != o.requiresGrad)
+      return "DDP: " + std::string(s.kindWord()) + " '" + s.name + "' has requires_grad " +
+             (s.requiresGrad ? "true" : "false") + on0 + (o.requiresGrad ? "true" : "false") + onR;
+  }
+  std::set<std::string> baseNames;
+  for (const auto& s : base) baseNames.insert(s.name);
+  for (const auto& s : base)
+    if (!byName.count(s.name)) return "DDP: " + std::string(s.kindWord()) + " '" + s.name + "' exists on rank 0 but not" + onR;
+  for (const auto& s : other)
+    if (!baseNames.count(s.name))
+      return "DDP: " + std::string(s.kindWord()) + " '" + s.name + "' exists" + onR + " but not on rank 0";
+  for (size_t i = 0; i < std::min(base.size(), other.size()); ++i) {
+    if (!(base[i] == other[i]))
+      return "DDP: tensors are registered in a different order on rank 0 and rank " + std::to_string(r) + " (#" +
+             std::to_string(i) + " is '" + base[i].name + "' vs '" + other[i].name + "')";
+  }
+  return "DDP: rank 0 and rank " + std::to_string(r) + " describe their models differently";
+}
+
+std::string joinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < kMaxNamesInError; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > kMaxNamesInError) out += ", ... (" + std::to_string(names.size() - kMaxNamesInError) + " more)";
+  return out;
+}
+
+// Parameters and buffers without duplicates: a tensor shared by two
+// submodules is registered twice but must be hooked and broadcast once.
+template <typename Items>
+std::vector<std::pair<std::string, at::Tensor>> uniqueTensors(const Items& items) {
+  std::unordered_set<const void*> seen;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : items) {
+    if (!item.value().defined()) continue;
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+}  // namespace
+
+// Autograd calls this after the parameter's AccumulateGrad node has run, so
+// param.grad() already holds this pass's gradient.
+class DistributedDataParallel::GradHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradHook(DistributedDataParallel* owner, size_t index) : owner_(owner), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    owner_->onGradientReady(index_);
+    return outputs;
+  }
+
+ private:
+  DistributedDataParallel* owner_;
+  size_t index_;
+};
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* owner) : owner_(owner) {
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  ++owner_->noSyncDepth_;
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept : owner_(other.owner_) {
+  other.owner_ = nullptr;
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
+  if (!owner_) return;
+  std::lock_guard<std::mutex> lock(owner_->mutex_);
+  --owner_->noSyncDepth_;
+}
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group,
+                                                 DdpOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(options) {
+  if (!module_) throw UsageError("DDP: the module is null");
+  if (!group_) throw UsageError("DDP: the process group is null");
+  if (options_.bucketCapBytes == 0 || options_.firstBucketCapBytes == 0)
+    throw UsageError("DDP: bucket caps must be positive. HINT: use e.g. 25 MiB and 1 MiB");
+
+  verifyModelsMatch();
+
+  std::vector<at::Tensor> everything;
+  for (auto& [name, p] : uniqueTensors(module_->named_parameters(true))) everything.push_back(p);
+  for (auto& [name, b] : uniqueTensors(module_->named_buffers(true))) everything.push_back(b);
+  broadcastFromRankZero(everything);
+
+  for (auto& [name, p] : uniqueTensors(module_->named_parameters(true))) {
+    if (!p.requires_grad()) continue;
+    Param param;
+    param.name = name;
+    param.tensor = p;
+    params_.push_back(std::move(param));
+  }
+  buildBuckets();
+  readyThisStep_.assign(params_.size(), false);
+  usedSinceSync_.assign(params_.size(), false);
+  resetStepLocked();
+  installHooks();
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  // Collectives in flight hold their own reference to the bucket buffers,
+  // so only the hooks (which point at this object) must go.
+  for (auto& p : params_) {
+    if (p.accumulator) p.accumulator->del_post_hook(p.hookKey);
+  }
+}
+
+void DistributedDataParallel::verifyModelsMatch() {
+  std::vector<TensorSpec> specs;
+  for (auto& [name, p] : uniqueTensors(module_->named_parameters(true)))
+    specs.push_back({'P', name, dtypeName(p), shapeString(p.sizes()), p.requires_grad()});
+  for (auto& [name, b] : uniqueTensors(module_->named_buffers(true)))
+    specs.push_back({'B', name, dtypeName(b), shapeString(b.sizes()), false});
+  const int world = group_->size();
+  if (world == 1) return;
+  const std::string mine = serialize(specs);
+
+  // Cheap common case: one 8-byte fingerprint per rank.
+  at::Tensor fp = at::empty({1}, at::kLong);
+  fp[0] = static_cast<int64_t>(fingerprint(mine));
+  at::Tensor fps = at::empty({world}, at::kLong);
+  group_->allgather(fp, fps, {options_.timeout})->wait();
+  bool allEqual = true;
+  for (int r = 1; r < world; ++r) allEqual = allEqual && fps[r].item<int64_t>() == fps[0].item<int64_t>();
+  if (allEqual) return;
+
+  // Some rank differs: exchange the full descriptions (packed 8 bytes per
+  // int64, padded to the longest) so every rank can name the difference.
+  at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  at::Tensor lens = at::empty({world}, at::kLong);
+  group_->allgather(len, lens, {options_.timeout})->wait();
+  const int64_t maxLen = lens.max().item<int64_t>();
+  const int64_t words = (maxLen + 7) / 8;
+  at::Tensor packed = at::zeros({words}, at::kLong);
+  std::memcpy(packed.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::empty({words * world}, at::kLong);
+  group_->allgather(packed, all, {options_.timeout})->wait();
+  std::vector<std::vector<TensorSpec>> perRank;
+  for (int r = 0; r < world; ++r) {
+    const char* base = reinterpret_cast<const char*>(all.data_ptr<int64_t>() + r * words);
+    perRank.push_back(parse(std::string(base, static_cast<size_t>(lens[r].item<int64_t>()))));
+  }
+  for (int r = 1; r < world; ++r) {
+    if (perRank[r] == perRank[0]) continue;
+    throw UsageError(describeMismatch(perRank[0], perRank[r], r) +
+                     ". HINT: every rank must build the same model from the same configuration");
+  }
+  DDP_CHECK(false, "model fingerprints differ but descriptions agree");
+}
+
+void DistributedDataParallel::broadcastFromRankZero(const std::vector<at::Tensor>& tensors) {
+  if (group_->size() == 1) return;
+  at::NoGradGuard noGrad;
+  // Group by dtype and device, in order, then cut into chunks.
+  struct Chunk {
+    std::vector<at::Tensor> members;
+    size_t bytes = 0;
+  };
+  std::vector<Chunk> chunks;
+  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> index into chunks
+  for (const auto& t : tensors) {
+    if (t.numel() == 0) continue;
+    const auto key = std::make_pair(static_cast<int>(t.scalar_type()), t.device().str());
+    const size_t bytes = t.numel() * t.element_size();
+    auto it = open.find(key);
+    if (it == open.end() || (chunks[it->second].bytes + bytes > kBroadcastChunkBytes && chunks[it->second].bytes > 0)) {
+      chunks.emplace_back();
+      it = open.insert_or_assign(key, chunks.size() - 1).first;
+    }
+    chunks[it->second].members.push_back(t);
+    chunks[it->second].bytes += bytes;
+  }
+  std::vector<at::Tensor> flats;
+  std::vector<WorkPtr> works;
+  for (auto& chunk : chunks) {
+    std::vector<at::Tensor> pieces;
+    for (auto& t : chunk.members) pieces.push_back(t.detach().reshape({-1}));
+    flats.push_back(at::cat(pieces));
+    works.push_back(group_->broadcast(flats.back(), {0, options_.timeout}));
+  }
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    works[c]->wait();
+    if (group_->rank() == 0) continue;
+    int64_t offset = 0;
+    for (auto& t : chunks[c].members) {
+      t.detach().copy_(flats[c].narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+void DistributedDataParallel::buildBuckets() {
+  // Walk parameters in reverse registration order; each (dtype, device) has
+  // one open bucket, closed when the next parameter would overflow its cap.
+  // A parameter larger than the cap gets a bucket of its own.
+  struct Open {
+    std::vector<size_t> params;
+    size_t bytes = 0;
+    size_t firstPosition = 0;
+    bool isFirstOfKey = true;
+  };
+  std::vector<std::pair<size_t, std::vector<size_t>>> closed;  // (first position, params)
+  std::map<std::pair<int, std::string>, Open> open;
+  for (size_t pos = 0; pos < params_.size(); ++pos) {
+    const size_t i = params_.size() - 1 - pos;
+    const at::Tensor& t = params_[i].tensor;
+    const auto key = std::make_pair(static_cast<int>(t.scalar_type()), t.device().str());
+    const size_t bytes = t.numel() * t.element_size();
+    Open& o = open[key];
+    const size_t cap = o.isFirstOfKey ? options_.firstBucketCapBytes : options_.bucketCapBytes;
+    if (!o.params.empty() && o.bytes + bytes > cap) {
+      closed.emplace_back(o.firstPosition, std::move(o.params));
+      o = Open{};
+      o.isFirstOfKey = false;
+    }
+    if (o.params.empty()) o.firstPosition = pos;
+    o.params.push_back(i);
+    o.bytes += bytes;
+  }
+  for (auto& [key, o] : open)
+    if (!o.params.empty()) closed.emplace_back(o.firstPosition, std::move(o.params));
+  std::sort(closed.begin(), closed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+
+  for (auto& [position, members] : closed) {
+    Bucket bucket;
+    int64_t numel = 0;
+    for (size_t slot = 0; slot < members.size(); ++slot) {
+      Param& p = params_[members[slot]];
+      p.bucket = buckets_.size();
+      p.slot = slot;
+      bucket.params.push_back(members[slot]);
+      bucket.offsets.push_back(numel);
+      numel += p.tensor.numel();
+    }
+    const at::Tensor& first = params_[members.front()].tensor;
+    bucket.buffer = group_->allocateCommunicationBuffer(numel, first.options().requires_grad(false));
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+void DistributedDataParallel::installHooks() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    // The variable holds its accumulator weakly; holding it here keeps the
+    // same node (and our hook) alive across iterations.
+    p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
+    DDP_CHECK(p.accumulator != nullptr, "no gradient accumulator for parameter " + p.name);
+    p.hookKey = p.accumulator->add_post_hook(std::make_unique<GradHook>(this, i));
+  }
+}
+
+void DistributedDataParallel::onGradientReady(size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  if (!inBackward_) {
+    // The first hook of a backward pass.
+    if (syncedPasses_ > 0) {
+      throw UsageError(
+          "DDP: a backward pass started before finishGradientSync() for the previous synced backward. HINT: call "
+          "finishGradientSync() after every backward outside noSync(), before the next backward");
+    }
+    inBackward_ = true;
+    currentPassSynced_ = noSyncDepth_ == 0;
+    if (currentPassSynced_) timeline_.backwardStart = now;
+    // Runs once autograd has finished this whole pass.
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { onBackwardEnd(); });
+  }
+  usedSinceSync_[index] = true;
+  if (!currentPassSynced_) return;
+  timeline_.backwardEnd = now;
+  copyGradIntoBucket(index);
+  markReadyLocked(index);
+  if (options_.overlap) launchReadyBucketsLocked(/*inBackward=*/true);
+}
+
+void DistributedDataParallel::onBackwardEnd() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  inBackward_ = false;
+  if (currentPassSynced_)
+    ++syncedPasses_;
+  else
+    ++localPasses_;
+}
+
+void DistributedDataParallel::copyGradIntoBucket(size_t index) {
+  at::NoGradGuard noGrad;
+  const Param& p = params_[index];
+  Bucket& bucket = buckets_[p.bucket];
+  at::Tensor slice = bucket.buffer.narrow(0, bucket.offsets[p.slot], p.tensor.numel());
+  const at::Tensor& grad = p.tensor.grad();
+  if (!grad.defined()) {
+    slice.zero_();
+    return;
+  }
+  if (grad.data_ptr() == slice.data_ptr() && grad.is_contiguous()) return;  // accumulated in place
+  if (grad.is_sparse()) {
+    throw UsageError("DDP: parameter '" + p.name +
+                     "' has a sparse gradient, which DDP does not support. HINT: use a dense embedding (sparse=false)");
+  }
+  slice.view(grad.sizes()).copy_(grad);
+}
+
+void DistributedDataParallel::markReadyLocked(size_t index) {
+  DDP_CHECK(!readyThisStep_[index], "gradient of " + params_[index].name + " marked ready twice in one step");
+  readyThisStep_[index] = true;
+  --buckets_[params_[index].bucket].pending;
+}
+
+void DistributedDataParallel::launchReadyBucketsLocked(bool inBackward) {
+  // Strictly in index order, so every rank issues the same collectives.
+  while (nextToLaunch_ < buckets_.size() && buckets_[nextToLaunch_].pending == 0) {
+    launchBucketLocked(nextToLaunch_, inBackward);
+    ++nextToLaunch_;
+  }
+}
+
+void DistributedDataParallel::launchBucketLocked(size_t b, bool inBackward) {
+  Bucket& bucket = buckets_[b];
+  AllreduceOptions opts;
+  opts.op = ReduceOp::Avg;
+  opts.timeout = options_.timeout;
+  timeline_.bucketLaunch[b] = Clock::now();
+  timeline_.launchedDuringBackward[b] = inBackward;
+  // The average over one rank is the gradient itself: no collective, no
+  // hand-off to the backend's thread.
+  if (group_->size() > 1) bucket.work = group_->allreduce(bucket.buffer, opts);
+  bucket.launched = true;
+}
+
+void DistributedDataParallel::resetStepLocked() {
+  syncedPasses_ = 0;
+  localPasses_ = 0;
+  std::fill(readyThisStep_.begin(), readyThisStep_.end(), false);
+  std::fill(usedSinceSync_.begin(), usedSinceSync_.end(), false);
+  nextToLaunch_ = 0;
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.params.size();
+    bucket.launched = false;
+    bucket.work.reset();
+  }
+  timeline_ = SyncTimeline{};
+  timeline_.bucketLaunch.assign(buckets_.size(), Clock::time_point{});
+  timeline_.launchedDuringBackward.assign(buckets_.size(), false);
+}
+
+void DistributedDataParallel::finishGradientSync() {
+  std::vector<std::string> unused;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto start = Clock::now();
+    if (noSyncDepth_ > 0) {
+      throw UsageError(
+          "DDP: finishGradientSync() called inside noSync(). HINT: end the noSync() guard first; the backward pass "
+          "after it averages the accumulated gradients");
+    }
+    if (inBackward_) {
+      throw UsageError(
+          "DDP: finishGradientSync() called while a backward pass is unfinished or after one failed. HINT: call it "
+          "after loss.backward() has returned");
+    }
+    if (syncedPasses_ == 0 && localPasses_ == 0) {
+      throw UsageError(
+          "DDP: finishGradientSync() called with no backward pass since the last one. HINT: call it once after each "
+          "loss.backward(), before optimizer.step()");
+    }
+    timeline_.finishStart = start;
+
+    // Gradients that did not arrive in the synced pass: accumulated in
+    // noSync passes only (use them), or none at all (zeros).
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (readyThisStep_[i]) continue;
+      if (!usedSinceSync_[i]) {
+        unused.push_back(params_[i].name);
+        at::NoGradGuard noGrad;
+        const Param& p = params_[i];
+        buckets_[p.bucket].buffer.narrow(0, buckets_[p.bucket].offsets[p.slot], p.tensor.numel()).zero_();
+      } else {
+        copyGradIntoBucket(i);
+      }
+      markReadyLocked(i);
+    }
+    // Unused parameters are a rank's error, but its peers have launched
+    // their collectives: complete them here so nobody is left waiting.
+    launchReadyBucketsLocked(/*inBackward=*/false);
+    DDP_CHECK(nextToLaunch_ == buckets_.size(), "not every bucket launched at finishGradientSync");
+
+    try {
+      for (auto& bucket : buckets_) {
+        if (bucket.work) bucket.work->wait();
+      }
+    } catch (...) {
+      resetStepLocked();
+      throw;
+    }
+
+    const bool failing = !unused.empty() && !options_.findUnusedParameters;
+    if (!failing) {
+      at::NoGradGuard noGrad;
+      for (Param& p : params_) {
+        const Bucket& bucket = buckets_[p.bucket];
+        at::Tensor averaged = bucket.buffer.narrow(0, bucket.offsets[p.slot], p.tensor.numel()).view(p.tensor.sizes());
+        at::Tensor& grad = p.tensor.mutable_grad();
+        if (grad.defined() && grad.data_ptr() == averaged.data_ptr() && grad.is_contiguous()) continue;
+        if (options_.gradientAsBucketView && p.tensor.is_contiguous()) {
+          // A plain tensor on the bucket's storage, not an autograd view:
+          // optimizers detach_() and zero_() gradients in place, which
+          // autograd refuses on views.
+          grad = at::empty({0}, averaged.options()).set_(averaged.storage(), averaged.storage_offset(),
+                                                         averaged.sizes(), averaged.strides());
+        } else if (grad.defined()) {
+          grad.copy_(averaged);
+        } else {
+          grad = averaged.clone();
+        }
+      }
+    } else {
+      std::sort(unused.begin(), unused.end());
+    }
+    timeline_.finishEnd = Clock::now();
+    lastTimeline_ = timeline_;
+    resetStepLocked();
+    if (options_.findUnusedParameters) unused.clear();
+  }
+  // Also when about to throw, so every rank runs the same collectives.
+  if (options_.broadcastBuffers) syncBuffers();
+  if (!unused.empty()) {
+    throw UsageError("DDP: parameters received no gradient in this iteration: " + joinNames(unused) +
+                     ". HINT: set distributed.find_unused_parameters = true, or make every parameter take part in "
+                     "the loss");
+  }
+}
+
+void DistributedDataParallel::syncBuffers() {
+  std::vector<at::Tensor> buffers;
+  for (auto& [name, b] : uniqueTensors(module_->named_buffers(true))) buffers.push_back(b);
+  if (!buffers.empty()) broadcastFromRankZero(buffers);
+}
+
+std::vector<DistributedDataParallel::BucketInfo> DistributedDataParallel::bucketInfo() const {
+  std::vector<BucketInfo> infos;
+  for (const auto& bucket : buckets_) {
+    BucketInfo info;
+    for (size_t i : bucket.params) info.parameterNames.push_back(params_[i].name);
+    info.numel = static_cast<size_t>(bucket.buffer.numel());
+    info.bytes = info.numel * bucket.buffer.element_size();
+    info.dtype = dtypeName(bucket.buffer);
+    infos.push_back(std::move(info));
+  }
+  return infos;
+}
+
+DistributedDataParallel::SyncTimeline DistributedDataParallel::lastSyncTimeline() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lastTimeline_;
+}
+
+std::vector<double> averageAcrossRanks(ProcessGroup& group, const std::vector<double>& values) {
+  if (values.empty() || group.size() == 1) return values;
+  at::Tensor t = at::empty({static_cast<int64_t>(values.size())}, at::kDouble);
+  std::memcpy(t.data_ptr<double>(), values.data(), values.size() * sizeof(double));
+  AllreduceOptions opts;
+  opts.op = ReduceOp::Avg;
+  group.allreduce(t, opts)->wait();
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + values.size());
+}
+
+double averageAcrossRanks(ProcessGroup& group, double value) { return averageAcrossRanks(group, std::vector<double>{value})[0]; }
+
+}  // namespace ddp

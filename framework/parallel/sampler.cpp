@@ -1,0 +1,59 @@
+#include "framework/parallel/sampler.hpp"
+
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "framework/core/errors.hpp"
+
+namespace ddp {
+
+namespace {
+
+// Uniform in [0, bound): rejects the few draws that would bias the modulo.
+uint64_t boundedDraw(std::mt19937_64& rng, uint64_t bound) {
+  const uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound
+  uint64_t r = rng();
+  while (r < threshold) r = rng();
+  return r % bound;
+}
+
+}  // namespace
+
+DistributedSampler::DistributedSampler(int64_t datasetSize, int rank, int worldSize, uint64_t seed, bool shuffle,
+                                       bool dropLast)
+    : datasetSize_(datasetSize), rank_(rank), worldSize_(worldSize), seed_(seed), shuffle_(shuffle), dropLast_(dropLast) {
+  if (datasetSize < 0) throw UsageError("DistributedSampler: dataset size must be >= 0, got " + std::to_string(datasetSize));
+  if (worldSize < 1 || rank < 0 || rank >= worldSize) {
+    throw UsageError("DistributedSampler: rank " + std::to_string(rank) + " is outside world size " +
+                     std::to_string(worldSize));
+  }
+  samplesPerRank_ = dropLast_ ? datasetSize_ / worldSize_ : (datasetSize_ + worldSize_ - 1) / worldSize_;
+}
+
+std::vector<int64_t> DistributedSampler::indicesForEpoch(int64_t epoch) const {
+  std::vector<int64_t> order(static_cast<size_t>(datasetSize_));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (shuffle_) {
+    std::mt19937_64 rng(seed_ + static_cast<uint64_t>(epoch));
+    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[boundedDraw(rng, i)]);
+  }
+  // Position k of the padded permutation is order[k mod N]: padding repeats
+  // from the start (more than once when N < world size).
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(samplesPerRank_));
+  for (int64_t j = 0; j < samplesPerRank_; ++j) {
+    const int64_t position = rank_ + j * worldSize_;
+    mine.push_back(order[static_cast<size_t>(position % datasetSize_)]);
+  }
+  return mine;
+}
+
+std::vector<int64_t> DistributedSampler::nextEpoch() { return indicesForEpoch(epoch_++); }
+
+void DistributedSampler::setEpoch(int64_t epoch) {
+  if (epoch < 0) throw UsageError("DistributedSampler: epoch must be >= 0, got " + std::to_string(epoch));
+  epoch_ = epoch;
+}
+
+}  // namespace ddp
