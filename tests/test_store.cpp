@@ -2,6 +2,7 @@
 // then what only TCPStore promises (errors that say what to fix, refusing
 // rogue peers, failing instead of hanging, several processes).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -9,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -182,7 +185,7 @@ std::pair<bool, std::string> readUntilClosed(int fd, milliseconds limit) {
   return {false, received};
 }
 
-// A handshake frame as tcp_store.cpp's protocol comment describes it.
+// A handshake frame as framework/store/tcp/wire.hpp describes it.
 std::string handshakeFrame(const std::string& token) {
   std::string payload = "DDPSTORE";
   payload.push_back('\x01');
@@ -620,4 +623,107 @@ TEST_CASE("TCPStore: ranks in separate processes share one store", "[store][tcp]
     CHECK(WEXITSTATUS(status) == 0);
   }
   for (int i = 0; i < kChildren; ++i) CHECK(server.getString("done/" + std::to_string(i)) == "now");
+}
+
+// ---- what a rendezvous logs --------------------------------------------------
+
+namespace {
+
+// Runs the hidden "[.store_log_worker]" case in a fresh copy of this binary
+// (the log level is read once per process) with DDP_LOG_LEVEL = `level`
+// (nullptr: unset); returns its exit code and everything it wrote to stderr.
+std::pair<int, std::string> runLogWorker(const char* level) {
+  int pipeFds[2];
+  REQUIRE(::pipe(pipeFds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(pipeFds[1], STDERR_FILENO);
+    const int devNull = ::open("/dev/null", O_WRONLY);
+    if (devNull >= 0) ::dup2(devNull, STDOUT_FILENO);  // Catch's report of the worker
+    ::close(pipeFds[0]);
+    ::close(pipeFds[1]);
+    if (level) {
+      ::setenv("DDP_LOG_LEVEL", level, 1);
+    } else {
+      ::unsetenv("DDP_LOG_LEVEL");
+    }
+    ::alarm(30);  // a hung worker dies instead of hanging the test
+    ::execl("/proc/self/exe", "ddp_tests", "[.store_log_worker]", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(pipeFds[1]);
+  std::string err;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipeFds[0], buf, sizeof buf)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    err.append(buf, static_cast<size_t>(n));
+  }
+  ::close(pipeFds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status), err};
+}
+
+}  // namespace
+
+// A rank that starts before rank 0's server: its client retries until the
+// server appears 300 ms later. The port goes to stderr for the parent.
+TEST_CASE("worker: a client that waits for the server", "[.store_log_worker]") {
+  const uint16_t port = closedPort();
+  std::fprintf(stderr, "worker port %u\n", static_cast<unsigned>(port));
+  std::string clientError;
+  std::thread early([&] {
+    try {
+      TCPStoreOptions options = clientOptions(port);
+      TCPStore client(options);
+      client.setString("early", "here");
+    } catch (const std::exception& e) {
+      clientError = e.what();
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(300));
+  TCPStore server(serverOptions(port));
+  early.join();
+  REQUIRE(clientError.empty());
+  CHECK(server.getString("early") == "here");
+}
+
+TEST_CASE("TCPStore: DDP_LOG_LEVEL=info shows where the store listens and who connected when", "[store][tcp]") {
+  auto [code, err] = runLogWorker("info");
+  INFO("worker stderr:\n" << err);
+  REQUIRE(code == 0);
+  unsigned port = 0;
+  const auto at = err.find("worker port ");
+  REQUIRE(at != std::string::npos);
+  REQUIRE(std::sscanf(err.c_str() + at, "worker port %u", &port) == 1);
+  const std::string where = "127.0.0.1:" + std::to_string(port);
+  CHECK_THAT(err, Contains("ddp[info] TCPStore: server listening on " + where + "\n"));
+
+  // Two clients: the early one retried, the server's own did not need to.
+  std::vector<std::pair<long, int>> connects;  // (ms, attempts)
+  const std::string prefix = "ddp[info] TCPStore: connected to " + where + " after ";
+  for (size_t pos = err.find(prefix); pos != std::string::npos; pos = err.find(prefix, pos + 1)) {
+    long ms = -1;
+    int attempts = -1;
+    REQUIRE(std::sscanf(err.c_str() + pos + prefix.size(), "%ld ms (%d attempt", &ms, &attempts) == 2);
+    connects.emplace_back(ms, attempts);
+  }
+  REQUIRE(connects.size() == 2);
+  std::sort(connects.begin(), connects.end());
+  CHECK(connects[0].second == 1);
+  CHECK_THAT(err, Contains(" ms (1 attempt)\n"));
+  CHECK(connects[1].first >= 250);  // started 300 ms before the server
+  CHECK(connects[1].second >= 2);
+  CHECK_THAT(err, Contains(" attempts)\n"));
+}
+
+TEST_CASE("TCPStore: a rendezvous logs nothing at the default log level", "[store][tcp]") {
+  auto [code, err] = runLogWorker(nullptr);
+  INFO("worker stderr:\n" << err);
+  REQUIRE(code == 0);
+  CHECK(err.find("worker port ") != std::string::npos);
+  CHECK(err.find("ddp[") == std::string::npos);
 }

@@ -7,17 +7,19 @@
 //   StoreError naming host:port and the last socket error.
 // - Every connection starts with a handshake that carries the job's token.
 //   The server refuses a connection whose token differs, logs the refusal
-//   to stderr, and keeps serving the others. The token comes from
+//   as a warning (stderr), and keeps serving the others. The token comes from
 //   DDP_STORE_TOKEN unless given explicitly; `ddp-run` generates one for
 //   the ranks it spawns.
 // - A server that goes away makes pending calls fail with StoreError rather
 //   than block.
+// - With DDP_LOG_LEVEL=info the server logs the address it listens on, and
+//   each TCPStore the address it connected to, after how long and how many
+//   attempts; nothing at the default level.
 #pragma once
 
-#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "framework/store/store.hpp"
@@ -38,7 +40,10 @@ struct TCPStoreOptions {
 // The environment variable that carries the job's store token.
 constexpr const char* kStoreTokenEnv = "DDP_STORE_TOKEN";
 
-class TCPStoreServer;  // defined in tcp_store.cpp
+namespace tcpstore {
+class Client;  // framework/store/tcp/client.hpp
+class Server;  // framework/store/tcp/server.hpp
+}  // namespace tcpstore
 
 class TCPStore : public Store {
  public:
@@ -59,23 +64,10 @@ class TCPStore : public Store {
   int64_t refusedConnections() const;
 
  private:
-  Bytes request(uint8_t command, const std::vector<std::string>& keys, const Bytes& value,
-                std::chrono::milliseconds timeout);
-  int borrowConnection();
-  void returnConnection(int fd);
-  int connect(std::chrono::milliseconds connectTimeout);
-  std::string hostPort() const;
-
   TCPStoreOptions options_;
-  std::string token_;
   uint16_t port_ = 0;
-  std::unique_ptr<TCPStoreServer> server_;
-  // Idle connections to the server. One request is in flight per connection;
-  // a request borrows an idle one or opens another, so a get() blocked in
-  // one thread never holds up a set() from another thread of this process.
-  std::mutex poolMutex_;
-  std::vector<int> idleSockets_;
-  std::string lostReason_;  // why the server went away; "" while it is up
+  std::unique_ptr<tcpstore::Server> server_;  // rank 0 only
+  std::unique_ptr<tcpstore::Client> client_;
 };
 
 }  // namespace ddp

@@ -1,0 +1,43 @@
+// The TCPStore server: serves the key-value map to TCPStore clients from one
+// event-loop thread (wire.hpp describes the protocol).
+//
+// Contract
+// - The constructor binds and listens on host:port (port 0 picks a free one;
+//   see port()), or throws StoreError: a port in use names the port and
+//   MASTER_PORT, any other failure the address and MASTER_ADDR.
+// - GET and WAIT on absent keys are answered only once the keys exist, so a
+//   waiting client costs the server nothing but a table entry. Timeouts are
+//   the client's business: a client that gives up closes its connection,
+//   which drops its pending waiter. Replies on one connection go out in
+//   request order.
+// - A connection whose handshake carries another token, that sends garbage
+//   or an oversized frame, or that sends no handshake within 10 s is refused
+//   (the peer gets the reason, the refusal is logged as a warning and
+//   counted); the other connections are served on.
+// - The destructor stops the thread and closes every connection.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ddp::tcpstore {
+
+class Server {
+ public:
+  Server(const std::string& host, uint16_t port, std::string token);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The port actually bound.
+  uint16_t port() const;
+  // Connections refused so far.
+  int64_t refused() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp::tcpstore
