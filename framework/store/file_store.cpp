@@ -21,6 +21,8 @@
 #include <map>
 #include <thread>
 
+#include "framework/core/errors.hpp"
+#include "framework/core/system.hpp"
 #include "framework/store/store_util.hpp"
 
 namespace ddp {
@@ -31,8 +33,6 @@ using Clock = std::chrono::steady_clock;
 using Map = std::map<std::string, Bytes>;
 
 constexpr char kHeader[8] = {'D', 'D', 'P', 'F', 'S', 'v', '1', '\n'};
-
-std::string errnoText(int err) { return std::strerror(err); }
 
 void putU64(std::string& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -55,8 +55,8 @@ class LockedFile {
     } while (fd_ < 0 && errno == EINTR);
     if (fd_ < 0) {
       const int err = errno;
-      throw StoreError("FileStore: cannot open '" + path + "': " + errnoText(err) +
-                       (err == ENOENT ? ". HINT: the directory must exist (it is not created)" : ""));
+      fail<StoreError>("FileStore: cannot open '{}': {}{}", path, errnoText(err),
+                       err == ENOENT ? ". HINT: the directory must exist (it is not created)" : "");
     }
     int rc;
     do {
@@ -65,7 +65,7 @@ class LockedFile {
     if (rc != 0) {
       const int err = errno;
       ::close(fd_);
-      throw StoreError("FileStore: cannot lock '" + path + "': " + errnoText(err));
+      fail<StoreError>("FileStore: cannot lock '{}': {}", path, errnoText(err));
     }
   }
   ~LockedFile() { ::close(fd_); }  // closing releases the lock
@@ -111,12 +111,12 @@ class LockedFile {
     record += key;
     putU64(record, value.size());
     record.append(value.begin(), value.end());
-    if (size_ > end_ && ::ftruncate(fd_, static_cast<off_t>(end_)) != 0) fail("truncate a torn record in");
+    if (size_ > end_ && ::ftruncate(fd_, static_cast<off_t>(end_)) != 0) failTo("truncate a torn record in");
     size_t done = 0;
     while (done < record.size()) {
       const ssize_t n = ::pwrite(fd_, record.data() + done, record.size() - done, static_cast<off_t>(end_ + done));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail("write");
+      if (n <= 0) failTo("write");
       done += static_cast<size_t>(n);
     }
     end_ += record.size();
@@ -126,13 +126,13 @@ class LockedFile {
  private:
   std::string readAll() {
     struct stat st {};
-    if (::fstat(fd_, &st) != 0) fail("stat");
+    if (::fstat(fd_, &st) != 0) failTo("stat");
     std::string bytes(static_cast<size_t>(st.st_size), '\0');
     size_t done = 0;
     while (done < bytes.size()) {
       const ssize_t n = ::pread(fd_, &bytes[done], bytes.size() - done, static_cast<off_t>(done));
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) fail("read");
+      if (n < 0) failTo("read");
       if (n == 0) break;  // shorter than fstat said; take what is there
       done += static_cast<size_t>(n);
     }
@@ -141,14 +141,15 @@ class LockedFile {
     return bytes;
   }
 
-  [[noreturn]] void fail(const char* what) {
-    throw StoreError("FileStore: cannot " + std::string(what) + " '" + path_ + "': " + errnoText(errno));
+  [[noreturn]] void failTo(const char* what) {
+    fail<StoreError>("FileStore: cannot {} '{}': {}", what, path_, errnoText(errno));
   }
 
   [[noreturn]] void notAStoreFile() {
-    throw StoreError("FileStore: '" + path_ +
-                     "' is not a store file (it lacks the store's header). HINT: point the store at a new "
-                     "file; it would otherwise be overwritten");
+    fail<StoreError>(
+        "FileStore: '{}' is not a store file (it lacks the store's header). HINT: point the store at a new file; it "
+        "would otherwise be overwritten",
+        path_);
   }
 
   std::string path_;

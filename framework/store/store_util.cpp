@@ -1,8 +1,12 @@
 #include "framework/store/store_util.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cerrno>
 #include <cstdlib>
 
+#include "framework/core/errors.hpp"
 #include "framework/core/help_links.hpp"
 
 namespace ddp {
@@ -13,26 +17,22 @@ int64_t parseCounter(const std::string& key, const Bytes& value) {
   errno = 0;
   long long v = std::strtoll(text.c_str(), &end, 10);
   if (text.empty() || errno != 0 || end != text.c_str() + text.size()) {
-    throw StoreError("store: key '" + key + "' holds '" + text + "', not a counter; add() needs a decimal integer");
+    fail<StoreError>("store: key '{}' holds '{}', not a counter; add() needs a decimal integer", key, text);
   }
   return static_cast<int64_t>(v);
 }
 
 Bytes formatCounter(int64_t value) {
-  std::string s = std::to_string(value);
-  return Bytes(s.begin(), s.end());
+  const std::string text = std::to_string(value);
+  return Bytes(text.begin(), text.end());
 }
 
 std::string waitTimeoutMessage(const std::string& where, const std::vector<std::string>& keys,
                                std::chrono::milliseconds timeout) {
-  std::string list;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (i) list += ", ";
-    list += keys[i];
-  }
-  return "store " + where + ": timed out after " + std::to_string(timeout.count()) +
-         " ms waiting for keys [" + list + "]. HINT: the rank that sets them has not started or has failed; " +
-         kRendezvousHelp;
+  return fmt::format(
+      "store {}: timed out after {} ms waiting for keys [{}]. HINT: the rank that sets them has not started or has "
+      "failed; {}",
+      where, timeout.count(), fmt::join(keys, ", "), kRendezvousHelp);
 }
 
 }  // namespace ddp
