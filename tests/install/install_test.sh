@@ -42,13 +42,18 @@ logged() {
 
 step "cmake --install $build --prefix $prefix"
 logged install cmake --install "$build" --prefix "$prefix"
+# lib/, or lib/<multiarch> for a /usr prefix (GNUInstallDirs).
+config=$(find "$prefix" -path '*/cmake/ddp/ddpConfig.cmake' | head -1)
+[ -n "$config" ] || fail "no ddpConfig.cmake under $prefix"
+lib=$(dirname "$(dirname "$(dirname "$config")")")
+lib=${lib#"$prefix/"}
 for f in include/ddp/ddp.hpp include/ddp/config.hpp \
          include/ddp/framework/comm/process_group.hpp include/ddp/framework/parallel/ddp.hpp \
          include/ddp/framework/experiment/plugin_registry.hpp include/ddp/framework/launch/distributed.hpp \
          include/ddp/backends/builtin.hpp include/ddp/plugins/builtin.hpp \
-         lib/libddp_comm.a lib/libddp_train.a lib/libddp_kernels.a lib/libddp_plugins.a bin/ddp-run \
+         $lib/libddp_comm.a $lib/libddp_train.a $lib/libddp_kernels.a $lib/libddp_plugins.a bin/ddp-run \
          share/ddp/data/wine.csv share/ddp/experiments/wine_baseline.json share/ddp/experiments/wine_ddp.json \
-         lib/cmake/ddp/ddpConfig.cmake lib/cmake/ddp/ddpConfigVersion.cmake lib/cmake/ddp/ddpTargets.cmake; do
+         $lib/cmake/ddp/ddpConfigVersion.cmake $lib/cmake/ddp/ddpTargets.cmake; do
   [ -f "$prefix/$f" ] || fail "not installed: $prefix/$f"
 done
 # Every header of framework/, backends/ and plugins/ is installed, and every
