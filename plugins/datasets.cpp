@@ -11,7 +11,7 @@
 #include <fstream>
 #include <random>
 
-#include "ddp/config.hpp"
+#include "framework/core/data_dirs.hpp"
 #include "plugins/common.hpp"
 
 namespace ddp::plugins {
@@ -99,8 +99,9 @@ DatasetSplits splitAndScale(const at::Tensor& features, const at::Tensor& target
 // ---- reading files ----------------------------------------------------------------
 
 // A relative path is looked up next to the config, then in the current
-// directory, then in the source tree (where data/ ships), so that
-// experiments/*.json work from any directory.
+// directory, then where data/ ships (the source tree, an installed
+// share/ddp: framework/core/data_dirs.hpp), so that experiments/*.json work
+// from any directory.
 std::string resolvePath(const std::string& path, const DatasetContext& context) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -111,7 +112,7 @@ std::string resolvePath(const std::string& path, const DatasetContext& context) 
   std::vector<fs::path> candidates;
   if (!context.configDir.empty()) candidates.push_back(fs::path(context.configDir) / path);
   candidates.push_back(fs::path(path));
-  candidates.push_back(fs::path(DDP_SOURCE_DIR) / path);
+  for (const std::string& dir : dataSearchDirs()) candidates.push_back(fs::path(dir) / path);
   std::string tried;
   for (const auto& candidate : candidates) {
     if (fs::is_regular_file(candidate, ec)) return candidate.string();

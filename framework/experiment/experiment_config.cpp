@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "ddp/config.hpp"
+#include "framework/core/data_dirs.hpp"
 
 namespace ddp {
 namespace {
@@ -139,7 +140,9 @@ std::string absolutePath(const std::string& path) {
 std::optional<std::string> resolveFile(const std::string& path, const std::string& configDir) {
   if (path.empty()) return std::nullopt;
   if (path[0] == '/') return fileExists(path) ? std::optional<std::string>(path) : std::nullopt;
-  for (const std::string& base : {configDir, std::string("."), std::string(DDP_SOURCE_DIR)}) {
+  std::vector<std::string> bases = {configDir, "."};
+  for (const std::string& dir : dataSearchDirs()) bases.push_back(dir);
+  for (const std::string& base : bases) {
     if (base.empty()) continue;
     std::string candidate = base + "/" + path;
     if (fileExists(candidate)) return absolutePath(candidate);
@@ -250,9 +253,10 @@ class Validator {
         if (spec.isFile) {
           auto found = resolveFile(s, configDir_);
           if (!found) {
-            fail(where, "file " + inQuotes(s) + " not found (looked in " +
-                            (configDir_.empty() ? std::string() : configDir_ + ", ") + "the working folder and " +
-                            DDP_SOURCE_DIR + ")");
+            std::string looked = configDir_.empty() ? std::string() : configDir_ + ", ";
+            looked += "the working folder";
+            for (const std::string& dir : dataSearchDirs()) looked += ", " + dir;
+            fail(where, "file " + inQuotes(s) + " not found (looked in " + looked + ")");
           }
           return *found;
         }

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# ddp as another CMake project uses it:
+#  1. `cmake --install` of this build into a fresh prefix puts the headers,
+#     the generated config, the umbrella header, the libraries, ddp-run, the
+#     data files and the package config where README.md says; every
+#     #include "..." of an installed header resolves inside the prefix.
+#  2. A consumer project (tests/install/consumer) finds the package with
+#     find_package(ddp), builds against ddp::ddp and runs: collectives on one
+#     rank, one DDP step against the plain step, the built-in plugins.
+#  3. The example plugin (plugins/example) builds on its own against the
+#     installed package, and the installed ddp-run trains with it, from a
+#     folder outside the source tree, reading the installed data/wine.csv.
+#  4. A project that add_subdirectory()s this source tree configures, and its
+#     generated ddp/config.hpp names this source tree.
+#
+# Usage: install_test.sh <ddp build dir>
+# Work files go to <build>/install_test (kept for a look after a failure;
+# fixed paths, so that ccache serves the compiles of a rerun).
+set -euo pipefail
+build=$(cd "$1" && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+work="$build/install_test"
+prefix="$work/prefix"
+rm -rf "$work"
+mkdir -p "$work"
+unset DDP_DATA_DIR
+
+generator=()
+command -v ninja > /dev/null && generator=(-G Ninja)
+launcher=()
+command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fail() { echo "FAILED: $*"; exit 1; }
+step() { echo "== $*"; }
+# Runs a command with its output in $work/<name>.log, shown if it fails.
+logged() {
+  local name=$1; shift
+  if ! "$@" > "$work/$name.log" 2>&1; then
+    tail -40 "$work/$name.log"
+    fail "$name: $* (log: $work/$name.log)"
+  fi
+}
+
+step "cmake --install $build --prefix $prefix"
+logged install cmake --install "$build" --prefix "$prefix"
+# lib/, or lib/<multiarch> for a /usr prefix (GNUInstallDirs).
+config=$(find "$prefix" -path '*/cmake/ddp/ddpConfig.cmake' | head -1)
+[ -n "$config" ] || fail "no ddpConfig.cmake under $prefix"
+lib=$(dirname "$(dirname "$(dirname "$config")")")
+lib=${lib#"$prefix/"}
+for f in include/ddp/ddp.hpp include/ddp/config.hpp \
+         include/ddp/framework/comm/process_group.hpp include/ddp/framework/parallel/ddp.hpp \
+         include/ddp/framework/experiment/plugin_registry.hpp include/ddp/framework/launch/distributed.hpp \
+         include/ddp/backends/builtin.hpp include/ddp/plugins/builtin.hpp \
+         $lib/libddp_comm.a $lib/libddp_train.a $lib/libddp_kernels.a $lib/libddp_plugins.a bin/ddp-run \
+         share/ddp/data/wine.csv share/ddp/experiments/wine_baseline.json share/ddp/experiments/wine_ddp.json \
+         $lib/cmake/ddp/ddpConfigVersion.cmake $lib/cmake/ddp/ddpTargets.cmake; do
+  [ -f "$prefix/$f" ] || fail "not installed: $prefix/$f"
+done
+# Every header of framework/, backends/ and plugins/ is installed, and every
+# project include of an installed header resolves inside the prefix.
+(cd "$repo" && find framework backends plugins -name '*.hpp') | while IFS= read -r h; do
+  [ -f "$prefix/include/ddp/$h" ] || fail "header not installed: $h"
+done
+missing=$(find "$prefix/include/ddp" -name '*.hpp' -print0 | xargs -0 grep -ho '^#include "[^"]*"' |
+  sed 's/^#include "\(.*\)"/\1/' | sort -u | while IFS= read -r inc; do
+    [ -f "$prefix/include/ddp/$inc" ] || [ -f "$prefix/include/$inc" ] || echo "$inc"
+  done)
+[ -z "$missing" ] || fail "installed headers include files that were not installed: $missing"
+grep -q "DDP_SOURCE_DIR \"$repo\"" "$build/generated/ddp/config.hpp" ||
+  fail "$build/generated/ddp/config.hpp: DDP_SOURCE_DIR is not $repo"
+echo "ok: installed files"
+
+step "consumer: find_package(ddp), ddp::ddp, #include <ddp/ddp.hpp>"
+logged consumer-configure cmake -S "$repo/tests/install/consumer" -B "$work/consumer" "${generator[@]}" \
+  "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+logged consumer-build cmake --build "$work/consumer"
+out=$("$work/consumer/ddp_consumer" 2>&1) || { echo "$out"; fail "ddp_consumer exited with an error"; }
+echo "$out"
+if grep -q "^SKIPPED:" <<< "$out"; then exit 0; fi
+grep -q "^all checks passed" <<< "$out" || fail "ddp_consumer did not pass its checks"
+
+step "example plugin: built alone against the installed ddp, loaded by the installed ddp-run"
+logged plugin-configure cmake -S "$repo/plugins/example" -B "$work/plugin" "${generator[@]}" \
+  "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix"
+logged plugin-build cmake --build "$work/plugin"
+plugin="$work/plugin/libddp_example_plugin.so"
+[ -f "$plugin" ] || fail "no $plugin"
+if nm -D --defined-only "$plugin" | grep -q "PluginRegistry3add"; then
+  fail "$plugin defines ddp's PluginRegistry (it must take ddp's symbols from ddp-run)"
+fi
+mkdir -p "$work/run"
+cat > "$work/run/linear.json" <<JSON
+{"plugins": ["$plugin"],
+ "dataset": {"name": "wine"}, "model": {"name": "linear"}, "optimizer": {"name": "adam", "lr": 0.05},
+ "loss": {"name": "cross_entropy"}, "training": {"epochs": 2, "threads": 1}}
+JSON
+(cd "$work/run" && "$prefix/bin/ddp-run" linear.json --out out > "$work/ddp-run.log" 2>&1) ||
+  { tail -20 "$work/ddp-run.log"; fail "installed ddp-run failed with the example plugin"; }
+[ -f "$work/run/out/metrics.jsonl" ] || fail "no $work/run/out/metrics.jsonl"
+grep -q "\"$prefix/share/ddp/data/wine.csv\"" "$work/run/out/config.json" ||
+  { cat "$work/run/out/config.json"; fail "the installed ddp-run did not read the installed data/wine.csv"; }
+echo "ok: installed ddp-run trained model.linear from the plugin on $prefix/share/ddp/data/wine.csv"
+
+step "add_subdirectory($repo): configure only"
+mkdir -p "$work/subdir-src"
+cat > "$work/subdir-src/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.18)
+project(ddp_subdir_consumer LANGUAGES CXX)
+add_subdirectory("$repo" ddp)
+add_executable(app "$repo/tests/install/consumer/main.cpp")
+target_link_libraries(app PRIVATE ddp::ddp)
+CMAKE
+logged subdir-configure cmake -S "$work/subdir-src" -B "$work/subdir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
+config="$work/subdir/ddp/generated/ddp/config.hpp"
+[ -f "$config" ] || fail "no $config"
+grep -q "DDP_SOURCE_DIR \"$repo\"" "$config" || fail "$config: DDP_SOURCE_DIR is not $repo"
+grep -q "DDP_BINARY_DIR \"$work/subdir/ddp\"" "$config" || fail "$config: DDP_BINARY_DIR is not $work/subdir/ddp"
+echo "ok: add_subdirectory configures; ddp/config.hpp names $repo"
+echo "PASSED"
