@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev libgloo-dev nlohmann-json3-dev libfmt-dev catch2 libcli11-dev libspdlog-dev
+  libtorch-dev libgloo-dev nlohmann-json3-dev libfmt-dev catch2 libcli11-dev
   libopenblas0-pthread    # without it LibTorch falls back to the reference BLAS (16x slower MLP steps)
   python3-torch python3-sklearn   # references and data sources for the benchmarks
   openmpi-bin iproute2            # cluster tests: mpirun, and two hosts in network namespaces
