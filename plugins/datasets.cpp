@@ -6,12 +6,12 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include "framework/core/data_dirs.hpp"
+#include "framework/core/system.hpp"
 #include "plugins/common.hpp"
 
 namespace ddp::plugins {
@@ -62,9 +62,8 @@ DatasetSplits splitAndScale(const at::Tensor& features, const at::Tensor& target
   requireBelow(kDataset, "test_fraction", testFraction, 1.0);
   const auto numTest = static_cast<int64_t>(std::llround(static_cast<double>(n) * testFraction));
   if (numTest < 1 || numTest > n - 1) {
-    paramError(kDataset, "test_fraction",
-               showValue(testFraction) + " of " + std::to_string(n) + " rows leaves " +
-                   (numTest < 1 ? "no test rows" : "no training rows"));
+    paramError(kDataset, "test_fraction", "{} of {} rows leaves {}", showValue(testFraction), n,
+               numTest < 1 ? "no test rows" : "no training rows");
   }
   const auto order = seededPermutation(n, seed);
   auto index = torch::tensor(order, torch::kInt64);
@@ -93,6 +92,7 @@ DatasetSplits splitAndScale(const at::Tensor& features, const at::Tensor& target
   splits.testTargets = targets.index_select(0, testIndex).to(targetType).contiguous();
   splits.numFeatures = features.size(1);
   splits.numClasses = numClasses;
+  splits.sampleShape = {features.size(1)};  // a table: one row of F values
   return splits;
 }
 
@@ -107,7 +107,7 @@ std::string resolvePath(const std::string& path, const DatasetContext& context) 
   std::error_code ec;
   if (fs::path(path).is_absolute()) {
     if (fs::exists(path, ec)) return path;
-    paramError(kDataset, "path", "file '" + path + "' not found");
+    paramError(kDataset, "path", "file '{}' not found", path);
   }
   std::vector<fs::path> candidates;
   if (!context.configDir.empty()) candidates.push_back(fs::path(context.configDir) / path);
@@ -118,7 +118,7 @@ std::string resolvePath(const std::string& path, const DatasetContext& context) 
     if (fs::is_regular_file(candidate, ec)) return candidate.string();
     tried += (tried.empty() ? "" : ", ") + fs::absolute(candidate, ec).string();
   }
-  paramError(kDataset, "path", "file '" + path + "' not found (looked for " + tried + ")");
+  paramError(kDataset, "path", "file '{}' not found (looked for {})", path, tried);
 }
 
 struct CsvRow {
@@ -136,7 +136,7 @@ std::string trim(const std::string& s) {
 // Non-blank lines split on commas, with their 1-based line numbers.
 std::vector<CsvRow> readCsvRows(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw UsageError("dataset file '" + path + "' cannot be opened: " + std::strerror(errno));
+  if (!in) fail<UsageError>("dataset file '{}' cannot be opened: {}", path, errnoText(errno));
   std::vector<CsvRow> rows;
   std::string line;
   int64_t lineNumber = 0;
@@ -154,38 +154,38 @@ std::vector<CsvRow> readCsvRows(const std::string& path) {
     }
     rows.push_back(std::move(row));
   }
-  if (rows.empty()) throw UsageError(path + ": empty file");
+  if (rows.empty()) fail<UsageError>("{}: empty file", path);
   return rows;
 }
 
 // column is 1-based, as a spreadsheet shows it.
 double parseNumber(const std::string& path, const CsvRow& row, size_t column) {
   const std::string& text = row.fields[column - 1];
-  const std::string where = path + ":" + std::to_string(row.line) + ": column " + std::to_string(column) + ": ";
-  if (text.empty()) throw UsageError(where + "empty value");
+  const std::string where = fmt::format("{}:{}: column {}", path, row.line, column);
+  if (text.empty()) fail<UsageError>("{}: empty value", where);
   // from_chars: locale-independent, unlike strtod. It rejects a leading '+'.
   const char* begin = text.data() + (text[0] == '+' ? 1 : 0);
   const char* end = text.data() + text.size();
   double value = 0;
   auto [next, ec] = std::from_chars(begin, end, value);
-  if (ec == std::errc::result_out_of_range) throw UsageError(where + "'" + text + "' is out of range");
-  if (ec != std::errc() || next != end) throw UsageError(where + "'" + text + "' is not a number");
-  if (!std::isfinite(value)) throw UsageError(where + "'" + text + "' is not a finite number");
+  if (ec == std::errc::result_out_of_range) fail<UsageError>("{}: '{}' is out of range", where, text);
+  if (ec != std::errc() || next != end) fail<UsageError>("{}: '{}' is not a number", where, text);
+  if (!std::isfinite(value)) fail<UsageError>("{}: '{}' is not a finite number", where, text);
   return value;
 }
 
 void checkColumns(const std::string& path, const CsvRow& row, size_t expected) {
   if (row.fields.size() != expected) {
-    throw UsageError(path + ":" + std::to_string(row.line) + ": expected " + std::to_string(expected) +
-                     " columns, found " + std::to_string(row.fields.size()));
+    fail<UsageError>("{}:{}: expected {} columns, found {}", path, row.line, expected, row.fields.size());
   }
 }
 
 int64_t classIndex(const std::string& path, const CsvRow& row, double value) {
   if (value < 0 || value != std::floor(value) || value > 1e9) {
-    throw UsageError(path + ":" + std::to_string(row.line) + ": target " + showValue(value) +
-                     " is not a class index (a non-negative integer). HINT: set \"task\": \"regression\" for "
-                     "continuous targets");
+    fail<UsageError>(
+        "{}:{}: target {} is not a class index (a non-negative integer). HINT: set \"task\": \"regression\" for "
+        "continuous targets",
+        path, row.line, showValue(value));
   }
   return static_cast<int64_t>(value);
 }
@@ -199,18 +199,16 @@ DatasetSplits loadWine(const Params& params, const DatasetContext& context) {
   const auto rows = readCsvRows(path);
   const CsvRow& head = rows[0];
   if (head.fields.size() < 3) {
-    throw UsageError(path + ":" + std::to_string(head.line) +
-                     ": expected the scikit-learn header 'rows,features,class names...'");
+    fail<UsageError>("{}:{}: expected the scikit-learn header 'rows,features,class names...'", path, head.line);
   }
   const auto numRows = static_cast<int64_t>(parseNumber(path, head, 1));
   const auto numFeatures = static_cast<int64_t>(parseNumber(path, head, 2));
   const auto numClasses = static_cast<int64_t>(head.fields.size()) - 2;
   if (numRows < 1 || numFeatures < 1) {
-    throw UsageError(path + ":" + std::to_string(head.line) + ": the header gives no rows or no features");
+    fail<UsageError>("{}:{}: the header gives no rows or no features", path, head.line);
   }
   if (static_cast<int64_t>(rows.size()) - 1 != numRows) {
-    throw UsageError(path + ": the header says " + std::to_string(numRows) + " rows, the file has " +
-                     std::to_string(rows.size() - 1));
+    fail<UsageError>("{}: the header says {} rows, the file has {}", path, numRows, rows.size() - 1);
   }
   std::vector<double> features;
   std::vector<int64_t> targets;
@@ -220,8 +218,7 @@ DatasetSplits loadWine(const Params& params, const DatasetContext& context) {
     for (int64_t c = 1; c <= numFeatures; ++c) features.push_back(parseNumber(path, rows[r], static_cast<size_t>(c)));
     int64_t label = classIndex(path, rows[r], parseNumber(path, rows[r], static_cast<size_t>(numFeatures) + 1));
     if (label >= numClasses) {
-      throw UsageError(path + ":" + std::to_string(rows[r].line) + ": class " + std::to_string(label) +
-                       " but the header names " + std::to_string(numClasses) + " classes");
+      fail<UsageError>("{}:{}: class {} but the header names {} classes", path, rows[r].line, label, numClasses);
     }
     targets.push_back(label);
   }
@@ -239,18 +236,17 @@ DatasetSplits loadCsv(const Params& params, const DatasetContext& context) {
   const auto rows = readCsvRows(path);
   const bool header = params.getBool("header");
   const size_t firstData = header ? 1 : 0;
-  if (rows.size() <= firstData) throw UsageError(path + ": no data rows after the header");
+  if (rows.size() <= firstData) fail<UsageError>("{}: no data rows after the header", path);
   const size_t numColumns = rows[0].fields.size();
   if (numColumns < 2) {
-    throw UsageError(path + ":" + std::to_string(rows[0].line) +
-                     ": expected at least 2 columns (features and a target), found " + std::to_string(numColumns));
+    fail<UsageError>("{}:{}: expected at least 2 columns (features and a target), found {}", path, rows[0].line,
+                     numColumns);
   }
   int64_t target = params.getInt("target_column");
   const auto signedColumns = static_cast<int64_t>(numColumns);
   if (target < -signedColumns || target >= signedColumns) {
-    paramError(kDataset, "target_column",
-               std::to_string(target) + " is out of range for " + std::to_string(numColumns) + " columns (0.." +
-                   std::to_string(numColumns - 1) + ", or negative from the end)");
+    paramError(kDataset, "target_column", "{} is out of range for {} columns (0..{}, or negative from the end)", target,
+               numColumns, numColumns - 1);
   }
   if (target < 0) target += signedColumns;
 
@@ -289,8 +285,7 @@ DatasetSplits makeSynthetic(const Params& params, const DatasetContext& context)
   const int64_t numClasses = params.getInt("classes");
   const double noise = params.getDouble("noise");
   if (samples < numClasses) {
-    paramError(kDataset, "samples",
-               std::to_string(samples) + " is fewer than the " + std::to_string(numClasses) + " classes");
+    paramError(kDataset, "samples", "{} is fewer than the {} classes", samples, numClasses);
   }
   // A stream of its own, so that the data does not correlate with the split.
   std::mt19937_64 rng(context.seed ^ 0x9E3779B97F4A7C15ULL);
@@ -320,65 +315,47 @@ ParamSpec standardizeParam() {
                "scale each feature to mean 0, std 1 (fitted on the training rows)");
 }
 
-// Marks a parameter as an input file, so validation finds a missing one
-// before anything runs and resolves its path.
-ParamSpec filePath(ParamSpec spec) {
-  spec.isFile = true;
-  return spec;
-}
-
 }  // namespace
 
 void registerDatasets(PluginRegistry& registry) {
-  {
-    PluginSpec spec;
-    spec.kind = kDataset;
-    spec.name = "wine";
-    spec.doc = "UCI Wine recognition: 178 wines, 13 chemical features, 3 cultivars (data/wine.csv)";
-    spec.params = {
-        filePath(Param("path", ParamType::String, "data/wine.csv",
-                       "the scikit-learn wine_data.csv; relative to the config, the current or the source directory")),
-        testFractionParam(),
-        standardizeParam(),
-    };
-    spec.dataset = loadWine;
-    registry.add(std::move(spec));
-  }
-  {
-    PluginSpec spec;
-    spec.kind = kDataset;
-    spec.name = "csv";
-    spec.doc = "a numeric table from a CSV file: one target column, the others features";
-    spec.params = {
-        filePath(Param("path", ParamType::String, nullptr,
-              "the CSV file; relative to the config, the current or the source directory")),
-        Param("target_column", ParamType::Int, -1, "0-based column of the target; negative counts from the end"),
-        Param("header", ParamType::Bool, true, "the first line names the columns"),
-        standardizeParam(),
-        Param("task", ParamType::String, "classification",
-              "classification: targets are class indices 0..C-1; regression: real targets")
-            .oneOf({"classification", "regression"}),
-        testFractionParam(),
-    };
-    spec.dataset = loadCsv;
-    registry.add(std::move(spec));
-  }
-  {
-    PluginSpec spec;
-    spec.kind = kDataset;
-    spec.name = "synthetic";
-    spec.doc = "Gaussian blobs around random class centroids, generated from the seed";
-    spec.params = {
-        Param("samples", ParamType::Int, 1024, "rows in all (train + test)").atLeast(2),
-        Param("features", ParamType::Int, 16, "features per row").atLeast(1),
-        Param("classes", ParamType::Int, 4, "number of classes").atLeast(2),
-        Param("noise", ParamType::Float, 0.1, "std of the scatter around each centroid (centroids are N(0, 1))")
-            .atLeast(0),
-        testFractionParam(),
-    };
-    spec.dataset = makeSynthetic;
-    registry.add(std::move(spec));
-  }
+  registry.add({"wine",
+                "UCI Wine recognition: 178 wines, 13 chemical features, 3 cultivars (data/wine.csv)",
+                {
+                    Param("path", ParamType::String, "data/wine.csv",
+                          "the scikit-learn wine_data.csv; relative to the config, the current or the source directory")
+                        .file(),
+                    testFractionParam(),
+                    standardizeParam(),
+                },
+                loadWine});
+  registry.add({"csv",
+                "a numeric table from a CSV file: one target column, the others features",
+                {
+                    Param("path", ParamType::String, nullptr,
+                          "the CSV file; relative to the config, the current or the source directory")
+                        .file(),
+                    Param("target_column", ParamType::Int, -1,
+                          "0-based column of the target; negative counts from the end"),
+                    Param("header", ParamType::Bool, true, "the first line names the columns"),
+                    standardizeParam(),
+                    Param("task", ParamType::String, "classification",
+                          "classification: targets are class indices 0..C-1; regression: real targets")
+                        .oneOf({"classification", "regression"}),
+                    testFractionParam(),
+                },
+                loadCsv});
+  registry.add({"synthetic",
+                "Gaussian blobs around random class centroids, generated from the seed",
+                {
+                    Param("samples", ParamType::Int, 1024, "rows in all (train + test)").atLeast(2),
+                    Param("features", ParamType::Int, 16, "features per row").atLeast(1),
+                    Param("classes", ParamType::Int, 4, "number of classes").atLeast(2),
+                    Param("noise", ParamType::Float, 0.1,
+                          "std of the scatter around each centroid (centroids are N(0, 1))")
+                        .atLeast(0),
+                    testFractionParam(),
+                },
+                makeSynthetic});
 }
 
 }  // namespace ddp::plugins

@@ -85,9 +85,10 @@ LossFn makeCrossEntropy(const Params& params) {
   requireBelow(kLoss, "label_smoothing", labelSmoothing, 1.0);
   return [labelSmoothing](const at::Tensor& output, const at::Tensor& target) {
     if (output.dim() != 2 || target.dim() != 1 || target.size(0) != output.size(0)) {
-      throw UsageError("loss cross_entropy: expected output [N, C] and class indices [N], got " +
-                       c10::str(output.sizes()) + " and " + c10::str(target.sizes()) +
-                       ". HINT: use the mse loss for regression");
+      fail<UsageError>(
+          "loss cross_entropy: expected output [N, C] and class indices [N], got {} and {}. HINT: use the mse loss "
+          "for regression",
+          c10::str(output.sizes()), c10::str(target.sizes()));
     }
     if (labelSmoothing == 0 && at::GradMode::is_enabled() && output.requires_grad() &&
         at::isFloatingType(output.scalar_type()) && target.scalar_type() == at::kLong) {
@@ -105,7 +106,7 @@ LossFn makeMse(const Params&) {
     if (!at::isFloatingType(target.scalar_type())) {
       // Class indices against [N, C] outputs: regress onto one-hot vectors.
       if (output.dim() != 2 || target.dim() != 1) {
-        throw UsageError("loss mse: integer targets need outputs [N, C], got " + c10::str(output.sizes()));
+        fail<UsageError>("loss mse: integer targets need outputs [N, C], got {}", c10::str(output.sizes()));
       }
       wanted = torch::one_hot(target, output.size(1)).to(output.scalar_type());
     } else if (output.dim() == 2 && output.size(1) == 1 && target.dim() == 1) {
@@ -113,8 +114,8 @@ LossFn makeMse(const Params&) {
       prediction = output.squeeze(1);
     }
     if (prediction.sizes() != wanted.sizes()) {
-      throw UsageError("loss mse: output " + c10::str(output.sizes()) + " and target " + c10::str(target.sizes()) +
-                       " do not match");
+      fail<UsageError>("loss mse: output {} and target {} do not match", c10::str(output.sizes()),
+                       c10::str(target.sizes()));
     }
     return torch::mse_loss(prediction, wanted.to(prediction.scalar_type()));
   };
@@ -123,27 +124,16 @@ LossFn makeMse(const Params&) {
 }  // namespace
 
 void registerLosses(PluginRegistry& registry) {
-  {
-    PluginSpec spec;
-    spec.kind = kLoss;
-    spec.name = "cross_entropy";
-    spec.doc = "softmax cross-entropy against class indices";
-    spec.params = {
-        Param("label_smoothing", ParamType::Float, 0.0, "mix of the uniform distribution into the targets, < 1")
-            .atLeast(0)
-            .atMost(1),
-    };
-    spec.loss = makeCrossEntropy;
-    registry.add(std::move(spec));
-  }
-  {
-    PluginSpec spec;
-    spec.kind = kLoss;
-    spec.name = "mse";
-    spec.doc = "mean squared error (integer targets are compared as one-hot vectors)";
-    spec.loss = makeMse;
-    registry.add(std::move(spec));
-  }
+  registry.add({"cross_entropy",
+                "softmax cross-entropy against class indices",
+                {
+                    Param("label_smoothing", ParamType::Float, 0.0,
+                          "mix of the uniform distribution into the targets, < 1")
+                        .atLeast(0)
+                        .atMost(1),
+                },
+                makeCrossEntropy});
+  registry.add({"mse", "mean squared error (integer targets are compared as one-hot vectors)", {}, makeMse});
 }
 
 }  // namespace ddp::plugins

@@ -9,8 +9,6 @@ namespace ddp::plugins {
 
 namespace {
 
-constexpr PluginKind kScheduler = PluginKind::Scheduler;
-
 // lr = base * gamma^floor(epoch / step_size), as torch.optim.lr_scheduler.StepLR.
 class StepScheduler : public LrScheduler {
  public:
@@ -45,34 +43,24 @@ class CosineScheduler : public LrScheduler {
 }  // namespace
 
 void registerSchedulers(PluginRegistry& registry) {
-  {
-    PluginSpec spec;
-    spec.kind = kScheduler;
-    spec.name = "step";
-    spec.doc = "multiply the lr by gamma every step_size epochs";
-    spec.params = {
-        Param("step_size", ParamType::Int, 30, "epochs between decays").atLeast(1),
-        Param("gamma", ParamType::Float, 0.1, "decay factor").above(0).atMost(1),
-    };
-    spec.scheduler = [](const Params& params) -> std::unique_ptr<LrScheduler> {
-      return std::make_unique<StepScheduler>(params.getInt("step_size"), params.getDouble("gamma"));
-    };
-    registry.add(std::move(spec));
-  }
-  {
-    PluginSpec spec;
-    spec.kind = kScheduler;
-    spec.name = "cosine";
-    spec.doc = "cosine annealing from the base lr to eta_min over t_max epochs, then eta_min";
-    spec.params = {
-        Param("t_max", ParamType::Int, 100, "epochs to reach eta_min").atLeast(1),
-        Param("eta_min", ParamType::Float, 0.0, "final lr").atLeast(0),
-    };
-    spec.scheduler = [](const Params& params) -> std::unique_ptr<LrScheduler> {
-      return std::make_unique<CosineScheduler>(params.getInt("t_max"), params.getDouble("eta_min"));
-    };
-    registry.add(std::move(spec));
-  }
+  registry.add({"step",
+                "multiply the lr by gamma every step_size epochs",
+                {
+                    Param("step_size", ParamType::Int, 30, "epochs between decays").atLeast(1),
+                    Param("gamma", ParamType::Float, 0.1, "decay factor").above(0).atMost(1),
+                },
+                [](const Params& params) -> std::unique_ptr<LrScheduler> {
+                  return std::make_unique<StepScheduler>(params.getInt("step_size"), params.getDouble("gamma"));
+                }});
+  registry.add({"cosine",
+                "cosine annealing from the base lr to eta_min over t_max epochs, then eta_min",
+                {
+                    Param("t_max", ParamType::Int, 100, "epochs to reach eta_min").atLeast(1),
+                    Param("eta_min", ParamType::Float, 0.0, "final lr").atLeast(0),
+                },
+                [](const Params& params) -> std::unique_ptr<LrScheduler> {
+                  return std::make_unique<CosineScheduler>(params.getInt("t_max"), params.getDouble("eta_min"));
+                }});
 }
 
 }  // namespace ddp::plugins

@@ -10,11 +10,20 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <optional>
 #include <sstream>
 
-#include "plugins/builtin.hpp"
+#include "backends/builtin.hpp"
 #include "framework/core/errors.hpp"
+#include "framework/experiment/experiment_config.hpp"
+#include "framework/experiment/param.hpp"
 #include "framework/experiment/plugin_registry.hpp"
+#include "framework/experiment/trainer.hpp"
+#include "framework/store/hash_store.hpp"
+#include "plugins/builtin.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
@@ -96,11 +105,7 @@ class TempDir {
 
 // A model plugin that only holds a name, for tests of the registry itself.
 PluginSpec placeholderModel(const std::string& name) {
-  PluginSpec spec;
-  spec.kind = PluginKind::Model;
-  spec.name = name;
-  spec.model = [](const Params&, const ModelContext&) -> ModelPtr { return nullptr; };
-  return spec;
+  return {name, "placeholder", {}, [](const Params&, const ModelContext&) -> ModelPtr { return nullptr; }};
 }
 
 double maxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
@@ -177,15 +182,16 @@ TEST_CASE("plugin registry: duplicate and unknown names are usage errors", "[plu
   registry.add(spec);
   CHECK(usageErrorOf([&] { registry.add(spec); }) == "plugin registry: model 'mlp' is registered twice");
   // The same name of another kind is a different plugin.
-  PluginSpec loss;
-  loss.kind = PluginKind::Loss;
-  loss.name = "mlp";
-  loss.loss = [](const Params&) -> LossFn { return nullptr; };
+  PluginSpec loss{"mlp", "", {}, [](const Params&) -> LossFn { return nullptr; }};
+  CHECK(loss.kind() == PluginKind::Loss);
   CHECK_NOTHROW(registry.add(loss));
-  PluginSpec noFactory;
-  noFactory.kind = PluginKind::Dataset;
-  noFactory.name = "broken";
+  // The factory's type is the kind; an empty one is still refused.
+  PluginSpec noFactory{"broken", "", {}, DatasetFactory()};
+  CHECK(noFactory.kind() == PluginKind::Dataset);
   CHECK_THAT(usageErrorOf([&] { registry.add(noFactory); }), Contains("has no dataset factory"));
+  // A spec asked for a plugin of another kind says so.
+  CHECK(usageErrorOf([&] { registry.get(PluginKind::Loss, "mlp").model(Params(), ModelContext()); }) ==
+        "loss 'mlp' is not a model plugin");
 
   CHECK(usageErrorOf([&] { registry.get(PluginKind::Model, "mpl"); }) ==
         "unknown model 'mpl'; did you mean 'mlp'? known models: mlp");
@@ -819,6 +825,23 @@ TEST_CASE("plugin libraries: the example loads, bad ones fail clearly", "[plugin
         std::string("plugin library '") + DDP_NO_SYMBOL_PLUGIN_PATH +
             "' has no ddp_register_plugins symbol. HINT: export extern \"C\" void "
             "ddp_register_plugins(ddp::PluginRegistry&)");
+  // Libraries built against another plugin interface are refused before
+  // they register anything, naming both versions.
+  const std::string wrongVersion = DDP_WRONG_VERSION_PLUGIN_PATH;
+  CHECK(usageErrorOf([&] { loadPluginLibrary(wrongVersion, registry); }) ==
+        "plugin library '" + wrongVersion +
+            "' was built for plugin API version 999; this ddp has plugin API version 1. HINT: rebuild it against "
+            "this ddp's headers");
+  const std::string unversioned = DDP_UNVERSIONED_PLUGIN_PATH;
+  CHECK(usageErrorOf([&] { loadPluginLibrary(unversioned, registry); }) ==
+        "plugin library '" + unversioned +
+            "' has no plugin API version (no ddp_plugin_api_version symbol); this ddp has plugin API version 1. "
+            "HINT: rebuild it against this ddp, with DDP_EXPORT_PLUGIN_API_VERSION(); in one of its sources");
+  CHECK_FALSE(registry.has(PluginKind::Model, "refused_model"));
+  // Refused, not remembered: a second try is refused again.
+  CHECK_THAT(usageErrorOf([&] { loadPluginLibrary(wrongVersion, registry); }), Contains("version 999"));
+  CHECK(DDP_PLUGIN_API_VERSION == 1);
+
   const std::string notElf =
       dir.write("libtext.so", std::string(20, '#') + " not a shared library, just long enough for an ELF header\n" +
                                   std::string(200, '#') + "\n");
@@ -843,4 +866,182 @@ TEST_CASE("ddp-run trains an experiment whose model comes from a plugin library,
     CHECK_THAT(o.output, Contains("done: "));
     CHECK(std::filesystem::exists(runDir + "/metrics.jsonl"));
   }
+}
+
+// ---- the public Param builder --------------------------------------------------------
+
+TEST_CASE("the public Param builder fills every ParamSpec field", "[plugins]") {
+  const ParamSpec lr = Param("lr", ParamType::Float, 0.01, "learning rate").above(0).atMost(1);
+  CHECK(lr.name == "lr");
+  CHECK(lr.type == ParamType::Float);
+  CHECK(lr.defaultValue == Json(0.01));
+  CHECK(lr.min == 0.0);
+  CHECK(lr.minExclusive);
+  CHECK(lr.max == 1.0);
+  CHECK(lr.doc == "learning rate");
+  CHECK_FALSE(lr.isFile);
+  const ParamSpec steps = Param("steps", ParamType::Int, 3, "").above(5).atLeast(1);
+  CHECK(steps.min == 1.0);
+  CHECK_FALSE(steps.minExclusive);  // the last bound set wins
+  const ParamSpec path = Param("path", ParamType::String, nullptr, "input").file();
+  CHECK(path.defaultValue.is_null());
+  CHECK(path.isFile);
+  const ParamSpec mode = Param("mode", ParamType::String, "a", "").oneOf({"a", "b"});
+  CHECK(mode.choices == std::vector<std::string>{"a", "b"});
+  // The same declaration the registry describes.
+  PluginRegistry registry;
+  registry.add({"m", "doc", {Param("lr", ParamType::Float, 0.01, "learning rate").above(0).atMost(1)},
+                [](const Params&, const ModelContext&) -> ModelPtr { return nullptr; }});
+  CHECK_THAT(registry.describe("model.m"), Contains("(0, 1]"));
+}
+
+// ---- the dataset's shape reaches the model ---------------------------------------------
+
+namespace {
+
+DistributedContext singleProcessContext() {
+  DistributedContext ctx;
+  ctx.store = std::make_shared<HashStore>();
+  ctx.group = builtinBackends().create("gloo", ctx.store, 0, 1);
+  return ctx;
+}
+
+// Trains `experiment` (JSON text) for its epochs on one rank, quietly.
+TrainResult trainText(const std::string& experiment, PluginRegistry& registry, const std::string& configDir = "") {
+  const ExperimentConfig config = parseExperimentConfig(experiment, "test", configDir, {}, registry);
+  auto ctx = singleProcessContext();
+  RunOptions ro;
+  ro.runDir = ddp::test::tempDir();
+  ro.quiet = true;
+  return runTraining(config, ctx, ro, registry);
+}
+
+// A Linear model that records the context the trainer built it with.
+class ProbeModel : public Model {
+ public:
+  explicit ProbeModel(const ModelContext& context) {
+    linear_ = register_module("linear", torch::nn::Linear(context.numFeatures, std::max<int64_t>(1, context.numClasses)));
+  }
+  at::Tensor forward(const at::Tensor& input) override { return linear_->forward(input.flatten(1)); }
+
+ private:
+  torch::nn::Linear linear_{nullptr};
+};
+
+}  // namespace
+
+TEST_CASE("each built-in dataset's sample shape reaches the model context through the trainer", "[plugins][training]") {
+  PluginRegistry registry;
+  registerBuiltinPlugins(registry);
+  std::optional<ModelContext> seen;
+  registry.add({"probe", "records its context", {}, [&seen](const Params&, const ModelContext& context) -> ModelPtr {
+                  seen = context;
+                  return std::make_shared<ProbeModel>(context);
+                }});
+  TempDir dir;
+  const std::string csv = dir.write("table.csv", "a,b,c,y\n1,2,3,0\n4,5,6,1\n7,8,9,0\n1,3,5,1\n2,4,6,0\n");
+  // The dataset section for each built-in dataset; a new one must be added here.
+  const std::map<std::string, Json> sections = {
+      {"wine", {{"name", "wine"}}},
+      {"csv", {{"name", "csv"}, {"path", csv}}},
+      {"synthetic", {{"name", "synthetic"}, {"samples", 40}, {"features", 6}, {"classes", 3}}},
+  };
+  for (const auto& name : registry.names(PluginKind::Dataset)) {
+    INFO("dataset " << name);
+    REQUIRE(sections.count(name) == 1);
+    const Json& section = sections.at(name);
+    // What the dataset itself says, loaded directly.
+    const auto& spec = registry.get(PluginKind::Dataset, name);
+    Json params = section;
+    params.erase("name");
+    const DatasetSplits data = spec.dataset(paramsFor(spec, params), DatasetContext{0, ""});
+    const auto sizes = data.trainFeatures.sizes();
+    CHECK(data.sampleShape == std::vector<int64_t>(sizes.begin() + 1, sizes.end()));
+    CHECK(data.numFeatures ==
+          std::accumulate(data.sampleShape.begin(), data.sampleShape.end(), int64_t{1}, std::multiplies<>()));
+    CHECK(data.vocabSize == 0);  // no built-in dataset holds tokens
+
+    seen.reset();
+    Json experiment = {{"dataset", section},
+                       {"model", {{"name", "probe"}}},
+                       {"optimizer", {{"name", "sgd"}}},
+                       {"loss", {{"name", "cross_entropy"}}},
+                       {"training", {{"epochs", 1}, {"max_steps", 1}, {"seed", 0}, {"save_every", 0}}}};
+    trainText(experiment.dump(), registry, dir.path());
+    REQUIRE(seen.has_value());
+    CHECK(seen->sampleShape == data.sampleShape);
+    CHECK(seen->numFeatures == data.numFeatures);
+    CHECK(seen->numClasses == data.numClasses);
+    CHECK(seen->vocabSize == data.vocabSize);
+  }
+}
+
+TEST_CASE("modelContextFor carries shape and vocabulary, and fills a missing shape from the tensors", "[plugins]") {
+  DatasetSplits images;
+  images.trainFeatures = torch::zeros({5, 1, 8, 8});
+  images.numFeatures = 64;
+  images.numClasses = 10;
+  ModelContext context = modelContextFor(images);  // sampleShape left empty by the dataset
+  CHECK(context.sampleShape == std::vector<int64_t>{1, 8, 8});
+  CHECK(context.numFeatures == 64);
+  CHECK(context.numClasses == 10);
+
+  DatasetSplits tokens;
+  tokens.trainFeatures = torch::zeros({5, 16}, torch::kInt64);
+  tokens.sampleShape = {16};
+  tokens.vocabSize = 100;
+  context = modelContextFor(tokens);
+  CHECK(context.sampleShape == std::vector<int64_t>{16});
+  CHECK(context.vocabSize == 100);
+}
+
+// ---- the plain template model --------------------------------------------------------
+
+TEST_CASE("the example plugin's plain torch::nn MLP trains on wine through the registry like the built-in mlp",
+          "[plugins][training]") {
+  PluginRegistry registry;
+  registerBuiltinPlugins(registry);
+  loadPluginLibrary(DDP_EXAMPLE_PLUGIN_PATH, registry);
+  REQUIRE(registry.has(PluginKind::Model, "plain_mlp"));
+  const auto experiment = [](const Json& model) {
+    return Json{{"dataset", {{"name", "wine"}}},
+                {"model", model},
+                {"optimizer", {{"name", "adam"}, {"lr", 0.01}}},
+                {"loss", {{"name", "cross_entropy"}}},
+                {"training", {{"epochs", 20}, {"batch_size", 32}, {"seed", 5}, {"save_every", 0}}}}
+        .dump();
+  };
+  const TrainResult plain = trainText(experiment({{"name", "plain_mlp"}, {"hidden", {64}}}), registry);
+  // The reference: the built-in mlp of the same widths, whose fused layers
+  // agree with torch::nn::Linear to float rounding. Both draw their
+  // initial weights in the same order from the same seed.
+  const TrainResult fused = trainText(experiment({{"name", "mlp"}, {"layers", {0, 64, 0}}}), registry);
+  REQUIRE(plain.history.size() == 20);
+  REQUIRE(plain.history.back().testAccuracy);
+  INFO("plain: train loss " << plain.history.back().trainLoss << ", test accuracy "
+                            << *plain.history.back().testAccuracy);
+  CHECK(plain.history.front().trainLoss > 2 * plain.history.back().trainLoss);
+  CHECK(*plain.history.back().testAccuracy >= 0.9);
+  REQUIRE(plain.finalParameters.size() == fused.finalParameters.size());
+  for (size_t i = 0; i < plain.finalParameters.size(); ++i) {
+    CHECK(plain.finalParameters[i].sizes() == fused.finalParameters[i].sizes());
+    CHECK(maxAbsDiff(plain.finalParameters[i], fused.finalParameters[i]) < 1e-3);
+  }
+  CHECK(plain.history.back().trainLoss == Approx(fused.history.back().trainLoss).epsilon(1e-3));
+}
+
+TEST_CASE("ddp-run refuses a plugin library built for another plugin API version, in one line", "[plugins][launcher]") {
+  TempDir dir;
+  const std::string experiment = dir.write("refused.json", R"({
+    "plugins": [")" + std::string(DDP_WRONG_VERSION_PLUGIN_PATH) + R"("],
+    "dataset": {"name": "wine"}, "model": {"name": "mlp"}, "optimizer": {"name": "adam"},
+    "loss": {"name": "cross_entropy"}})");
+  const std::string runDir = dir.path() + "/run";
+  ddp::test::ProgramOutcome o = ddp::test::runDdpRun(experiment + " --out " + runDir);
+  INFO(o.output);
+  CHECK(o.exitCode == 2);
+  CHECK_THAT(o.output, Contains("plugins[0]: plugin library '"));
+  CHECK_THAT(o.output, Contains("was built for plugin API version 999; this ddp has plugin API version 1. HINT: "));
+  CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
+  CHECK_FALSE(std::filesystem::exists(runDir));
 }

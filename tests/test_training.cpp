@@ -157,11 +157,9 @@ class Sometimes : public Model {
 TEST_CASE("the trainer's steps equal a plain loop with zero_grad(), unused parameters included", "[training]") {
   PluginRegistry registry;
   registerBuiltinPlugins(registry);
-  PluginSpec spec;
-  spec.kind = PluginKind::Model;
-  spec.name = "sometimes";
-  spec.model = [](const Params&, const ModelContext&) { return std::make_shared<Sometimes>(); };
-  registry.add(std::move(spec));
+  registry.add({"sometimes", "", {}, [](const Params&, const ModelContext&) -> ModelPtr {
+                  return std::make_shared<Sometimes>();
+                }});
   const std::string text = R"({
     "dataset": {"name": "wine"}, "model": {"name": "sometimes"}, "optimizer": {"name": "adam", "lr": 0.01},
     "loss": {"name": "cross_entropy"},

@@ -1,12 +1,12 @@
 #include "framework/experiment/experiment_config.hpp"
 
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +15,7 @@
 
 #include "ddp/config.hpp"
 #include "framework/core/data_dirs.hpp"
+#include "framework/core/system.hpp"
 
 namespace ddp {
 namespace {
@@ -85,12 +86,11 @@ std::string formatNumber(double v) {
 std::string expectation(const ParamSpec& p) {
   std::string range;
   if (p.min && p.max) {
-    range = std::string(" in ") + (p.minExclusive ? "(" : "[") + formatNumber(*p.min) + ", " + formatNumber(*p.max) +
-            "]";
+    range = fmt::format(" in {}{}, {}]", p.minExclusive ? "(" : "[", formatNumber(*p.min), formatNumber(*p.max));
   } else if (p.min) {
-    range = std::string(p.minExclusive ? " > " : " >= ") + formatNumber(*p.min);
+    range = fmt::format(" {} {}", p.minExclusive ? ">" : ">=", formatNumber(*p.min));
   } else if (p.max) {
-    range = " <= " + formatNumber(*p.max);
+    range = fmt::format(" <= {}", formatNumber(*p.max));
   }
   switch (p.type) {
     case ParamType::Int: return "an integer" + range;
@@ -172,8 +172,10 @@ class Validator {
   Validator(std::string sourceName, std::string configDir, std::vector<Override>& overrides)
       : sourceName_(std::move(sourceName)), configDir_(std::move(configDir)), overrides_(overrides) {}
 
-  [[noreturn]] void fail(const std::string& path, const std::string& message) const {
-    throw ConfigError(path + ": " + message);
+  // A ConfigError "PATH: MESSAGE", the message built by fmt.
+  template <typename... Args>
+  [[noreturn]] void fail(const std::string& path, fmt::format_string<Args...> message, Args&&... args) const {
+    ddp::fail<ConfigError>("{}: {}", path, fmt::format(message, std::forward<Args>(args)...));
   }
 
   // Checks `section` (a JSON object at `path`) against `specs`, applies the
@@ -181,7 +183,7 @@ class Validator {
   // `reserved` keys (e.g. "name") are allowed and left alone.
   Json validateSection(const std::string& path, const Json& section, const std::vector<ParamSpec>& specs,
                        const std::set<std::string>& reserved = {}) {
-    if (!section.is_object()) fail(path, "expected an object, got " + shown(section));
+    if (!section.is_object()) fail(path, "expected an object, got {}", shown(section));
     std::map<std::string, const ParamSpec*> byName;
     std::vector<std::string> known(reserved.begin(), reserved.end());
     for (const auto& s : specs) {
@@ -195,7 +197,7 @@ class Validator {
       if (reserved.count(key)) continue;  // handled by the caller
       auto it = byName.find(key);
       if (it == byName.end()) {
-        fail("--set " + o.path, "unknown key" + suggestion(key, known));
+        fail("--set " + o.path, "unknown key{}", suggestion(key, known));
       }
       values[key] = typedOverride(o, it->second);
       o.used = true;
@@ -206,12 +208,12 @@ class Validator {
         out[it.key()] = it.value();
         continue;
       }
-      if (!byName.count(it.key())) fail(path + "." + it.key(), "unknown key" + suggestion(it.key(), known));
+      if (!byName.count(it.key())) fail(path + "." + it.key(), "unknown key{}", suggestion(it.key(), known));
     }
     for (const auto& spec : specs) {
       const std::string where = path + "." + spec.name;
       if (!values.contains(spec.name)) {
-        if (spec.defaultValue.is_null()) fail(where, "required parameter is missing (" + spec.doc + ")");
+        if (spec.defaultValue.is_null()) fail(where, "required parameter is missing ({})", spec.doc);
         out[spec.name] = spec.defaultValue;
         if (!spec.isFile) continue;
       }
@@ -222,16 +224,13 @@ class Validator {
 
  private:
   std::string suggestion(const std::string& key, const std::vector<std::string>& known) const {
-    std::string close = closestName(key, known);
-    std::string s;
-    if (!close.empty()) s += "; did you mean " + inQuotes(close) + "?";
-    s += " (known: ";
-    for (size_t i = 0; i < known.size(); ++i) s += (i ? ", " : "") + known[i];
-    return s + ")";
+    const std::string close = closestName(key, known);
+    return fmt::format("{} (known: {})", close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)),
+                       fmt::join(known, ", "));
   }
 
   Json checkValue(const std::string& where, const ParamSpec& spec, const Json& v) const {
-    auto wrong = [&]() { fail(where, "expected " + expectation(spec) + ", got " + shown(v)); };
+    auto wrong = [&]() { fail(where, "expected {}, got {}", expectation(spec), shown(v)); };
     switch (spec.type) {
       case ParamType::Int:
         if (!isInteger(v) || !inRange(spec, v.get<double>())) wrong();
@@ -247,8 +246,8 @@ class Validator {
         const std::string s = v.get<std::string>();
         if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end()) {
           std::string close = closestName(s, spec.choices);
-          fail(where, "expected " + expectation(spec) + ", got " + shown(v) +
-                          (close.empty() ? "" : "; did you mean " + inQuotes(close) + "?"));
+          fail(where, "expected {}, got {}{}", expectation(spec), shown(v),
+               close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)));
         }
         if (spec.isFile) {
           auto found = resolveFile(s, configDir_);
@@ -256,7 +255,7 @@ class Validator {
             std::string looked = configDir_.empty() ? std::string() : configDir_ + ", ";
             looked += "the working folder";
             for (const std::string& dir : dataSearchDirs()) looked += ", " + dir;
-            fail(where, "file " + inQuotes(s) + " not found (looked in " + looked + ")");
+            fail(where, "file {} not found (looked in {})", inQuotes(s), looked);
           }
           return *found;
         }
@@ -285,11 +284,11 @@ std::vector<Override> parseOverrides(const std::vector<std::string>& overrides) 
   for (const auto& text : overrides) {
     auto eq = text.find('=');
     if (eq == std::string::npos || eq == 0) {
-      throw ConfigError("--set " + text + ": expected KEY=VALUE, e.g. --set optimizer.lr=0.01");
+      fail<ConfigError>("--set {}: expected KEY=VALUE, e.g. --set optimizer.lr=0.01", text);
     }
     std::string path = text.substr(0, eq);
     if (path.find('.') == std::string::npos && path != "name") {
-      throw ConfigError("--set " + text + ": expected SECTION.KEY=VALUE, e.g. --set training.epochs=5");
+      fail<ConfigError>("--set {}: expected SECTION.KEY=VALUE, e.g. --set training.epochs=5", text);
     }
     out.push_back({path, text.substr(eq + 1)});
   }
@@ -312,8 +311,7 @@ std::vector<Override> parseOverrides(const std::vector<std::string>& overrides) 
   // nlohmann's text repeats the position; keep its reason only.
   auto reason = what.find("syntax error");
   if (reason != std::string::npos) what = what.substr(reason);
-  throw ConfigError(sourceName + ":" + std::to_string(line) + ":" + std::to_string(column) + ": malformed JSON: " +
-                    what);
+  fail<ConfigError>("{}:{}:{}: malformed JSON: {}", sourceName, line, column, what);
 }
 
 }  // namespace
@@ -358,24 +356,24 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   } catch (const Json::parse_error& e) {
     failMalformed(text, sourceName, e);
   }
-  if (!root.is_object()) throw ConfigError(sourceName + ": expected a JSON object at the top level");
+  if (!root.is_object()) fail<ConfigError>("{}: expected a JSON object at the top level", sourceName);
 
   std::vector<Override> overrides = parseOverrides(overrideTexts);
   Validator v(sourceName, configDir, overrides);
   for (auto it = root.begin(); it != root.end(); ++it) {
     if (std::find(kTopLevelKeys.begin(), kTopLevelKeys.end(), it.key()) == kTopLevelKeys.end()) {
       std::string close = closestName(it.key(), kTopLevelKeys);
-      throw ConfigError(it.key() + ": unknown key" + (close.empty() ? "" : "; did you mean \"" + close + "\"?") +
-                        " (known: name, description, plugins, dataset, model, optimizer, scheduler, loss, "
-                        "training, distributed)");
+      fail<ConfigError>("{}: unknown key{} (known: {})", it.key(),
+                        close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)),
+                        fmt::join(kTopLevelKeys, ", "));
     }
   }
   for (auto& o : overrides) {
     std::string section = o.path.substr(0, o.path.find('.'));
     if (std::find(kTopLevelKeys.begin(), kTopLevelKeys.end(), section) == kTopLevelKeys.end()) {
       std::string close = closestName(section, kTopLevelKeys);
-      throw ConfigError("--set " + o.path + ": unknown section \"" + section + "\"" +
-                        (close.empty() ? "" : "; did you mean \"" + close + "\"?"));
+      fail<ConfigError>("--set {}: unknown section {}{}", o.path, inQuotes(section),
+                        close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)));
     }
     if (o.path == "name") {
       root["name"] = o.raw;
@@ -388,7 +386,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.configDir = configDir;
   Json resolved = Json::object();
   if (root.contains("name")) {
-    if (!root["name"].is_string()) v.fail("name", "expected a string, got " + shown(root["name"]));
+    if (!root["name"].is_string()) v.fail("name", "expected a string, got {}", shown(root["name"]));
     config.name = root["name"].get<std::string>();
   }
   resolved["name"] = config.name;
@@ -397,16 +395,16 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   // Plugin libraries first: their plugins may be named below.
   if (root.contains("plugins")) {
     const Json& libs = root["plugins"];
-    if (!libs.is_array()) v.fail("plugins", "expected a list of shared library paths, got " + shown(libs));
+    if (!libs.is_array()) v.fail("plugins", "expected a list of shared library paths, got {}", shown(libs));
     for (size_t i = 0; i < libs.size(); ++i) {
-      const std::string where = "plugins[" + std::to_string(i) + "]";
-      if (!libs[i].is_string()) v.fail(where, "expected a path, got " + shown(libs[i]));
+      const std::string where = fmt::format("plugins[{}]", i);
+      if (!libs[i].is_string()) v.fail(where, "expected a path, got {}", shown(libs[i]));
       auto found = resolveFile(libs[i].get<std::string>(), configDir);
-      if (!found) v.fail(where, "plugin library \"" + libs[i].get<std::string>() + "\" not found");
+      if (!found) v.fail(where, "plugin library {} not found", inQuotes(libs[i].get<std::string>()));
       try {
         loadPluginLibrary(*found, registry);
       } catch (const std::exception& e) {
-        v.fail(where, e.what());
+        v.fail(where, "{}", e.what());
       }
       config.pluginLibraries.push_back(*found);
     }
@@ -427,22 +425,20 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
     }
     if (body.is_null()) {
       if (optional) continue;
-      throw ConfigError(section + ": required section is missing; it names a " + pluginKindName(kind) +
-                        " plugin, e.g. \"" + section + "\": {\"name\": \"" +
-                        (registry.names(kind).empty() ? std::string("...") : registry.names(kind).front()) + "\"}");
+      fail<ConfigError>("{}: required section is missing; it names a {} plugin, e.g. {}: {{\"name\": {}}}", section,
+                        pluginKindName(kind), inQuotes(section),
+                        inQuotes(registry.names(kind).empty() ? std::string("...") : registry.names(kind).front()));
     }
     if (body.is_string()) body = Json{{"name", body}};
-    if (!body.is_object()) v.fail(section, "expected an object with a \"name\", got " + shown(body));
+    if (!body.is_object()) v.fail(section, "expected an object with a \"name\", got {}", shown(body));
     if (!body.contains("name") || !body["name"].is_string()) {
-      v.fail(section + ".name", std::string("required: the ") + pluginKindName(kind) + " to use (known: " + known +
-                                    ")");
+      v.fail(section + ".name", "required: the {} to use (known: {})", pluginKindName(kind), known);
     }
     const std::string name = body["name"].get<std::string>();
     if (!registry.has(kind, name)) {
       std::string close = closestName(name, registry.names(kind));
-      v.fail(section + ".name", std::string("unknown ") + pluginKindName(kind) + " " + inQuotes(name) +
-                                    (close.empty() ? "" : "; did you mean " + inQuotes(close) + "?") + " (known: " +
-                                    known + ")");
+      v.fail(section + ".name", "unknown {} {}{} (known: {})", pluginKindName(kind), inQuotes(name),
+             close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)), known);
     }
     const PluginSpec& spec = registry.get(kind, name);
     Json params = v.validateSection(section, body, spec.params, {"name"});
@@ -483,7 +479,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.distributed.firstBucketCapMb = distributed["first_bucket_cap_mb"];
 
   for (const auto& o : overrides) {
-    if (!o.used) throw ConfigError("--set " + o.path + ": nothing to set; the section is not in this experiment");
+    if (!o.used) fail<ConfigError>("--set {}: nothing to set; the section is not in this experiment", o.path);
   }
   config.resolved = resolved;
   return config;
@@ -503,12 +499,13 @@ ExperimentConfig loadExperimentConfig(const std::string& path, const std::vector
       hint += ":";
       for (const auto& name : experiments) hint += " " + name;
     }
-    throw ConfigError(path + ": is a folder, not an experiment file. HINT: " + hint);
+    fail<ConfigError>("{}: is a folder, not an experiment file. HINT: {}", path, hint);
   }
   std::ifstream in(path);
   if (!in) {
-    throw ConfigError(path + ": cannot open experiment file (" + std::strerror(errno) +
-                      "). HINT: pass the path of a JSON file, e.g. experiments/wine_baseline.json");
+    fail<ConfigError>(
+        "{}: cannot open experiment file ({}). HINT: pass the path of a JSON file, e.g. experiments/wine_baseline.json",
+        path, errnoText(errno));
   }
   std::stringstream buffer;
   buffer << in.rdbuf();

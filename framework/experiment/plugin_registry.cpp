@@ -1,11 +1,14 @@
 #include "framework/experiment/plugin_registry.hpp"
 
 #include <dlfcn.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <iomanip>
+#include <iterator>
 #include <sstream>
+#include <type_traits>
 
 #include "framework/core/errors.hpp"
 
@@ -41,10 +44,10 @@ std::string formatRange(const ParamSpec& spec) {
     return out;
   }
   if (spec.min && spec.max) {
-    return (spec.minExclusive ? "(" : "[") + formatNumber(*spec.min) + ", " + formatNumber(*spec.max) + "]";
+    return fmt::format("{}{}, {}]", spec.minExclusive ? "(" : "[", formatNumber(*spec.min), formatNumber(*spec.max));
   }
-  if (spec.min) return (spec.minExclusive ? "> " : ">= ") + formatNumber(*spec.min);
-  if (spec.max) return "<= " + formatNumber(*spec.max);
+  if (spec.min) return fmt::format("{} {}", spec.minExclusive ? ">" : ">=", formatNumber(*spec.min));
+  if (spec.max) return fmt::format("<= {}", formatNumber(*spec.max));
   return "";
 }
 
@@ -66,6 +69,11 @@ std::string formatTable(const std::vector<std::vector<std::string>>& rows, const
     out += line + "\n";
   }
   return out;
+}
+
+// "datasets", "models", ..., "losses".
+std::string pluralKindName(PluginKind kind) {
+  return kind == PluginKind::Loss ? "losses" : fmt::format("{}s", pluginKindName(kind));
 }
 
 size_t editDistance(const std::string& a, const std::string& b) {
@@ -110,24 +118,6 @@ std::optional<PluginKind> pluginKindFromName(const std::string& name) {
   return std::nullopt;
 }
 
-const char* paramTypeName(ParamType type) {
-  switch (type) {
-    case ParamType::Int:
-      return "int";
-    case ParamType::Float:
-      return "float";
-    case ParamType::Bool:
-      return "bool";
-    case ParamType::String:
-      return "string";
-    case ParamType::IntList:
-      return "int list";
-    case ParamType::FloatList:
-      return "float list";
-  }
-  return "unknown";
-}
-
 std::string closestName(const std::string& name, const std::vector<std::string>& candidates) {
   // A suggestion further away than a third of the name is noise, not a typo;
   // short names still get up to two edits ("mpl" -> "mlp").
@@ -144,34 +134,73 @@ std::string closestName(const std::string& name, const std::vector<std::string>&
   return best;
 }
 
+// The factory alternatives are in PluginKind's order: kind() is the index.
+static_assert(std::is_same_v<std::variant_alternative_t<static_cast<size_t>(PluginKind::Dataset), PluginFactory>,
+                             DatasetFactory>);
+static_assert(std::is_same_v<std::variant_alternative_t<static_cast<size_t>(PluginKind::Model), PluginFactory>,
+                             ModelFactory>);
+static_assert(std::is_same_v<std::variant_alternative_t<static_cast<size_t>(PluginKind::Optimizer), PluginFactory>,
+                             OptimizerFactory>);
+static_assert(std::is_same_v<std::variant_alternative_t<static_cast<size_t>(PluginKind::Scheduler), PluginFactory>,
+                             SchedulerFactory>);
+static_assert(std::is_same_v<std::variant_alternative_t<static_cast<size_t>(PluginKind::Loss), PluginFactory>,
+                             LossFactory>);
+static_assert(std::variant_size_v<PluginFactory> == std::size(kAllKinds));
+
+namespace {
+
+// The spec's factory as a `Factory`; a spec of another kind is a UsageError.
+template <typename Factory>
+const Factory& factoryOf(const PluginSpec& spec, PluginKind wanted) {
+  const auto* factory = std::get_if<Factory>(&spec.factory);
+  if (factory == nullptr) {
+    fail<UsageError>("{} '{}' is not a {} plugin", pluginKindName(spec.kind()), spec.name, pluginKindName(wanted));
+  }
+  return *factory;
+}
+
+}  // namespace
+
+DatasetSplits PluginSpec::dataset(const Params& values, const DatasetContext& context) const {
+  return factoryOf<DatasetFactory>(*this, PluginKind::Dataset)(values, context);
+}
+
+ModelPtr PluginSpec::model(const Params& values, const ModelContext& context) const {
+  return factoryOf<ModelFactory>(*this, PluginKind::Model)(values, context);
+}
+
+std::unique_ptr<torch::optim::Optimizer> PluginSpec::optimizer(std::vector<at::Tensor> parameters,
+                                                               const Params& values) const {
+  return factoryOf<OptimizerFactory>(*this, PluginKind::Optimizer)(std::move(parameters), values);
+}
+
+std::unique_ptr<LrScheduler> PluginSpec::scheduler(const Params& values) const {
+  return factoryOf<SchedulerFactory>(*this, PluginKind::Scheduler)(values);
+}
+
+LossFn PluginSpec::loss(const Params& values) const { return factoryOf<LossFactory>(*this, PluginKind::Loss)(values); }
+
+ModelContext modelContextFor(const DatasetSplits& data) {
+  ModelContext context;
+  context.numFeatures = data.numFeatures;
+  context.numClasses = data.numClasses;
+  context.sampleShape = data.sampleShape;
+  if (context.sampleShape.empty() && data.trainFeatures.defined() && data.trainFeatures.dim() >= 1) {
+    const auto sizes = data.trainFeatures.sizes();
+    context.sampleShape.assign(sizes.begin() + 1, sizes.end());
+  }
+  context.vocabSize = data.vocabSize;
+  return context;
+}
+
 void PluginRegistry::add(PluginSpec spec) {
-  const char* kind = pluginKindName(spec.kind);
-  if (spec.name.empty()) throw UsageError(std::string("plugin registry: a ") + kind + " has an empty name");
-  auto& ofKind = plugins_[spec.kind];
-  if (ofKind.count(spec.name)) {
-    throw UsageError(std::string("plugin registry: ") + kind + " '" + spec.name + "' is registered twice");
-  }
-  bool hasFactory = false;
-  switch (spec.kind) {
-    case PluginKind::Dataset:
-      hasFactory = static_cast<bool>(spec.dataset);
-      break;
-    case PluginKind::Model:
-      hasFactory = static_cast<bool>(spec.model);
-      break;
-    case PluginKind::Optimizer:
-      hasFactory = static_cast<bool>(spec.optimizer);
-      break;
-    case PluginKind::Scheduler:
-      hasFactory = static_cast<bool>(spec.scheduler);
-      break;
-    case PluginKind::Loss:
-      hasFactory = static_cast<bool>(spec.loss);
-      break;
-  }
-  if (!hasFactory) {
-    throw UsageError(std::string("plugin registry: ") + kind + " '" + spec.name + "' has no " + kind + " factory set");
-  }
+  const char* kind = pluginKindName(spec.kind());
+  if (spec.name.empty()) fail<UsageError>("plugin registry: a {} has an empty name", kind);
+  auto& ofKind = plugins_[spec.kind()];
+  if (ofKind.count(spec.name)) fail<UsageError>("plugin registry: {} '{}' is registered twice", kind, spec.name);
+  // The variant fixes the kind; an empty std::function in it is still no factory.
+  const bool hasFactory = std::visit([](const auto& factory) { return static_cast<bool>(factory); }, spec.factory);
+  if (!hasFactory) fail<UsageError>("plugin registry: {} '{}' has no {} factory set", kind, spec.name, kind);
   std::string name = spec.name;
   ofKind.emplace(std::move(name), std::move(spec));
 }
@@ -187,14 +216,11 @@ const PluginSpec& PluginRegistry::get(PluginKind kind, const std::string& name) 
     auto found = it->second.find(name);
     if (found != it->second.end()) return found->second;
   }
-  const std::string kindName = pluginKindName(kind);
   const auto known = names(kind);
-  std::string message = "unknown " + kindName + " '" + name + "'";
-  std::string suggestion = closestName(name, known);
-  if (!suggestion.empty()) message += "; did you mean '" + suggestion + "'?";
-  message += (suggestion.empty() ? "; known " : " known ") + (kind == PluginKind::Loss ? "losses" : kindName + "s") +
-             ": " + joinNames(known);
-  throw UsageError(message);
+  const std::string suggestion = closestName(name, known);
+  fail<UsageError>("unknown {} '{}'{} known {}: {}", pluginKindName(kind), name,
+                   suggestion.empty() ? ";" : fmt::format("; did you mean '{}'?", suggestion), pluralKindName(kind),
+                   joinNames(known));
 }
 
 std::vector<std::string> PluginRegistry::names(PluginKind kind) const {
@@ -208,8 +234,7 @@ std::vector<std::string> PluginRegistry::names(PluginKind kind) const {
 std::string PluginRegistry::listing() const {
   std::string out;
   for (PluginKind kind : kAllKinds) {
-    std::string kindName = pluginKindName(kind);
-    out += (kind == PluginKind::Loss ? std::string("losses") : kindName + "s") + ":\n";
+    out += pluralKindName(kind) + ":\n";
     std::vector<std::vector<std::string>> rows;
     auto it = plugins_.find(kind);
     if (it != plugins_.end()) {
@@ -235,21 +260,18 @@ std::string PluginRegistry::describe(const std::string& kindDotName) const {
   if (dot != std::string::npos) kind = pluginKindFromName(kindDotName.substr(0, dot));
   if (!kind) {
     const auto all = everything();
-    std::string message = "cannot describe '" + kindDotName + "': expected KIND.NAME";
     // A bare name ("adam") is most likely meant as the plugin of that name.
     std::string suggestion;
     for (PluginKind k : kAllKinds) {
-      if (dot == std::string::npos && has(k, kindDotName))
-        suggestion = std::string(pluginKindName(k)) + "." + kindDotName;
+      if (dot == std::string::npos && has(k, kindDotName)) suggestion = fmt::format("{}.{}", pluginKindName(k), kindDotName);
     }
     if (suggestion.empty()) suggestion = closestName(kindDotName, all);
-    message += suggestion.empty() ? "; known plugins: " : "; did you mean '" + suggestion + "'? known plugins: ";
-    message += joinNames(all);
-    throw UsageError(message);
+    fail<UsageError>("cannot describe '{}': expected KIND.NAME; {}known plugins: {}", kindDotName,
+                     suggestion.empty() ? "" : fmt::format("did you mean '{}'? ", suggestion), joinNames(all));
   }
   const PluginSpec& spec = get(*kind, kindDotName.substr(dot + 1));
 
-  std::string out = std::string(pluginKindName(spec.kind)) + "." + spec.name + ": " + spec.doc + "\n";
+  std::string out = fmt::format("{}.{}: {}\n", pluginKindName(spec.kind()), spec.name, spec.doc);
   if (spec.params.empty()) return out + "  (no parameters)\n";
   std::vector<std::vector<std::string>> rows{{"param", "type", "default", "range", "doc"}};
   for (const auto& p : spec.params) {
@@ -260,9 +282,7 @@ std::string PluginRegistry::describe(const std::string& kindDotName) const {
 
 void loadPluginLibrary(const std::string& path, PluginRegistry& registry) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    throw UsageError("plugin library '" + path + "': file not found");
-  }
+  if (!std::filesystem::exists(path, ec)) fail<UsageError>("plugin library '{}': file not found", path);
   // An absolute path, because dlopen() searches the library path, not the
   // current directory, for a name without a slash.
   const std::string absolute = std::filesystem::absolute(path, ec).string();
@@ -272,10 +292,11 @@ void loadPluginLibrary(const std::string& path, PluginRegistry& registry) {
   void* handle = dlopen(absolute.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
-    throw UsageError("plugin library '" + path + "': " + (why ? why : "dlopen failed") +
-                     (why && std::string(why).find("undefined symbol") != std::string::npos
-                          ? ". HINT: build the program that loads plugins with ENABLE_EXPORTS (-rdynamic)"
-                          : ""));
+    const std::string reason = why ? why : "dlopen failed";
+    fail<UsageError>("plugin library '{}': {}{}", path, reason,
+                     reason.find("undefined symbol") != std::string::npos
+                         ? ". HINT: build the program that loads plugins with ENABLE_EXPORTS (-rdynamic)"
+                         : "");
   }
   // A library registers into a registry once: an experiment read twice in
   // one process (by the launcher, then by the rank) names it twice.
@@ -288,9 +309,29 @@ void loadPluginLibrary(const std::string& path, PluginRegistry& registry) {
   auto* fn = reinterpret_cast<RegisterFn>(dlsym(handle, "ddp_register_plugins"));
   if (fn == nullptr) {
     dlclose(handle);
-    throw UsageError("plugin library '" + path +
-                     "' has no ddp_register_plugins symbol. HINT: export extern \"C\" void "
-                     "ddp_register_plugins(ddp::PluginRegistry&)");
+    fail<UsageError>(
+        "plugin library '{}' has no ddp_register_plugins symbol. HINT: export extern \"C\" void "
+        "ddp_register_plugins(ddp::PluginRegistry&)",
+        path);
+  }
+  // The plugin interface it was compiled against must be this one: a
+  // PluginSpec or factory of another layout would be misread, not refused.
+  using VersionFn = int (*)();
+  auto* versionFn = reinterpret_cast<VersionFn>(dlsym(handle, "ddp_plugin_api_version"));
+  if (versionFn == nullptr) {
+    dlclose(handle);
+    fail<UsageError>(
+        "plugin library '{}' has no plugin API version (no ddp_plugin_api_version symbol); this ddp has plugin API "
+        "version {}. HINT: rebuild it against this ddp, with DDP_EXPORT_PLUGIN_API_VERSION(); in one of its sources",
+        path, DDP_PLUGIN_API_VERSION);
+  }
+  const int version = versionFn();
+  if (version != DDP_PLUGIN_API_VERSION) {
+    dlclose(handle);
+    fail<UsageError>(
+        "plugin library '{}' was built for plugin API version {}; this ddp has plugin API version {}. HINT: "
+        "rebuild it against this ddp's headers",
+        path, version, DDP_PLUGIN_API_VERSION);
   }
   // The library stays loaded for the life of the process: the registry now
   // holds factories whose code lives in it.

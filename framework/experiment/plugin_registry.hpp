@@ -2,17 +2,23 @@
 // that an experiment JSON can name.
 //
 // Contract
-// - Each plugin has a kind, a unique name within its kind, a one-line doc,
-//   and declares its parameters (name, type, default, range or choices, doc).
-//   Experiment validation checks a config section against that declaration,
-//   so a plugin's factory receives only well-typed values, with defaults
-//   filled in.
+// - Each plugin (PluginSpec) has a unique name within its kind, a one-line
+//   doc, its parameters (param.hpp: name, type, default, range or choices,
+//   doc) and one factory. The factory's type is the plugin's kind: PluginSpec
+//   holds a std::variant of the five factory types, so a spec cannot have
+//   two kinds or none. Experiment validation checks a config section against
+//   the declared parameters, so a factory receives only well-typed values,
+//   with defaults filled in.
 // - Registration is explicit: ddp::registerBuiltinPlugins() (plugins/builtin.hpp)
 //   for the ones shipped in plugins/, and `ddp_register_plugins(ddp::PluginRegistry&)` exported
-//   with C linkage by an out-of-tree shared library (see loadPluginLibrary).
+//   with C linkage by an out-of-tree shared library (see loadPluginLibrary),
+//   which also exports its plugin API version with DDP_EXPORT_PLUGIN_API_VERSION().
 //   A name registered twice within a kind is a UsageError.
 // - Unknown names fail with UsageError listing the known ones (and the
 //   closest, as "did you mean").
+// - Datasets describe one sample's shape (DatasetSplits::sampleShape) and,
+//   for token data, the vocabulary; models get both in ModelContext, so a
+//   CNN or a language model sizes itself from the data.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,69 +28,50 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
+#include <variant>
 #include <vector>
 
-namespace ddp {
+#include "framework/experiment/param.hpp"
 
-using Json = nlohmann::json;
+// The version of the plugin interface below (PluginSpec, the factories and
+// what they produce, PluginRegistry). A plugin library built against other
+// headers is refused by loadPluginLibrary; it is raised whenever a change
+// here would break a compiled plugin.
+#define DDP_PLUGIN_API_VERSION 1
+
+// Written once, at namespace scope, in a plugin library's source:
+//   DDP_EXPORT_PLUGIN_API_VERSION();
+// exports extern "C" int ddp_plugin_api_version(), returning the
+// DDP_PLUGIN_API_VERSION of the headers the library was compiled against.
+#define DDP_EXPORT_PLUGIN_API_VERSION()                                                 \
+  extern "C" __attribute__((visibility("default"))) int ddp_plugin_api_version() { \
+    return DDP_PLUGIN_API_VERSION;                                                  \
+  }                                                                                 \
+  static_assert(true, "")
+
+namespace ddp {
 
 enum class PluginKind { Dataset, Model, Optimizer, Scheduler, Loss };
 const char* pluginKindName(PluginKind kind);  // "dataset", "model", ...
 std::optional<PluginKind> pluginKindFromName(const std::string& name);
 
-enum class ParamType { Int, Float, Bool, String, IntList, FloatList };
-const char* paramTypeName(ParamType type);  // "int", "float", ...
-
-struct ParamSpec {
-  std::string name;
-  ParamType type = ParamType::Float;
-  Json defaultValue;  // null: required
-  std::optional<double> min;  // inclusive bounds for numbers (for lists: each element)
-  std::optional<double> max;
-  bool minExclusive = false;  // "> 0" rather than ">= 0"
-  std::vector<std::string> choices;  // for strings, when non-empty
-  std::string doc;
-  // A string naming an input file: validation checks that it exists and
-  // resolves it (against the config's folder, then the working folder, then
-  // the source tree), so a missing data file fails before anything runs.
-  bool isFile = false;
-};
-
-// A plugin's validated parameters: every declared name present, defaults applied.
-class Params {
- public:
-  Params() = default;
-  explicit Params(Json values) : values_(std::move(values)) {}
-  int64_t getInt(const std::string& name) const { return values_.at(name).get<int64_t>(); }
-  double getDouble(const std::string& name) const { return values_.at(name).get<double>(); }
-  bool getBool(const std::string& name) const { return values_.at(name).get<bool>(); }
-  std::string getString(const std::string& name) const { return values_.at(name).get<std::string>(); }
-  std::vector<int64_t> getIntList(const std::string& name) const {
-    return values_.at(name).get<std::vector<int64_t>>();
-  }
-  std::vector<double> getDoubleList(const std::string& name) const {
-    return values_.at(name).get<std::vector<double>>();
-  }
-  const Json& json() const { return values_; }
-
- private:
-  Json values_ = Json::object();
-};
-
 // ---- what each kind of plugin produces -----------------------------------------
 
-// A labelled table split into train and test sets, held in memory.
+// Labelled samples split into train and test sets, held in memory.
 struct DatasetSplits {
-  at::Tensor trainFeatures;  // [N, F] float32
+  at::Tensor trainFeatures;  // [N, *sampleShape]: float32, or int64 token ids
   at::Tensor trainTargets;   // [N] int64 for classification, [N] or [N, T] float32 for regression
   at::Tensor testFeatures;
   at::Tensor testTargets;
-  int64_t numFeatures = 0;
-  int64_t numClasses = 0;  // 0 for regression
+  int64_t numFeatures = 0;  // values per sample (the product of sampleShape), for flat models
+  int64_t numClasses = 0;   // 0 for regression
+  // One sample's shape: [F] for a table, [C, H, W] for images (e.g. [1, 8, 8]),
+  // [T] for windows of T tokens.
+  std::vector<int64_t> sampleShape;
+  int64_t vocabSize = 0;  // token data: ids lie in [0, vocabSize); 0 otherwise
 };
 
 // What a dataset factory may use besides its parameters.
@@ -102,9 +89,15 @@ using ModelPtr = std::shared_ptr<Model>;
 
 // What model factories may use: the dataset's shape.
 struct ModelContext {
-  int64_t numFeatures = 0;
-  int64_t numClasses = 0;
+  int64_t numFeatures = 0;  // values per sample, for flat models
+  int64_t numClasses = 0;   // 0 for regression
+  std::vector<int64_t> sampleShape;  // as DatasetSplits::sampleShape
+  int64_t vocabSize = 0;             // as DatasetSplits::vocabSize
 };
+
+// The context a model of `data` is built with. A dataset that leaves
+// sampleShape empty gets its features' shape after the batch dimension.
+ModelContext modelContextFor(const DatasetSplits& data);
 
 // Learning rate as a function of the epoch, applied at each epoch start.
 class LrScheduler {
@@ -122,21 +115,33 @@ using OptimizerFactory =
 using SchedulerFactory = std::function<std::unique_ptr<LrScheduler>(const Params&)>;
 using LossFactory = std::function<LossFn(const Params&)>;
 
+// A plugin's factory; which of these it is, is the plugin's kind (the
+// alternatives are in PluginKind's order).
+using PluginFactory = std::variant<DatasetFactory, ModelFactory, OptimizerFactory, SchedulerFactory, LossFactory>;
+
+// One plugin. An aggregate, so a registration reads as one statement:
+//   registry.add({"mlp", "multi-layer perceptron", {Param(...), ...}, makeMlp});
 struct PluginSpec {
-  PluginKind kind = PluginKind::Dataset;
   std::string name;
   std::string doc;
   std::vector<ParamSpec> params;
-  // Exactly the one matching `kind` is set.
-  DatasetFactory dataset;
-  ModelFactory model;
-  OptimizerFactory optimizer;
-  SchedulerFactory scheduler;
-  LossFactory loss;
+  PluginFactory factory;
+
+  PluginKind kind() const { return static_cast<PluginKind>(factory.index()); }
+
+  // Build the plugin with its factory; calling the one of another kind is a
+  // UsageError naming both kinds.
+  DatasetSplits dataset(const Params& values, const DatasetContext& context) const;
+  ModelPtr model(const Params& values, const ModelContext& context) const;
+  std::unique_ptr<torch::optim::Optimizer> optimizer(std::vector<at::Tensor> parameters, const Params& values) const;
+  std::unique_ptr<LrScheduler> scheduler(const Params& values) const;
+  LossFn loss(const Params& values) const;
 };
 
 class PluginRegistry {
  public:
+  // UsageError for an empty name, a name taken within the kind, or an empty
+  // factory.
   void add(PluginSpec spec);
   bool has(PluginKind kind, const std::string& name) const;
   // Throws UsageError listing the known names of that kind.
@@ -155,7 +160,9 @@ class PluginRegistry {
 
 // dlopen()s a shared library and calls its
 //   extern "C" void ddp_register_plugins(ddp::PluginRegistry&);
-// Throws UsageError naming the path when the file or the symbol is missing.
+// Throws UsageError naming the path when the file or that symbol is missing,
+// and refuses (before registering anything) a library whose
+// ddp_plugin_api_version() is missing or differs from DDP_PLUGIN_API_VERSION.
 // A library already registered into `registry` is not registered again.
 void loadPluginLibrary(const std::string& path, PluginRegistry& registry);
 

@@ -290,7 +290,7 @@ TrainResult runTraining(const ExperimentConfig& config, const DistributedContext
   DatasetContext dctx{tc.seed, config.configDir};
   DatasetSplits data = registry.get(PluginKind::Dataset, config.dataset.name).dataset(config.dataset.params, dctx);
   ModelPtr model = registry.get(PluginKind::Model, config.model.name)
-                       .model(config.model.params, ModelContext{data.numFeatures, data.numClasses});
+                       .model(config.model.params, modelContextFor(data));
   if (device.is_cuda()) {
     model->to(device);
     data.trainFeatures = data.trainFeatures.to(device);
