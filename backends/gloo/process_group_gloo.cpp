@@ -101,8 +101,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     logInfo("[rank {}/{}] gloo: group created; payloads move through shared memory (every rank on this host)",
             rank, size);
   } else {
-    logInfo("[rank {}/{}] gloo: group created; payloads move over TCP, {} (shared memory unused: {})", rank, size,
-            describeEndpoint(), impl_->shmWhyNot.empty() ? "?" : impl_->shmWhyNot);
+    logInfo("[rank {}/{}] gloo: group created; payloads move over TCP, since {}", rank, size,
+            impl_->shmWhyNot.empty() ? "shared memory is unavailable" : impl_->shmWhyNot);
   }
   impl_->startWorker();
 }
