@@ -1,11 +1,17 @@
 // Collectives × dtype × world size × element count, against closed forms.
 #include <ATen/ATen.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <catch2/catch.hpp>
 
 #include "backends/builtin.hpp"
 #include "ddp/config.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/comm/single_process_group.hpp"
+#include "framework/launch/spawn.hpp"
 #if DDP_HAVE_GLOO
 #include "backends/gloo/process_group_gloo.hpp"
 #endif
@@ -232,6 +238,88 @@ TEST_CASE("gloo uses shared memory on one host unless told not to", "[collective
     CHECK(used[0] == int(allowed));
     CHECK(used[1] == int(allowed));
     if (!allowed) CHECK(why[0].find("disabled") != std::string::npos);
+  }
+}
+
+// Run in a child process by the test below (DDP_LOG_LEVEL is read once per
+// process): five collectives on two ranks, sized to take each path.
+TEST_CASE("worker: gloo collectives at DDP_LOG_LEVEL=debug", "[.worker-debug-log]") {
+  auto errors = runRanks("gloo", 2, [](int rank, ProcessGroup& pg) {
+    at::Tensor big = at::ones({1 << 20});
+    pg.allreduce(big)->wait();
+    at::Tensor small = at::full({4}, double(rank), at::kDouble);
+    pg.broadcast(small, {1})->wait();
+    at::Tensor gathered = at::empty({2}, at::kLong);
+    pg.allgather(at::full({1}, rank, at::kLong), gathered)->wait();
+    at::Tensor scattered = at::empty({3 << 20});
+    pg.reduceScatter(at::ones({6 << 20}), scattered)->wait();
+    pg.barrier()->wait();
+  });
+  REQUIRE(joinErrors(errors).empty());
+}
+
+// Each collective logs one line when queued: operation, #seq, element
+// count, dtype and the path it takes, which depends on shared memory.
+TEST_CASE("gloo logs every collective once at DDP_LOG_LEVEL=debug", "[collectives][log]") {
+  auto runChild = [](const std::string& shm) {
+    EnvMap env = currentEnvironment();
+    env["DDP_LOG_LEVEL"] = "debug";
+    env["DDP_GLOO_SHM"] = shm;
+    SpawnOptions options;
+    options.argv = {"/proc/self/exe", "[.worker-debug-log]"};
+    options.environment = env;
+    options.captureOutput = true;
+    options.dieWithParent = true;
+    ChildProcess child = spawnProcess(options);
+    std::string output;
+    char buf[4096];
+    for (;;) {
+      pollfd pfd{child.outputFd, POLLIN, 0};
+      ::poll(&pfd, 1, 1000);
+      const ssize_t n = ::read(child.outputFd, buf, sizeof(buf));
+      if (n > 0) {
+        output.append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        break;
+      }
+    }
+    ::close(child.outputFd);
+    int status = 0;
+    ::waitpid(child.pid, &status, 0);
+    INFO(output);
+    REQUIRE(describeExitStatus(status) == describeExitStatus(0));
+    return output;
+  };
+  // Lines "[rank R/2] gloo OP #SEQ (SUMMARY) queued, path PATH", counted.
+  auto count = [](const std::string& output, const std::string& line) {
+    size_t n = 0;
+    for (size_t at = output.find(line); at != std::string::npos; at = output.find(line, at + 1)) ++n;
+    return n;
+  };
+  struct Expected {
+    const char* call;
+    const char* shmPath;
+    const char* tcpPath;
+  };
+  const std::vector<Expected> expected = {
+      {"allreduce #0 (1048576 elements, float32, sum) queued, path ", "shm", "ring"},
+      {"broadcast #1 (4 elements, float64, root 1) queued, path ", "shm", "frame"},
+      {"allgather #2 (1 elements, int64) queued, path ", "shm", "frame"},
+      {"reduce_scatter #3 (6291456 elements, float32, sum) queued, path ", "shm", "ring"},
+      {"barrier #4 (no data) queued, path ", "shm", "frame"},
+  };
+  for (const std::string shm : {"1", "0"}) {
+    const std::string output = runChild(shm);
+    INFO("DDP_GLOO_SHM=" << shm << "\n" << output);
+    CHECK(count(output, "ddp[debug] ") == 2 * expected.size());
+    for (int rank = 0; rank < 2; ++rank) {
+      for (const Expected& e : expected) {
+        const std::string line = "ddp[debug] [rank " + std::to_string(rank) + "/2] gloo " + e.call +
+                                 (shm == "1" ? e.shmPath : e.tcpPath) + "\n";
+        INFO(line);
+        CHECK(count(output, line) == 1);
+      }
+    }
   }
 }
 #endif

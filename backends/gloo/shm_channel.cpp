@@ -15,11 +15,11 @@
 #include <cstring>
 #include <fstream>
 #include <new>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/system.hpp"
 #include "framework/store/store.hpp"
 
 namespace ddp {
@@ -48,8 +48,9 @@ size_t slotBytesFor(int size) {
     char* end = nullptr;
     const long long v = std::strtoll(env, &end, 10);
     if (*end != '\0' || v < 4096) {
-      throw UsageError("DDP_GLOO_SHM_SLOT_BYTES=\"" + std::string(env) +
-                       "\": expected a number of bytes >= 4096. HINT: unset it for the default");
+      fail<UsageError>("DDP_GLOO_SHM_SLOT_BYTES=\"{}\": expected a number of bytes >= 4096. HINT: unset it for the "
+                       "default",
+                       env);
     }
     return roundUp(static_cast<size_t>(v), 4096);
   }
@@ -89,15 +90,7 @@ std::string readFirstLine(const char* path) {
 std::string inodeOf(const char* path) {
   struct stat st {};
   if (::stat(path, &st) != 0) return "?";
-  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
-}
-
-std::string randomHex() {
-  std::random_device device;
-  std::uniform_int_distribution<uint64_t> dist;
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(dist(device)));
-  return text;
+  return fmt::format("{}:{}", st.st_dev, st.st_ino);
 }
 
 }  // namespace
@@ -134,11 +127,11 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(Store& store, int rank, int size
   for (int r = 0; r < size; ++r) {
     const std::string theirs = store.getString(keyOf("host", r));
     if (theirs == "disabled") {
-      setWhy("shared memory is disabled on rank " + std::to_string(r));
+      setWhy(fmt::format("shared memory is disabled on rank {}", r));
       return nullptr;
     }
     if (theirs != mine) {
-      setWhy("rank " + std::to_string(r) + " runs on another host or namespace");
+      setWhy(fmt::format("rank {} runs on another host or namespace", r));
       return nullptr;
     }
   }
@@ -152,19 +145,19 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(Store& store, int rank, int size
   std::string problem;
   std::string name;
   if (rank == 0) {
-    name = "/ddp-gloo-" + std::to_string(::getpid()) + "-" + randomHex();
+    name = fmt::format("/ddp-gloo-{}-{}", ::getpid(), randomHex(8));
     int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
-      problem = std::string("shm_open: ") + std::strerror(errno);
+      problem = "shm_open: " + errnoText(errno);
     } else {
       // posix_fallocate, not ftruncate alone: a full /dev/shm must fail
       // here, not as SIGBUS on first touch.
       int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(total));
       if (rc != 0) {
-        problem = "cannot reserve " + std::to_string(total >> 20) + " MiB in /dev/shm: " + std::strerror(rc);
+        problem = fmt::format("cannot reserve {} MiB in /dev/shm: {}", total >> 20, errnoText(rc));
       } else {
         base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (base == MAP_FAILED) problem = std::string("mmap: ") + std::strerror(errno);
+        if (base == MAP_FAILED) problem = "mmap: " + errnoText(errno);
       }
       ::close(fd);
     }
@@ -183,10 +176,10 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(Store& store, int rank, int size
     } else {
       int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
       if (fd < 0) {
-        problem = std::string("shm_open: ") + std::strerror(errno);
+        problem = "shm_open: " + errnoText(errno);
       } else {
         base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (base == MAP_FAILED) problem = std::string("mmap: ") + std::strerror(errno);
+        if (base == MAP_FAILED) problem = "mmap: " + errnoText(errno);
         ::close(fd);
       }
     }
@@ -198,7 +191,7 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(Store& store, int rank, int size
     std::string verdict = "ok";
     for (int r = 0; r < size && verdict == "ok"; ++r) {
       const std::string got = store.getString(keyOf("mapped", r));
-      if (got != "ok") verdict = "rank " + std::to_string(r) + ": " + got;
+      if (got != "ok") verdict = fmt::format("rank {}: {}", r, got);
     }
     store.setString("shm/verdict", verdict);
   }
@@ -236,21 +229,21 @@ std::shared_ptr<ShmBuffer> ShmChannel::allocateBuffer(Store& store, size_t bytes
   auto mapNamed = [&](const std::string& name, bool create, std::string* problem) -> uint8_t* {
     int fd = ::shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
     if (fd < 0) {
-      *problem = "shm_open " + name + ": " + std::strerror(errno);
+      *problem = fmt::format("shm_open {}: {}", name, errnoText(errno));
       return nullptr;
     }
     if (create) {
       int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
       if (rc != 0) {
         ::close(fd);
-        *problem = "cannot reserve " + std::to_string(bytes) + " bytes in /dev/shm: " + std::strerror(rc);
+        *problem = fmt::format("cannot reserve {} bytes in /dev/shm: {}", bytes, errnoText(rc));
         return nullptr;
       }
     }
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
     if (p == MAP_FAILED) {
-      *problem = std::string("mmap: ") + std::strerror(errno);
+      *problem = "mmap: " + errnoText(errno);
       return nullptr;
     }
     return static_cast<uint8_t*>(p);
@@ -258,7 +251,7 @@ std::shared_ptr<ShmBuffer> ShmChannel::allocateBuffer(Store& store, size_t bytes
 
   // Each rank creates its own segment (fresh pages: zero-filled) and names it.
   std::string problem;
-  const std::string mine = "/ddp-gloo-buf-" + std::to_string(::getpid()) + "-" + randomHex();
+  const std::string mine = fmt::format("/ddp-gloo-buf-{}-{}", ::getpid(), randomHex(8));
   buffer->bases_[rank_] = mapNamed(mine, /*create=*/true, &problem);
   if (!buffer->bases_[rank_]) ::shm_unlink(mine.c_str());
   store.setString(keys("name")[rank_], problem.empty() ? mine : std::string());
@@ -267,7 +260,7 @@ std::shared_ptr<ShmBuffer> ShmChannel::allocateBuffer(Store& store, size_t bytes
     if (r == rank_) continue;
     const std::string name = store.getString(keys("name")[r]);
     if (name.empty()) {
-      problem = "rank " + std::to_string(r) + " could not create its segment";
+      problem = fmt::format("rank {} could not create its segment", r);
     } else {
       buffer->bases_[r] = mapNamed(name, /*create=*/false, &problem);
     }
@@ -279,7 +272,7 @@ std::shared_ptr<ShmBuffer> ShmChannel::allocateBuffer(Store& store, size_t bytes
   if (buffer->bases_[rank_]) ::shm_unlink(mine.c_str());
   for (int r = 0; r < size_ && problem.empty(); ++r) {
     const std::string got = store.getString(keys("mapped")[r]);
-    if (got != "ok") problem = "rank " + std::to_string(r) + ": " + got;
+    if (got != "ok") problem = fmt::format("rank {}: {}", r, got);
   }
   if (!problem.empty()) {
     if (why) *why = problem;
@@ -326,16 +319,15 @@ void ShmChannel::step(Deadline deadline) {
 
 void ShmChannel::waitFor(int peer, uint32_t target, Deadline deadline) {
   RankHeader& them = header(peer);
-  auto fail = [&](const std::string& what) {
-    throw ShmWaitError("rank " + std::to_string(peer) + " " + what + " (shared-memory step " +
-                       std::to_string(target) + ")");
+  auto failWith = [&](const std::string& what) {
+    throw ShmWaitError(fmt::format("rank {} {} (shared-memory step {})", peer, what, target));
   };
   // A peer that published the step before it failed did reach it (its
   // descriptor is there to be checked); only a missing step with the flag
   // set is its failure.
   auto check = [&] {
     if (reached(them.steps.load(std::memory_order_acquire), target)) return true;
-    if (them.failed.load(std::memory_order_acquire)) fail("failed");
+    if (them.failed.load(std::memory_order_acquire)) failWith("failed");
     return false;
   };
   // Spin first: a peer that is running arrives within microseconds.
@@ -351,11 +343,11 @@ void ShmChannel::waitFor(int peer, uint32_t target, Deadline deadline) {
   for (;;) {
     if (check()) return;
     const auto now = Clock::now();
-    if (now >= deadline) fail("did not arrive before the timeout");
+    if (now >= deadline) failWith("did not arrive before the timeout");
     if (now - lastLiveness > std::chrono::milliseconds(50)) {
       lastLiveness = now;
       if (them.pid > 0 && ::kill(them.pid, 0) != 0 && errno == ESRCH) {
-        fail("exited (process " + std::to_string(them.pid) + " is gone)");
+        failWith(fmt::format("exited (process {} is gone)", them.pid));
       }
     }
     them.waiters.fetch_add(1);  // seq_cst: pairs with the store in step()

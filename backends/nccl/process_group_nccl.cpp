@@ -12,6 +12,7 @@
 #include "ddp/config.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/help_links.hpp"
+#include "framework/core/log.hpp"
 #include "framework/store/prefix_store.hpp"
 
 #if DDP_TORCH_HAS_CUDA
@@ -23,7 +24,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string cudaText(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+std::string cudaText(cudaError_t e) { return fmt::format("{}: {}", cudaGetErrorName(e), cudaGetErrorString(e)); }
 
 ncclDataType_t ncclTypeFor(at::ScalarType t) {
   switch (t) {
@@ -34,8 +35,8 @@ ncclDataType_t ncclTypeFor(at::ScalarType t) {
     case at::kInt: return ncclInt32;
     case at::kLong: return ncclInt64;
     default:
-      throw UsageError(std::string("nccl: dtype ") + c10::toString(t) +
-                       " is not supported; use float32, float64, float16, bfloat16, int32 or int64");
+      fail<UsageError>("nccl: dtype {} is not supported; use float32, float64, float16, bfloat16, int32 or int64",
+                       c10::toString(t));
   }
 }
 
@@ -51,7 +52,8 @@ ncclRedOp_t ncclOpFor(ReduceOp op) {
 }
 
 std::string summarize(const at::Tensor& t, const std::string& extra = "") {
-  return std::to_string(t.numel()) + " elements, " + dtypeName(t) + (extra.empty() ? "" : ", " + extra);
+  return extra.empty() ? fmt::format("{} elements, {}", t.numel(), dtypeName(t))
+                       : fmt::format("{} elements, {}, {}", t.numel(), dtypeName(t), extra);
 }
 
 }  // namespace
@@ -79,10 +81,10 @@ struct ProcessGroupNccl::Impl {
   std::exception_ptr broken;
 
   void check(cudaError_t e, const std::string& what) {
-    if (e != cudaSuccess) throw CollectiveError(what + ": " + cudaText(e));
+    if (e != cudaSuccess) fail<CollectiveError>("{}: {}", what, cudaText(e));
   }
   void check(ncclResult_t r, const std::string& what) {
-    if (r != ncclSuccess) throw CollectiveError(what + ": " + ncclGetErrorString(r));
+    if (r != ncclSuccess) fail<CollectiveError>("{}: {}", what, ncclGetErrorString(r));
   }
 
   // The communicator is non-blocking (so that a peer that never arrives
@@ -92,8 +94,8 @@ struct ProcessGroupNccl::Impl {
   void settle(ncclResult_t r, const std::string& what, Clock::time_point deadline, Milliseconds timeout) {
     while (r == ncclInProgress) {
       if (Clock::now() > deadline) {
-        throw CollectiveError(what + " did not complete within " + std::to_string(timeout.count()) +
-                              " ms. HINT: a peer rank may not have started, or died; " + kRendezvousHelp);
+        fail<CollectiveError>("{} did not complete within {} ms. HINT: a peer rank may not have started, or died; {}",
+                              what, timeout.count(), kRendezvousHelp);
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
       ncclCommGetAsyncError(comm, &r);
@@ -123,8 +125,8 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
     local = lr ? std::atoi(lr) : rank;
   }
   device_ = local % devices;
-  const std::string who = "[rank " + std::to_string(rank) + "/" + std::to_string(size) + "] nccl";
-  impl_->check(cudaSetDevice(device_), who + ": cudaSetDevice(" + std::to_string(device_) + ")");
+  const std::string who = fmt::format("[rank {}/{}] nccl", rank, size);
+  impl_->check(cudaSetDevice(device_), fmt::format("{}: cudaSetDevice({})", who, device_));
   impl_->check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), who + ": cudaStreamCreate");
 
   PrefixStore scoped("nccl", store);
@@ -134,10 +136,10 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
     scoped.set("unique_id", Bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
   } else {
     Bytes b = scoped.get("unique_id");
-    if (b.size() != sizeof(id)) throw CollectiveError(who + ": the store holds a malformed NCCL unique id");
+    if (b.size() != sizeof(id)) fail<CollectiveError>("{}: the store holds a malformed NCCL unique id", who);
     std::memcpy(&id, b.data(), sizeof(id));
   }
-  const std::string initWhat = who + ": ncclCommInitRank on cuda:" + std::to_string(device_);
+  const std::string initWhat = fmt::format("{}: ncclCommInitRank on cuda:{}", who, device_);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -156,6 +158,7 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
   // arrives blocks here.
   impl_->check(ncclCommInitRank(&impl_->comm, size, id, rank), initWhat);
 #endif
+  logInfo("{}: group created on cuda:{} ({} ranks, NCCL {})", who, device_, size, NCCL_VERSION_CODE);
   watchdog_ = std::thread([this] { watchdogLoop(); });
 }
 
@@ -177,17 +180,18 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
                                  Milliseconds timeout, const std::string& summary,
                                  const std::function<int(void*, void*, void*)>& issue) {
   const uint64_t seq = nextSeq_++;
-  const std::string description = "[rank " + std::to_string(rank_) + "/" + std::to_string(size_) + "] nccl " + op +
-                                  " #" + std::to_string(seq) + " (" + summary + ")";
+  const std::string description = fmt::format("[rank {}/{}] nccl {} #{} ({})", rank_, size_, op, seq, summary);
   auto work = std::make_shared<Work>(description, timeout);
+  logDebug("{} queued, path {}", description,
+           in.is_cuda() || out.is_cuda() ? "device" : "host staged through device buffers");
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
     if (impl_->broken) {
       try {
         std::rethrow_exception(impl_->broken);
       } catch (const std::exception& e) {
-        work->finish(std::make_exception_ptr(CollectiveError(description + " not run: the group failed earlier: " +
-                                                             e.what())));
+        work->finish(std::make_exception_ptr(
+            CollectiveError(fmt::format("{} not run: the group failed earlier: {}", description, e.what()))));
         return work;
       }
     }
@@ -207,9 +211,9 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
 #if DDP_TORCH_HAS_CUDA
     for (const at::Tensor* t : {&in, &out}) {
       if (!t->is_cuda() || t->device().index() != device_) {
-        throw UsageError(description + ": tensor on " + t->device().str() + ", but this rank's group uses cuda:" +
-                         std::to_string(device_) + ". HINT: move inputs and outputs to cuda:" +
-                         std::to_string(device_) + " (rank -> cuda:LOCAL_RANK)");
+        fail<UsageError>("{}: tensor on {}, but this rank's group uses cuda:{}. HINT: move inputs and outputs to "
+                         "cuda:{} (rank -> cuda:LOCAL_RANK)",
+                         description, t->device().str(), device_, device_);
       }
     }
     // NCCL reads and writes dense memory: strided tensors go through
@@ -237,7 +241,7 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
     }
     p.inUse = {in, out, sendTensor, recvTensor};
 #else
-    throw UsageError(description + ": CUDA tensors need a CUDA build of LibTorch");
+    fail<UsageError>("{}: CUDA tensors need a CUDA build of LibTorch", description);
 #endif
   } else {
     // A CPU-only LibTorch: stage through device memory with the CUDA runtime.
@@ -321,24 +325,23 @@ void ProcessGroupNccl::watchdogLoop() {
     if (async == ncclInProgress) async = ncclSuccess;
     const bool timedOut = Clock::now() > head.deadline;
     if (state != cudaErrorNotReady || async != ncclSuccess || timedOut) {
-      std::string why = async != ncclSuccess ? std::string("NCCL error: ") + ncclGetErrorString(async)
-                        : state != cudaErrorNotReady ? "CUDA error: " + cudaText(state)
-                                                     : "timed out (timeout " + std::to_string(head.timeout.count()) +
-                                                           " ms)";
+      std::string why = async != ncclSuccess         ? fmt::format("NCCL error: {}", ncclGetErrorString(async))
+                        : state != cudaErrorNotReady ? fmt::format("CUDA error: {}", cudaText(state))
+                                                     : fmt::format("timed out (timeout {} ms)", head.timeout.count());
       // Aborting unblocks kernels that wait for a peer that will not come.
       ncclCommAbort(impl_->comm);
       impl_->comm = nullptr;
       std::deque<Impl::Pending> failed;
       failed.swap(impl_->pending);
       auto first = std::make_exception_ptr(CollectiveError(
-          failed.front().work->description() + " " + why +
-          ". HINT: a peer rank may have died, or not called this collective; " + kRendezvousHelp));
+          fmt::format("{} {}. HINT: a peer rank may have died, or not called this collective; {}",
+                      failed.front().work->description(), why, kRendezvousHelp)));
       impl_->broken = first;
       lock.unlock();
       for (size_t i = 0; i < failed.size(); ++i) {
         failed[i].work->finish(i == 0 ? first
-                                      : std::make_exception_ptr(CollectiveError(
-                                            failed[i].work->description() + " aborted after an earlier failure")));
+                                      : std::make_exception_ptr(CollectiveError(fmt::format(
+                                            "{} aborted after an earlier failure", failed[i].work->description()))));
       }
       lock.lock();
       continue;
@@ -363,21 +366,22 @@ WorkPtr ProcessGroupNccl::allreduce(at::Tensor& tensor, const AllreduceOptions& 
 
 WorkPtr ProcessGroupNccl::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
   if (opts.root < 0 || opts.root >= size_) {
-    throw UsageError("nccl broadcast: root " + std::to_string(opts.root) + " is outside world size " +
-                     std::to_string(size_));
+    fail<UsageError>("nccl broadcast: root {} is outside world size {}", opts.root, size_);
   }
   const ncclDataType_t type = ncclTypeFor(tensor.scalar_type());
   const size_t count = tensor.numel();
   ncclComm_t comm = impl_->comm;
   return launch("broadcast", tensor, tensor, true, resolveTimeout(opts.timeout),
-                summarize(tensor, "root " + std::to_string(opts.root)), [&](void* send, void* recv, void* stream) {
+                summarize(tensor, fmt::format("root {}", opts.root)), [&](void* send, void* recv, void* stream) {
                   return ncclBroadcast(send, recv, count, type, opts.root, comm, static_cast<cudaStream_t>(stream));
                 });
 }
 
 WorkPtr ProcessGroupNccl::allgather(const at::Tensor& input, at::Tensor& output, const AllgatherOptions& opts) {
   if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type()) {
-    throw UsageError("nccl allgather: output must hold world size x input elements of the same dtype");
+    fail<UsageError>("nccl allgather: output must hold world size ({}) x input elements of the same dtype; got "
+                     "input {}, output {}",
+                     size_, summarize(input), summarize(output));
   }
   const ncclDataType_t type = ncclTypeFor(input.scalar_type());
   const size_t count = input.numel();
@@ -391,7 +395,9 @@ WorkPtr ProcessGroupNccl::allgather(const at::Tensor& input, at::Tensor& output,
 WorkPtr ProcessGroupNccl::reduceScatter(const at::Tensor& input, at::Tensor& output,
                                         const ReduceScatterOptions& opts) {
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type()) {
-    throw UsageError("nccl reduce_scatter: input must hold world size x output elements of the same dtype");
+    fail<UsageError>("nccl reduce_scatter: input must hold world size ({}) x output elements of the same dtype; "
+                     "got input {}, output {}",
+                     size_, summarize(input), summarize(output));
   }
   const ncclDataType_t type = ncclTypeFor(input.scalar_type());
   const size_t count = output.numel();

@@ -1,0 +1,73 @@
+// reduce_scatter: rank r gets the reduction of block r of every rank's
+// input; through shared memory, inside the frames, or over the ring (which
+// reduces in place, so it works on a reused copy of the input).
+#include <cstring>
+#include <vector>
+
+#include "backends/gloo/collectives/collectives.hpp"
+#include "backends/gloo/impl.hpp"
+#include "framework/core/errors.hpp"
+
+namespace ddp::gloo_backend::collectives {
+WorkPtr reduceScatter(Impl& g, const at::Tensor& input, at::Tensor& output, ReduceOp op, Milliseconds timeout) {
+  requireSupported(input, "reduce_scatter");
+  if (input.numel() != output.numel() * g.size || input.scalar_type() != output.scalar_type()) {
+    fail<UsageError>("gloo reduce_scatter: input must hold world size ({}) x output elements of the same dtype; "
+                     "got input {}, output {}",
+                     g.size, summarize(input), summarize(output));
+  }
+  Descriptor d;
+  d.op = kReduceScatter;
+  d.dtype = static_cast<uint32_t>(input.scalar_type());
+  d.numel = input.numel();
+  d.reduceOp = static_cast<int32_t>(op);
+  const Impl::Path path = g.pathFor(input.nbytes());
+  at::Tensor in = input, out = output;
+  return g.enqueue(
+      d, summarize(input, reduceOpName(op)), timeout, path,
+      [g = &g, path, in, out, op](const Descriptor& d, Deadline deadline) mutable {
+        const int rank = g->rank, size = g->size;
+        at::Tensor src = hostView(in);
+        const size_t bytes = src.nbytes(), sliceBytes = bytes / size;
+        const size_t elementSize = src.element_size();
+        // Reduce straight into the output when it is a contiguous host
+        // tensor: a fresh buffer per call costs page faults at every size.
+        at::Tensor outHost = hostView(out);
+        at::Tensor mine = outHost.view({-1});
+        switch (path) {
+          case Impl::Path::Local: mine.copy_(src.view({-1})); break;
+          case Impl::Path::Shm:
+            g->shm->reduceScatter(d, src, mine, op, deadline);  // divides for Avg itself
+            if (!outHost.is_same(out)) out.copy_(outHost);
+            return;
+          case Impl::Path::Frame: {
+            auto frames = g->frames->exchange(d, src.data_ptr(), bytes, deadline);
+            frames[rank] = static_cast<const uint8_t*>(src.data_ptr());
+            if (sliceBytes > 0) {
+              const ReduceFn reduce = reduceFnFor(src.scalar_type());
+              uint8_t* acc = static_cast<uint8_t*>(mine.data_ptr());
+              std::memcpy(acc, frames[0] + rank * sliceBytes, sliceBytes);
+              for (int p = 1; p < size; ++p) {
+                reduce(acc, frames[p] + rank * sliceBytes, out.numel(), static_cast<int>(op));
+              }
+            }
+            break;
+          }
+          case Impl::Path::ShmInPlace:  // allreduce only
+          case Impl::Path::Large: {
+            g->frames->exchange(d, nullptr, 0, deadline);
+            std::vector<uint8_t>& copy = g->reduceScatterIn;
+            if (copy.size() < bytes) copy.resize(bytes);
+            std::memcpy(copy.data(), src.data_ptr(), bytes);
+            g->ring->reduceScatter(copy.data(), src.numel(), elementSize, static_cast<int>(op),
+                                   static_cast<int>(src.scalar_type()), d.seq, deadline, /*thenAllgather=*/false);
+            std::memcpy(mine.data_ptr(), copy.data() + rank * sliceBytes, sliceBytes);
+            break;
+          }
+        }
+        if (op == ReduceOp::Avg) divideInPlace(mine, size);
+        if (!outHost.is_same(out)) out.copy_(outHost);
+      });
+}
+
+}  // namespace ddp::gloo_backend::collectives

@@ -1,0 +1,80 @@
+#include "backends/gloo/frames.hpp"
+
+#include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <cstring>
+
+#include "backends/gloo/slots.hpp"
+#include "framework/core/errors.hpp"
+
+namespace ddp::gloo_backend {
+
+FrameExchange::FrameExchange(::gloo::Context& context, int rank, int size) : rank_(rank), size_(size) {
+  if (size_ <= kAllToAllMaxRanks) {
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) peers_.push_back(r);
+    }
+  } else {
+    peers_ = {(rank_ + 1) % size_};  // sent to the right, received from the left
+  }
+  sendFrame_.assign(kFrameBytes, 0);
+  sendBuffer_ = context.createUnboundBuffer(sendFrame_.data(), kFrameBytes);
+  for (int b = 0; b < 2; ++b) {
+    recvFrames_[b].assign(kFrameBytes * size_, 0);
+    recvBuffers_[b].resize(size_);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      recvBuffers_[b][peer] = context.createUnboundBuffer(recvFrames_[b].data() + peer * kFrameBytes, kFrameBytes);
+    }
+  }
+  postReceives(0);
+  postReceives(1);
+}
+
+FrameExchange::~FrameExchange() {
+  // Unbound buffers first (pending receives into them are dropped), then the memory.
+  sendBuffer_.reset();
+  recvBuffers_[0].clear();
+  recvBuffers_[1].clear();
+}
+
+std::vector<int> FrameExchange::peersIn() const {
+  return size_ <= kAllToAllMaxRanks ? peers_ : std::vector<int>{(rank_ + size_ - 1) % size_};
+}
+
+// Frames of collective `seq` land in recvFrames_[seq % 2], rank p's at
+// offset p * kFrameBytes.
+void FrameExchange::postReceives(uint64_t seq) {
+  auto& buffers = recvBuffers_[seq % 2];
+  const uint64_t slot = slotFor(seq, kFramePhase);
+  for (int peer : peersIn()) buffers[peer]->recv(peer, slot, 0, kFrameBytes);
+}
+
+std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, const void* payload,
+                                                    size_t payloadBytes, Deadline deadline) {
+  DDP_CHECK(payloadBytes <= kSmallPayloadBytes, "frame payload too large");
+  std::memcpy(sendFrame_.data(), &mine, sizeof(mine));
+  if (payloadBytes) std::memcpy(sendFrame_.data() + sizeof(Descriptor), payload, payloadBytes);
+  const uint64_t slot = slotFor(mine.seq, kFramePhase);
+  for (int peer : peers_) sendBuffer_->send(peer, slot, 0, kFrameBytes);
+  uint8_t* frames = recvFrames_[mine.seq % 2].data();
+  std::vector<const uint8_t*> payloads(size_, nullptr);
+  for (int from : peersIn()) {
+    recvBuffers_[mine.seq % 2][from]->waitRecv(remaining(deadline));
+    const uint8_t* frame = frames + static_cast<size_t>(from) * kFrameBytes;
+    Descriptor theirs;
+    std::memcpy(&theirs, frame, sizeof(theirs));
+    checkPeerDescriptor(rank_, size_, mine, theirs, from);
+    payloads[from] = frame + sizeof(Descriptor);
+  }
+  return payloads;
+}
+
+void FrameExchange::finish(uint64_t seq, Deadline deadline) {
+  // The frame buffer of this collective is consumed: reuse it two ahead.
+  postReceives(seq + 2);
+  for (size_t i = 0; i < peers_.size(); ++i) sendBuffer_->waitSend(remaining(deadline));
+}
+
+}  // namespace ddp::gloo_backend

@@ -1,0 +1,94 @@
+// ProcessGroupGloo::Impl: the machinery behind ProcessGroupGloo, shared by
+// the files of backends/gloo/ and by nothing else.
+//
+// - The queue: enqueue() numbers a collective (its sequence number), logs
+//   it at DDP_LOG_LEVEL=debug and hands it to one worker thread, which runs
+//   the collectives in call order. A collective that fails breaks the group:
+//   every later one fails at once, naming the first failure.
+// - The transport, chosen once per collective by pathFor() when it is
+//   queued: Local (one rank), Shm (all ranks share a host: shm), Frame (the
+//   payload fits the frame every TCP collective starts with: frames),
+//   Large (an empty frame, then the ring for reductions, Gloo's own
+//   algorithms for broadcast, allgather and, above
+//   FrameExchange::kAllToAllMaxRanks ranks, barrier). ShmInPlace is an
+//   allreduce on a communication buffer.
+// Everything here but enqueue() belongs to the worker thread once the
+// constructor has finished.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/gloo/descriptor.hpp"
+#include "backends/gloo/frames.hpp"
+#include "backends/gloo/host_tensors.hpp"
+#include "backends/gloo/process_group_gloo.hpp"
+#include "backends/gloo/ring.hpp"
+#include "backends/gloo/shm_collectives.hpp"
+
+namespace gloo {
+class Context;
+}
+
+namespace ddp {
+
+struct ProcessGroupGloo::Impl {
+  using Descriptor = gloo_backend::Descriptor;
+  using Deadline = gloo_backend::Deadline;
+  using Run = std::function<void(const Descriptor&, Deadline)>;
+  enum class Path { Local, Shm, ShmInPlace, Frame, Large };
+
+  Impl(int rank, int size) : rank(rank), size(size) {}
+  // Stops the worker after the queued collectives, agrees with the peers
+  // that all are done, then drops the connections.
+  ~Impl();
+
+  // How a collective with `payloadBytes` per rank moves its data.
+  Path pathFor(size_t payloadBytes) const;
+  // Queues `run` as collective `descriptor` (its seq is filled in here).
+  WorkPtr enqueue(Descriptor descriptor, const std::string& summary, Milliseconds timeout, Path path, Run run);
+  void startWorker();
+
+  const int rank, size;
+  std::shared_ptr<Store> store;  // "gloo/"-prefixed; also used to close in step
+  std::string listenAddress;     // Gloo's description of its TCP device
+  std::string shmWhyNot;
+  // The transports; the ones a group does not use stay null. Destroyed
+  // before the context (frames, ring) and in ~Impl's order.
+  std::shared_ptr<::gloo::Context> context;
+  std::unique_ptr<gloo_backend::FrameExchange> frames;  // size > 1, no shared memory
+  std::unique_ptr<gloo_backend::Ring> ring;             // likewise
+  std::unique_ptr<gloo_backend::ShmCollectives> shm;
+  // reduce_scatter's copy of its input for the ring, reused: a fresh 64 MiB
+  // buffer per call costs page faults.
+  std::vector<uint8_t> reduceScatterIn;
+
+ private:
+  struct Task {
+    Descriptor descriptor;
+    WorkPtr work;
+    Deadline deadline;
+    Milliseconds timeout;
+    Run run;
+  };
+  void workerLoop();
+
+  std::mutex mutex_;
+  std::condition_variable queued_;
+  std::deque<Task> queue_;
+  std::atomic<int> queuedCount_{0};  // queue_.size(), for polling without the lock
+  bool stopping_ = false;
+  uint64_t nextSeq_ = 0;
+  std::exception_ptr broken_;  // first failure; later collectives fail with it
+  std::thread worker_;
+};
+
+}  // namespace ddp

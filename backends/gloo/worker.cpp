@@ -1,0 +1,127 @@
+// ProcessGroupGloo::Impl's queue and worker thread (impl.hpp).
+#include <gloo/context.h>
+
+#include <chrono>
+#include <vector>
+
+#include "backends/gloo/impl.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/core/help_links.hpp"
+#include "framework/core/log.hpp"
+
+namespace ddp {
+namespace {
+
+const char* pathName(ProcessGroupGloo::Impl::Path path, uint32_t op) {
+  using Path = ProcessGroupGloo::Impl::Path;
+  switch (path) {
+    case Path::Local: return "local";
+    case Path::Shm: return "shm";
+    case Path::ShmInPlace: return "shm in place";
+    case Path::Frame: return "frame";
+    case Path::Large:
+      return op == gloo_backend::kAllreduce || op == gloo_backend::kReduceScatter ? "ring" : "gloo";
+  }
+  return "?";
+}
+
+}  // namespace
+
+ProcessGroupGloo::Impl::Path ProcessGroupGloo::Impl::pathFor(size_t payloadBytes) const {
+  if (size == 1) return Path::Local;
+  if (shm) return Path::Shm;
+  return gloo_backend::FrameExchange::fits(payloadBytes, size) ? Path::Frame : Path::Large;
+}
+
+void ProcessGroupGloo::Impl::startWorker() { worker_ = std::thread([this] { workerLoop(); }); }
+
+ProcessGroupGloo::Impl::~Impl() {
+  const bool started = worker_.joinable();  // false: the constructor failed
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  queued_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  // A rank that closes its connections while a peer still waits for the end
+  // of the last collective would fail that peer ("connection closed by
+  // peer"): healthy groups first agree through the store that all are done.
+  // A broken rank still says it is closing, so that its peers need not wait.
+  if (started && size > 1) {
+    try {
+      std::vector<std::string> keys;
+      for (int r = 0; r < size; ++r) keys.push_back(fmt::format("closed/{}", r));
+      store->setString(keys[rank], "1");
+      if (!broken_) store->wait(keys, std::chrono::milliseconds(10000));
+    } catch (const std::exception&) {
+      // A peer that is gone cannot be waited for; close anyway.
+    }
+  }
+  // Unbound buffers first (pending receives into them are dropped), then the
+  // connections, then the memory.
+  frames.reset();
+  ring.reset();
+  context.reset();
+  shm.reset();
+}
+
+WorkPtr ProcessGroupGloo::Impl::enqueue(Descriptor descriptor, const std::string& summary, Milliseconds timeout,
+                                        Path path, Run run) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  descriptor.seq = nextSeq_++;
+  auto work = std::make_shared<Work>(gloo_backend::describeCall(rank, size, descriptor, summary), timeout);
+  logDebug("{} queued, path {}", work->description(), pathName(path, descriptor.op));
+  queue_.push_back(Task{descriptor, work, gloo_backend::Clock::now() + timeout, timeout, std::move(run)});
+  queuedCount_.fetch_add(1, std::memory_order_release);
+  queued_.notify_one();
+  return work;
+}
+
+void ProcessGroupGloo::Impl::workerLoop() {
+  using gloo_backend::Clock;
+  for (;;) {
+    Task task;
+    // Callers that wait on one collective usually queue the next at once.
+    spinUntil([this] { return queuedCount_.load(std::memory_order_acquire) > 0; }, std::chrono::microseconds(50));
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued has run
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      queuedCount_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    std::exception_ptr error = broken_;
+    if (error) {
+      try {
+        std::rethrow_exception(broken_);
+      } catch (const std::exception& first) {
+        error = std::make_exception_ptr(CollectiveError(
+            fmt::format("{} not run: the group failed earlier: {}", task.work->description(), first.what())));
+      }
+    } else {
+      const auto started = Clock::now();
+      try {
+        task.run(task.descriptor, task.deadline);
+        if (frames) frames->finish(task.descriptor.seq, task.deadline);
+      } catch (const CollectiveError&) {
+        error = std::current_exception();
+      } catch (const std::exception& e) {
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+        const bool timedOut = Clock::now() >= task.deadline;
+        error = std::make_exception_ptr(CollectiveError(fmt::format(
+            "{} {} after {} ms (timeout {} ms): {}. HINT: a peer rank may have died, or not called this "
+            "collective; {}",
+            task.work->description(), timedOut ? "timed out" : "failed", waited.count(), task.timeout.count(),
+            e.what(), kRendezvousHelp)));
+      }
+      if (error) {
+        broken_ = error;
+        if (shm) shm->markFailed();
+      }
+    }
+    task.work->finish(error);
+  }
+}
+
+}  // namespace ddp
