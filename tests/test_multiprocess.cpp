@@ -19,7 +19,7 @@
 #include "framework/launch/launcher.hpp"
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
-#include "test_support.hpp"
+#include "tests/test_support.hpp"
 
 using namespace ddp;
 
@@ -193,7 +193,7 @@ TEST_CASE("a wrong master address fails with a clear error", "[multiprocess][err
 
 // spawnProcess and runProcess against what a shell reports for the same
 // child: its output, exit code, signal, argv[0] and environment.
-TEST_CASE("runProcess runs a program to its end and reports how it ended", "[process]") {
+TEST_CASE("spawned process: runProcess returns its output and how it ended", "[process]") {
   SpawnOptions options;
   options.argv = {"/bin/sh", "-c", "echo out; echo err >&2; echo \"$0 $DDP_SPAWN_TEST\"; exit 3"};
   options.environment = EnvMap{{"DDP_SPAWN_TEST", "from the parent"}};
@@ -223,7 +223,7 @@ TEST_CASE("runProcess runs a program to its end and reports how it ended", "[pro
   CHECK(describeExitStatus(done.status) == "exited with code 127");
 }
 
-TEST_CASE("a long output is read whole", "[process]") {
+TEST_CASE("spawned process: a long output is read whole", "[process]") {
   SpawnOptions options;
   // 1 MB, well past a pipe's buffer: the reader must keep up with the child.
   options.argv = {"/bin/sh", "-c", "head -c 1048576 /dev/zero | tr '\\0' x"};
@@ -247,7 +247,7 @@ TEST_CASE("ddp-run: a bad DDP_LOG_LEVEL is one line naming it, exit code 2", "[l
   }
 }
 
-TEST_CASE("ddp-run: DDP_LOG_LEVEL=info shows each rank's rendezvous; the default shows none", "[launcher][log]") {
+TEST_CASE("ddp-run: DDP_LOG_LEVEL=info shows each rank's rendezvous, the default shows none", "[launcher][log]") {
   if (!std::filesystem::exists(test::ddpRunPath())) {
     WARN("SKIPPED: no ddp-run program at " << test::ddpRunPath());
     return;
