@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <ctime>
@@ -17,6 +18,7 @@
 #include "framework/comm/backend_registry.hpp"
 #include "framework/launch/distributed.hpp"
 #include "framework/core/errors.hpp"
+#include "framework/core/log.hpp"
 #include "framework/experiment/experiment_config.hpp"
 #include "framework/launch/launcher.hpp"
 #include "framework/experiment/plugin_registry.hpp"
@@ -61,9 +63,9 @@ int runDemo(const ddp::RankEnv& env, const std::string& backend) {
   pg.allgather(at::full({1}, float(r)), g)->wait();
   ok = ok && at::equal(g, at::arange(n).to(at::kFloat));
   pg.barrier()->wait();
-  std::cout << "rank " << r << "/" << n << " (" << pg.backendName() << ", from " << env.source
-            << "): allreduce sum = " << t[0].item<float>() << " (expected " << expected << "); broadcast, allgather "
-            << (ok ? "correct" : "WRONG") << std::endl;
+  std::cout << fmt::format("rank {}/{} ({}, from {}): allreduce sum = {} (expected {}); broadcast, allgather {}", r, n,
+                           pg.backendName(), env.source, t[0].item<float>(), expected, ok ? "correct" : "WRONG")
+            << std::endl;
   return ok ? 0 : 1;
 }
 
@@ -72,7 +74,7 @@ std::string defaultRunDir(const ddp::ExperimentConfig& config) {
   std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
   std::string name = config.name.empty() ? "run" : config.name;
-  return "runs/" + name + "-" + stamp;
+  return fmt::format("runs/{}-{}", name, stamp);
 }
 
 // A restart by a launcher or scheduler (ddp-run --max-restarts, torchrun
@@ -88,7 +90,7 @@ bool isRestart() {
 // Before any rank starts: a backend this build or machine cannot run (NCCL
 // without GPUs) would otherwise fail in every rank.
 void checkBackendUsable(const std::string& where, const std::string& backend) {
-  if (auto why = ddp::builtinBackends().whyUnusable(backend)) throw ddp::UsageError(where + ": " + *why);
+  if (auto why = ddp::builtinBackends().whyUnusable(backend)) ddp::fail<ddp::UsageError>("{}: {}", where, *why);
 }
 
 // `loaded`: the experiment as the launcher already read it (one process
@@ -100,7 +102,7 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
   // Ranks started by srun, mpirun or torchrun say who they think they are,
   // before the rendezvous, so a job that never meets shows why.
   if (env.source != "ddp-run" && env.source != "single") {
-    std::cerr << "ddp-run: " + ddp::describeRankEnv(env) + "\n" << std::flush;  // one write: ranks share a terminal
+    std::cerr << fmt::format("ddp-run: {}\n", ddp::describeRankEnv(env)) << std::flush;  // one write: ranks share a terminal
   }
   ddp::DistributedOptions dopts;
   dopts.backend = config.distributed.backend;
@@ -136,6 +138,14 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A mistake in the environment, like one on the command line: one line,
+  // exit code 2, before anything starts.
+  try {
+    ddp::checkLogLevel();
+  } catch (const ddp::UsageError& e) {
+    std::cerr << "ddp-run: " << e.what() << std::endl;
+    return 2;
+  }
   CLI::App app{"ddp-run: train an experiment on one process, every core of a machine, or a cluster"};
   Args args;
   app.add_option("experiment", args.experiment, "experiment JSON file");
@@ -159,8 +169,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     if (args.nodeRank >= args.nnodes) {
-      throw CLI::ValidationError("--node-rank", std::to_string(args.nodeRank) + " is not below --nnodes " +
-                                                    std::to_string(args.nnodes));
+      throw CLI::ValidationError("--node-rank", fmt::format("{} is not below --nnodes {}", args.nodeRank, args.nnodes));
     }
     // As a launcher, MASTER_PORT (and, for several nodes, MASTER_ADDR) give
     // the defaults; a rank reads them itself, from its environment. One node
@@ -172,8 +181,8 @@ int main(int argc, char** argv) {
       char* end = nullptr;
       const long value = std::strtol(port, &end, 10);
       if (*end != '\0' || value < 0 || value > 65535) {
-        throw CLI::ValidationError("MASTER_PORT", std::string("'") + port +
-                                                      "' is not a port (0-65535); it is the default of --master-port");
+        throw CLI::ValidationError("MASTER_PORT",
+                                   fmt::format("'{}' is not a port (0-65535); it is the default of --master-port", port));
       }
       args.masterPort = static_cast<int>(value);
     }

@@ -30,6 +30,8 @@
 
 #include "backends/builtin.hpp"
 #include "benchmarks/bench_util.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/core/system.hpp"
 #include "benchmarks/collective_impls.hpp"
 #include "benchmarks/commands.hpp"
 #include "framework/comm/backend_registry.hpp"
@@ -156,10 +158,9 @@ void verifyResult(const std::string& impl, const Point& p, const Buffers& buffer
   const at::Tensor expected = expectedResult(p, rank, worldSize);
   if (torch::equal(actual, expected)) return;
   const int64_t index = torch::ne(actual, expected).nonzero()[0][0].item<int64_t>();
-  throw BenchError(fmt::format("verification failed: {} {} {} bytes (world size {}, rank {}): element {} is {}, "
-                               "expected {}",
-                               impl, opName(p.op), p.bytes, worldSize, rank, index, actual[index].item<float>(),
-                               expected[index].item<float>()));
+  fail<BenchError>("verification failed: {} {} {} bytes (world size {}, rank {}): element {} is {}, expected {}", impl,
+                   opName(p.op), p.bytes, worldSize, rank, index, actual[index].item<float>(),
+                   expected[index].item<float>());
 }
 
 // Fills the buffers with this rank's pattern (and zeroes the output).
@@ -253,7 +254,7 @@ std::vector<CollectiveOp> parseOps(const std::vector<std::string>& names) {
   for (const auto& name : names) {
     auto op = parseOp(name);
     if (!op) {
-      throw BenchError("unknown op '" + name + "' (known: allreduce, allgather, broadcast, reduce_scatter)");
+      fail<BenchError>("unknown op '{}' (known: allreduce, allgather, broadcast, reduce_scatter)", name);
     }
     ops.push_back(*op);
   }
@@ -325,12 +326,10 @@ std::vector<std::string> selectImpls(const Options& o) {
 
   for (const auto& name : o.impls) {
     if (name == kC10dGloo && !c10dGlooBuilt()) {
-      throw BenchError(fmt::format("--impls: {} is not in this build: {}", kC10dGloo, whyNoC10d));
+      fail<BenchError>("--impls: {} is not in this build: {}", kC10dGloo, whyNoC10d);
     }
     if (std::find(all.begin(), all.end(), name) == all.end()) {
-      std::string known;
-      for (const auto& n : all) known += (known.empty() ? "" : ", ") + n;
-      throw BenchError("--impls: '" + name + "' cannot run here; available: " + known);
+      fail<BenchError>("--impls: '{}' cannot run here; available: {}", name, joinNames(all));
     }
   }
   return o.impls;
@@ -362,8 +361,8 @@ void printTable(const json& records) {
   Table table({"impl", "op", "bytes", "time_us", "algbw_gbps", "busbw_gbps"}, 2);
   for (const auto& r : records) {
     table.addRow({r["impl"].get<std::string>(), r["op"].get<std::string>(), std::to_string(r["bytes"].get<int64_t>()),
-                  formatNumber(numberOr(r["time_us"], kNaN), 1), formatNumber(numberOr(r["algbw_gbps"], kNaN), 3),
-                  formatNumber(numberOr(r["busbw_gbps"], kNaN), 3)});
+                  formatFixed(numberOr(r["time_us"], kNaN), 1), formatFixed(numberOr(r["algbw_gbps"], kNaN), 3),
+                  formatFixed(numberOr(r["busbw_gbps"], kNaN), 3)});
   }
   std::cout << table.render();
 }
@@ -420,7 +419,7 @@ void runLauncher(const Options& o) {
 
   TempDir dir("ddp-bench-collectives-");
   // The job's store secret, inherited by every worker (our TCPStore checks it).
-  ::setenv(kStoreTokenEnv, randomToken().c_str(), 1);
+  ::setenv(kStoreTokenEnv, randomHex(16).c_str(), 1);
 
   std::cout.flush();  // the notes above come before the workers' output
   json records = json::array();

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "benchmarks/bench_util.hpp"
+#include "framework/core/errors.hpp"
 
 namespace ddp::bench {
 
@@ -81,7 +82,7 @@ std::optional<std::string> pythonTorchUnavailable() {
 std::vector<nlohmann::json> runJsonLines(const std::string& command) {
   const CommandResult r = capture(command);
   if (r.status != 0) {
-    throw BenchError("'" + command + "' failed (exit " + std::to_string(r.status) + "): " + lastLine(r.output));
+    fail<BenchError>("'{}' failed (exit {}): {}", command, r.status, lastLine(r.output));
   }
   std::vector<nlohmann::json> lines;
   std::istringstream in(r.output);

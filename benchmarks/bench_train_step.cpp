@@ -35,6 +35,8 @@
 #include "backends/builtin.hpp"
 #include "benchmarks/bench_python.hpp"
 #include "benchmarks/bench_util.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/core/system.hpp"
 #include "benchmarks/commands.hpp"
 #include "ddp/config.hpp"
 #include "framework/comm/backend_registry.hpp"
@@ -83,7 +85,7 @@ struct Config {
   double bucketCapMb = 25;
   bool overlap = true;
   std::string tag() const {
-    return impl + ".w" + std::to_string(worldSize) + ".b" + fmt::format("{}", bucketCapMb) + (overlap ? "" : ".seq");
+    return fmt::format("{}.w{}.b{}{}", impl, worldSize, bucketCapMb, overlap ? "" : ".seq");
   }
 };
 
@@ -125,15 +127,15 @@ std::string backendFor(const Options& o) {
 // Throws unless there is a GPU for every rank of the largest world size.
 void checkDevices(const std::string& device, int worldSize) {
   if (device == "cpu") return;
-  if (device != "cuda") throw BenchError("--device must be \"cpu\" or \"cuda\", got \"" + device + "\"");
+  if (device != "cuda") fail<BenchError>("--device must be \"cpu\" or \"cuda\", got \"{}\"", device);
   const int64_t gpus = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
   if (gpus == 0) {
     throw BenchError("--device cuda needs a CUDA build of LibTorch and a GPU; found 0 devices. HINT: --device cpu");
   }
   if (worldSize > gpus) {
-    throw BenchError(fmt::format("--device cuda at world size {} needs one GPU per rank (NCCL allows no two ranks "
-                                 "on one GPU); found {}. HINT: --world-sizes 1,{}",
-                                 worldSize, gpus, gpus));
+    fail<BenchError>("--device cuda at world size {} needs one GPU per rank (NCCL allows no two ranks on one GPU); "
+                     "found {}. HINT: --world-sizes 1,{}",
+                     worldSize, gpus, gpus);
   }
 }
 
@@ -322,7 +324,7 @@ void runLauncher(const Options& o) {
   checkDevices(o.device, largestWorld);
 
   TempDir dir("ddp-bench-train-step-");
-  ::setenv(kStoreTokenEnv, randomToken().c_str(), 1);
+  ::setenv(kStoreTokenEnv, randomHex(16).c_str(), 1);
   // Repeats go round all configurations in turn, so a slow spell of this
   // (shared, noisy) machine hits each of them rather than one.
   std::vector<std::vector<json>> runs(configs.size());
@@ -360,14 +362,11 @@ void runLauncher(const Options& o) {
   } else if (auto why = pythonTorchUnavailable()) {
     std::cout << "skipping torch-ddp: " << *why << "\n";
   } else {
-    std::string sizes;
-    for (int w : o.worldSizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(w);
     std::cerr << "running torch-ddp...\n";
-    const std::string command =
-        pythonCommand() + " " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/train_step_torch_ddp.py") +
-        " --world-sizes " + sizes + " --steps " + std::to_string(o.steps) + " --warmup " + std::to_string(o.warmup) +
-        " --repeats " + std::to_string(o.repeats) +
-        " --device " + o.device;
+    const std::string command = fmt::format(
+        "{} {} --world-sizes {} --steps {} --warmup {} --repeats {} --device {}", pythonCommand(),
+        shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/train_step_torch_ddp.py"),
+        joinNames(o.worldSizes, ","), o.steps, o.warmup, o.repeats, o.device);
     for (auto& r : runJsonLines(command)) {
       r["impl"] = "torch-ddp";
       records.push_back(r);
@@ -381,15 +380,15 @@ void runLauncher(const Options& o) {
     std::string spread = "-";
     if (r.contains("step_ms_repeats") && !r["step_ms_repeats"].empty()) {
       const auto all = r["step_ms_repeats"].get<std::vector<double>>();
-      spread = formatNumber(*std::min_element(all.begin(), all.end()), 1) + "-" +
-               formatNumber(*std::max_element(all.begin(), all.end()), 1);
+      spread = formatFixed(*std::min_element(all.begin(), all.end()), 1) + "-" +
+               formatFixed(*std::max_element(all.begin(), all.end()), 1);
     }
     table.addRow({r["impl"].get<std::string>(), std::to_string(r["world_size"].get<int>()),
                   std::to_string(r["params"].get<int64_t>()), std::to_string(r["batch_per_rank"].get<int64_t>()),
-                  ours ? formatNumber(r["bucket_cap_mb"].get<double>(), 0) : "-",
-                  ours ? (r["overlap"].get<bool>() ? "on" : "off") : "-", formatNumber(r["step_ms"].get<double>(), 2),
-                  spread, ours ? formatNumber(r["sync_ms"].get<double>(), 2) : "-",
-                  formatNumber(r["samples_per_s"].get<double>(), 1)});
+                  ours ? formatFixed(r["bucket_cap_mb"].get<double>(), 0) : "-",
+                  ours ? (r["overlap"].get<bool>() ? "on" : "off") : "-", formatFixed(r["step_ms"].get<double>(), 2),
+                  spread, ours ? formatFixed(r["sync_ms"].get<double>(), 2) : "-",
+                  formatFixed(r["samples_per_s"].get<double>(), 1)});
   }
   std::cout << table.render();
   const json* ours2 = findRecord(records, "ddp", 2);

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,12 +11,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <thread>
+
+#include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
+#include "framework/core/system.hpp"
+#include "framework/launch/spawn.hpp"
 
 namespace ddp::bench {
 
@@ -39,29 +41,19 @@ int64_t parseByteSize(const std::string& text) {
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
   std::string suffix = text.substr(digits);
   std::transform(suffix.begin(), suffix.end(), suffix.begin(), [](unsigned char c) { return std::toupper(c); });
-  if (digits == 0 || digits > 15) throw BenchError("bad byte size '" + text + "' (expected e.g. 4096, 4K, 64M)");
+  if (digits == 0 || digits > 15) fail<BenchError>("bad byte size '{}' (expected e.g. 4096, 4K, 64M)", text);
   int64_t multiplier = 0;
   if (suffix.empty() || suffix == "B") multiplier = 1;
   else if (suffix == "K" || suffix == "KB" || suffix == "KIB") multiplier = int64_t{1} << 10;
   else if (suffix == "M" || suffix == "MB" || suffix == "MIB") multiplier = int64_t{1} << 20;
   else if (suffix == "G" || suffix == "GB" || suffix == "GIB") multiplier = int64_t{1} << 30;
-  else throw BenchError("bad byte size '" + text + "': unknown suffix '" + suffix + "' (use K, M or G)");
+  else fail<BenchError>("bad byte size '{}': unknown suffix '{}' (use K, M or G)", text, suffix);
   return std::stoll(text.substr(0, digits)) * multiplier;
-}
-
-std::string formatBytes(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int unit = 0;
-  while (unit < 3 && bytes >= 1024 && bytes % 1024 == 0) {
-    bytes /= 1024;
-    ++unit;
-  }
-  return fmt::format("{} {}", bytes, units[unit]);
 }
 
 std::vector<int64_t> geometricSizes(int64_t minBytes, int64_t maxBytes, int64_t factor) {
   if (minBytes <= 0 || maxBytes < minBytes) {
-    throw BenchError(fmt::format("bad size range: min {} B, max {} B", minBytes, maxBytes));
+    fail<BenchError>("bad size range: min {} B, max {} B", minBytes, maxBytes);
   }
   if (factor < 2) throw BenchError("size factor must be at least 2");
   std::vector<int64_t> sizes;
@@ -114,31 +106,26 @@ std::string Table::render() const {
   return out;
 }
 
-std::string formatNumber(double value, int decimals) {
-  if (std::isnan(value)) return "n/a";
-  return fmt::format("{:.{}f}", value, decimals);
-}
-
 void writeJsonFile(const std::string& path, const nlohmann::json& value) {
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
+  const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
   {
     std::ofstream out(temporary);
-    if (!out) throw BenchError("cannot write " + temporary + ": " + std::strerror(errno));
+    if (!out) fail<BenchError>("cannot write {}: {}", temporary, errnoText(errno));
     out << value.dump(2) << "\n";
-    if (!out.flush()) throw BenchError("cannot write " + temporary + ": " + std::strerror(errno));
+    if (!out.flush()) fail<BenchError>("cannot write {}: {}", temporary, errnoText(errno));
   }
   std::error_code error;
   fs::rename(temporary, path, error);
-  if (error) throw BenchError("cannot rename " + temporary + " to " + path + ": " + error.message());
+  if (error) fail<BenchError>("cannot rename {} to {}: {}", temporary, path, error.message());
 }
 
 nlohmann::json readJsonFile(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw BenchError("cannot read " + path + ": " + std::strerror(errno));
+  if (!in) fail<BenchError>("cannot read {}: {}", path, errnoText(errno));
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw BenchError("cannot parse " + path + ": " + e.what());
+    fail<BenchError>("cannot parse {}: {}", path, e.what());
   }
 }
 
@@ -150,7 +137,7 @@ TempDir::TempDir(const std::string& prefix) {
   std::vector<char> buffer(pattern.begin(), pattern.end());
   buffer.push_back('\0');
   if (!::mkdtemp(buffer.data())) {
-    throw BenchError("cannot create a temporary directory " + pattern + ": " + std::strerror(errno));
+    fail<BenchError>("cannot create a temporary directory {}: {}", pattern, errnoText(errno));
   }
   path_ = buffer.data();
 }
@@ -158,13 +145,6 @@ TempDir::TempDir(const std::string& prefix) {
 TempDir::~TempDir() {
   std::error_code ignored;
   fs::remove_all(path_, ignored);
-}
-
-std::string randomToken() {
-  std::random_device device;  // /dev/urandom on Linux
-  std::string token;
-  for (int i = 0; i < 4; ++i) token += fmt::format("{:08x}", device());
-  return token;
 }
 
 std::string workerErrorPath(const std::string& dir, const std::string& tag, int rank) {
@@ -178,54 +158,12 @@ void reportWorkerError(const std::string& dir, const std::string& tag, int rank,
 
 namespace {
 
-std::string describeStatus(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), ::strsignal(WTERMSIG(status)));
-  }
-  return fmt::format("ended with wait status {}", status);
-}
-
 bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
-
-// Forks and executes /proc/self/exe with `argv`. Everything the child needs
-// is prepared by the caller, since only async-signal-safe calls are allowed
-// between fork and exec in a process that may have threads.
-pid_t spawnSelf(const std::vector<char*>& argv) {
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) throw BenchError(std::string("fork failed: ") + std::strerror(errno));
-  if (pid == 0) {
-    // A worker must not outlive the launcher (e.g. when it is killed), or
-    // it would hold the cores and ports of the next run.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
-    ::execv("/proc/self/exe", argv.data());
-    const char message[] = "ddp-bench: cannot execute /proc/self/exe for a worker\n";
-    (void)!::write(STDERR_FILENO, message, sizeof(message) - 1);
-    ::_exit(127);
-  }
-  return pid;
-}
 
 }  // namespace
 
 void launchRanks(int worldSize, const std::function<std::vector<std::string>(int rank)>& argumentsForRank,
                  std::chrono::seconds timeLimit, const std::string& errorDir, const std::string& tag) {
-  // argv storage for every rank, built before the first fork.
-  std::vector<std::vector<std::string>> arguments;
-  std::vector<std::vector<char*>> argvs;
-  for (int r = 0; r < worldSize; ++r) {
-    arguments.push_back(argumentsForRank(r));
-    arguments.back().insert(arguments.back().begin(), "ddp-bench");
-  }
-  for (auto& args : arguments) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    argvs.push_back(std::move(argv));
-  }
-
   std::vector<pid_t> pids(worldSize, -1);
   std::vector<bool> running(worldSize, false);
   auto killRunning = [&] {
@@ -240,7 +178,14 @@ void launchRanks(int worldSize, const std::function<std::vector<std::string>(int
 
   try {
     for (int r = 0; r < worldSize; ++r) {
-      pids[r] = spawnSelf(argvs[r]);
+      SpawnOptions options;
+      options.program = "/proc/self/exe";
+      options.argv = argumentsForRank(r);
+      options.argv.insert(options.argv.begin(), "ddp-bench");
+      // A worker must not outlive the launcher (e.g. when it is killed), or
+      // it would hold the cores and ports of the next run.
+      options.dieWithParent = true;
+      pids[r] = spawnProcess(options).pid;
       running[r] = true;
     }
   } catch (...) {
@@ -262,19 +207,19 @@ void launchRanks(int worldSize, const std::function<std::vector<std::string>(int
       running[r] = false;
       --remaining;
       if (done < 0) {
-        failures.push_back(fmt::format("rank {}: waitpid failed: {}", r, std::strerror(errno)));
+        failures.push_back(fmt::format("rank {}: waitpid failed: {}", r, errnoText(errno)));
       } else if (!succeeded(status)) {
-        failures.push_back(fmt::format("rank {} {}", r, describeStatus(status)));
+        failures.push_back(fmt::format("rank {} {}", r, describeExitStatus(status)));
       }
     }
     if (remaining > 0 && failures.empty()) {
       if (std::chrono::steady_clock::now() > deadline) {
-        std::string ranks;
+        std::vector<int> stillRunning;
         for (int r = 0; r < worldSize; ++r) {
-          if (running[r]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+          if (running[r]) stillRunning.push_back(r);
         }
-        failures.push_back(fmt::format("rank(s) {} still running after the time limit of {} s (--timeout)", ranks,
-                                       timeLimit.count()));
+        failures.push_back(fmt::format("rank(s) {} still running after the time limit of {} s (--timeout)",
+                                       joinNames(stillRunning), timeLimit.count()));
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -285,8 +230,8 @@ void launchRanks(int worldSize, const std::function<std::vector<std::string>(int
   // Once one rank has failed, the others would only wait for it until
   // their collective timeout: stop them now.
   killRunning();
-  std::string message = tag + " workers failed:";
-  for (const auto& f : failures) message += "\n  " + f;
+  std::string message = fmt::format("{} workers failed:", tag);
+  for (const auto& f : failures) message += fmt::format("\n  {}", f);
   for (int r = 0; r < worldSize; ++r) {
     std::ifstream in(workerErrorPath(errorDir, tag, r));
     if (!in) continue;
@@ -304,7 +249,7 @@ void publishPort(const std::string& portFile, uint16_t port) {
   {
     std::ofstream out(temporary);
     out << port << "\n";
-    if (!out.flush()) throw BenchError("cannot write " + temporary);
+    if (!out.flush()) fail<BenchError>("cannot write {}", temporary);
   }
   fs::rename(temporary, portFile);
 }
@@ -316,8 +261,8 @@ uint16_t awaitPort(const std::string& portFile, std::chrono::milliseconds timeou
     int port = 0;
     if (in >> port && port > 0 && port < 65536) return static_cast<uint16_t>(port);
     if (std::chrono::steady_clock::now() > deadline) {
-      throw BenchError(fmt::format("rank {}: rank 0 did not publish its store port in {} within {} ms", rank,
-                                   portFile, timeout.count()));
+      fail<BenchError>("rank {}: rank 0 did not publish its store port in {} within {} ms", rank, portFile,
+                       timeout.count());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "framework/core/strings.hpp"
+
 namespace ddp::bench {
 
 // A failure that ends a benchmark with a message for the user (exit code 1).
@@ -27,8 +29,7 @@ double median(std::vector<double> samples);
 // "4096", "4K", "4KiB", "64M", "1G" -> bytes (K/M/G are powers of 1024).
 // Throws BenchError on anything else.
 int64_t parseByteSize(const std::string& text);
-// 4096 -> "4 KiB", 1536 -> "1536 B": exact, for labels.
-std::string formatBytes(int64_t bytes);
+// Labels and cells use formatBytes and formatFixed (framework/core/strings.hpp).
 
 // min, min*factor, min*factor^2, ... up to and including max.
 std::vector<int64_t> geometricSizes(int64_t minBytes, int64_t maxBytes, int64_t factor);
@@ -51,9 +52,6 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
-// printf-style "%.*f"; "n/a" for NaN, so unsupported cells read clearly.
-std::string formatNumber(double value, int decimals);
-
 // Writes `value` to `path` (pretty-printed), via a temporary file and a
 // rename so that a reader never sees half a file.
 void writeJsonFile(const std::string& path, const nlohmann::json& value);
@@ -75,9 +73,6 @@ class TempDir {
   std::string path_;
 };
 
-// 32 hex digits from the kernel's random source, for DDP_STORE_TOKEN.
-std::string randomToken();
-
 // The file in which worker `rank` describes why it failed (see launchRanks).
 std::string workerErrorPath(const std::string& dir, const std::string& tag, int rank);
 
@@ -86,8 +81,9 @@ std::string workerErrorPath(const std::string& dir, const std::string& tag, int 
 // exited with status 0. Otherwise (a non-zero status, a signal, or
 // `timeLimit` passing) it kills the ones still running and throws
 // BenchError naming each failed rank, with the text the rank left in
-// workerErrorPath(errorDir, tag, rank) if any. Workers inherit stdout,
-// stderr and the environment; they also die if this process dies.
+// workerErrorPath(errorDir, tag, rank) if any. Workers are started with
+// spawnProcess (framework/launch/spawn.hpp); they inherit stdout, stderr
+// and the environment, and also die if this process dies.
 void launchRanks(int worldSize, const std::function<std::vector<std::string>(int rank)>& argumentsForRank,
                  std::chrono::seconds timeLimit, const std::string& errorDir, const std::string& tag);
 

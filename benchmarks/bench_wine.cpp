@@ -138,9 +138,9 @@ void runWine(const Options& o) {
 
   Table table({"impl", "seconds", "total_seconds", "final_train_loss", "test_loss", "test_accuracy"});
   for (const auto& r : records) {
-    table.addRow({r["impl"].get<std::string>(), formatNumber(numberOr(r, "seconds"), 4),
-                  formatNumber(numberOr(r, "total_seconds"), 4), formatNumber(numberOr(r, "final_train_loss"), 4),
-                  formatNumber(numberOr(r, "test_loss"), 4), formatNumber(numberOr(r, "test_accuracy"), 4)});
+    table.addRow({r["impl"].get<std::string>(), formatFixed(numberOr(r, "seconds"), 4),
+                  formatFixed(numberOr(r, "total_seconds"), 4), formatFixed(numberOr(r, "final_train_loss"), 4),
+                  formatFixed(numberOr(r, "test_loss"), 4), formatFixed(numberOr(r, "test_accuracy"), 4)});
   }
   std::cout << table.render();
   if (records.size() == 2) {

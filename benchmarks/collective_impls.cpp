@@ -214,7 +214,7 @@ std::unique_ptr<Communicator> makeCommunicator(const std::string& impl, const Re
 #if DDP_HAVE_C10D_GLOO
     return std::make_unique<C10dGlooCommunicator>(rendezvous);
 #else
-    throw BenchError(std::string(kC10dGloo) + " is not in this build: " + DDP_C10D_GLOO_STATUS);
+    fail<BenchError>("{} is not in this build: {}", kC10dGloo, DDP_C10D_GLOO_STATUS);
 #endif
   }
   if (impl == kGlooTcp) return std::make_unique<DdpCommunicator>("gloo", rendezvous, /*sharedMemory=*/false);

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "backends/builtin.hpp"
@@ -17,6 +18,8 @@
 #include "framework/core/errors.hpp"
 #include "framework/launch/launcher.hpp"
 #include "framework/launch/rank_env.hpp"
+#include "framework/launch/spawn.hpp"
+#include "tests/test_support.hpp"
 
 using namespace ddp;
 
@@ -28,18 +31,18 @@ std::vector<int> runWorkerProcesses(int world, int port, std::chrono::seconds li
                                     const char* worker = "[.worker]") {
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("DDP_STORE_TOKEN", "multiprocess-test", 1);
-      ::setenv("DDP_GLOO_SHM", shm ? "1" : "0", 1);
-      ::execl("/proc/self/exe", "ddp_tests", worker, "--abort", static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    pids.push_back(pid);
+    SpawnOptions options;
+    options.program = "/proc/self/exe";
+    options.argv = {"ddp_tests", worker, "--abort"};
+    EnvMap env = currentEnvironment();
+    env["RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = std::to_string(world);
+    env["MASTER_ADDR"] = "127.0.0.1";
+    env["MASTER_PORT"] = std::to_string(port);
+    env["DDP_STORE_TOKEN"] = "multiprocess-test";
+    env["DDP_GLOO_SHM"] = shm ? "1" : "0";
+    options.environment = std::move(env);
+    pids.push_back(spawnProcess(options).pid);
   }
   std::vector<int> codes(world, -999);
   const auto deadline = std::chrono::steady_clock::now() + limit;
@@ -186,4 +189,86 @@ TEST_CASE("a wrong master address fails with a clear error", "[multiprocess][err
     INFO(msg);
     CHECK(msg.find("no-such-host.invalid") != std::string::npos);
   }
+}
+
+// spawnProcess and runProcess against what a shell reports for the same
+// child: its output, exit code, signal, argv[0] and environment.
+TEST_CASE("spawned process: runProcess returns its output and how it ended", "[process]") {
+  SpawnOptions options;
+  options.argv = {"/bin/sh", "-c", "echo out; echo err >&2; echo \"$0 $DDP_SPAWN_TEST\"; exit 3"};
+  options.environment = EnvMap{{"DDP_SPAWN_TEST", "from the parent"}};
+  FinishedProcess done = runProcess(options);
+  CHECK(done.output == "out\nerr\n/bin/sh from the parent\n");
+  REQUIRE(WIFEXITED(done.status));
+  CHECK(WEXITSTATUS(done.status) == 3);
+  CHECK(describeExitStatus(done.status) == "exited with code 3");
+
+  // `program` is executed; argv[0] is only the name the child sees.
+  options.program = "/bin/sh";
+  options.argv = {"named-child", "-c", "echo $0"};
+  options.environment.reset();
+  done = runProcess(options);
+  CHECK(done.output == "named-child\n");
+  CHECK(describeExitStatus(done.status) == "exited with code 0");
+
+  options.program.clear();
+  options.argv = {"/bin/sh", "-c", "kill -9 $$"};
+  done = runProcess(options);
+  REQUIRE(WIFSIGNALED(done.status));
+  CHECK(describeExitStatus(done.status).rfind("killed by signal 9 (", 0) == 0);
+
+  options.argv = {"/nonexistent/ddp-program"};
+  done = runProcess(options);
+  CHECK(done.output == "cannot start /nonexistent/ddp-program: No such file or directory\n");
+  CHECK(describeExitStatus(done.status) == "exited with code 127");
+}
+
+TEST_CASE("spawned process: a long output is read whole", "[process]") {
+  SpawnOptions options;
+  // 1 MB, well past a pipe's buffer: the reader must keep up with the child.
+  options.argv = {"/bin/sh", "-c", "head -c 1048576 /dev/zero | tr '\\0' x"};
+  const FinishedProcess done = runProcess(options);
+  CHECK(describeExitStatus(done.status) == "exited with code 0");
+  CHECK(done.output == std::string(1 << 20, 'x'));
+}
+
+// DDP_LOG_LEVEL, through the ddp-run program (build/ddp-run).
+TEST_CASE("ddp-run: a bad DDP_LOG_LEVEL is one line naming it, exit code 2", "[launcher][log]") {
+  if (!std::filesystem::exists(test::ddpRunPath())) {
+    WARN("SKIPPED: no ddp-run program at " << test::ddpRunPath());
+    return;
+  }
+  for (const char* args : {"--demo", "--nproc-per-node 2 --demo"}) {
+    const test::ProgramOutcome o = test::runDdpRun(args, "DDP_LOG_LEVEL=bogus");
+    INFO(args << ": " << o.output);
+    CHECK(o.exitCode == 2);
+    CHECK(o.output ==
+          "ddp-run: DDP_LOG_LEVEL: 'bogus' is not a log level. HINT: DDP_LOG_LEVEL=warn, info or debug\n");
+  }
+}
+
+TEST_CASE("ddp-run: DDP_LOG_LEVEL=info shows each rank's rendezvous, the default shows none", "[launcher][log]") {
+  if (!std::filesystem::exists(test::ddpRunPath())) {
+    WARN("SKIPPED: no ddp-run program at " << test::ddpRunPath());
+    return;
+  }
+  const test::ProgramOutcome info = test::runDdpRun("--nproc-per-node 2 --demo", "DDP_LOG_LEVEL=info");
+  INFO(info.output);
+  REQUIRE(info.exitCode == 0);
+  // Rank 0's lines come through unprefixed, the others' after "[rank r] ".
+  for (const std::string prefix : {"ddp[info] rank 0: ", "[rank 1] ddp[info] rank 1: "}) {
+    const size_t at = info.output.find(prefix + "rendezvous: store tcp://127.0.0.1:");
+    REQUIRE(at != std::string::npos);
+    const std::string line = info.output.substr(at, info.output.find('\n', at) - at);
+    CHECK(line.find(", world size 2, backend gloo: group ready after ") != std::string::npos);
+    CHECK(line.substr(line.size() - 2) == " s");
+  }
+  CHECK(info.output.find("allreduce sum = 3") != std::string::npos);
+
+  const test::ProgramOutcome quiet = test::runDdpRun("--nproc-per-node 2 --demo", "DDP_LOG_LEVEL=");
+  INFO(quiet.output);
+  REQUIRE(quiet.exitCode == 0);
+  CHECK(quiet.output.find("ddp[") == std::string::npos);
+  CHECK(quiet.output.find("rendezvous") == std::string::npos);
+  CHECK(quiet.output.find("allreduce sum = 3") != std::string::npos);
 }

@@ -1,9 +1,15 @@
-// Rank layouts from torchrun-style variables, SLURM and OpenMPI.
+// Rank layouts from torchrun-style variables, SLURM and OpenMPI; the message
+// helpers of framework/core/strings.hpp that their errors use.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
 #include <set>
+#include <sstream>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 #include "framework/launch/rank_env.hpp"
 
 using namespace ddp;
@@ -173,4 +179,41 @@ TEST_CASE("ports derived from OpenMPI job ids spread over 20000..31999", "[launc
     ports.insert(port);
   }
   CHECK(ports.size() > 900);
+}
+
+// framework/core/strings.hpp, against the hand-written forms it replaces.
+TEST_CASE("message helpers: names, numbers, sizes and durations", "[core][strings]") {
+  CHECK(joinNames(std::vector<std::string>{"gloo", "nccl", "mpi"}) == "gloo, nccl, mpi");
+  CHECK(joinNames(std::vector<std::string>{}).empty());
+  CHECK(joinNames(std::vector<int>{1, 2, 4}, ",") == "1,2,4");
+  CHECK(joinNames(std::vector<std::string>{"only"}, "; ") == "only");
+
+  // As std::ostream with setprecision(10) writes them (the plugins' showValue).
+  for (double v : {0.001, 30.0, 1e-08, 0.9, -2.5, 123456789012.0, 1.0 / 3}) {
+    std::ostringstream os;
+    os << std::setprecision(10) << v;
+    CHECK(showNumber(v) == os.str());
+  }
+
+  CHECK(formatFixed(3.14159, 2) == "3.14");
+  CHECK(formatFixed(2.0, 0) == "2");
+  CHECK(formatFixed(std::nan(""), 3) == "n/a");
+
+  CHECK(formatBytes(4096) == "4 KiB");
+  CHECK(formatBytes(1536) == "1536 B");
+  CHECK(formatBytes(int64_t{64} << 20) == "64 MiB");
+  CHECK(formatBytes(int64_t{3} << 30) == "3 GiB");
+  CHECK(formatBytes(int64_t{2048} << 30) == "2048 GiB");
+  CHECK(formatBytes(0) == "0 B");
+
+  CHECK(formatSeconds(4.24) == "4.2s");
+  CHECK(formatSeconds(59.94) == "59.9s");
+  // As the trainer's snprintf wrote "%.1fs" below a minute.
+  for (double s : {0.0, 0.05, 1.75, 12.345, 59.0}) {
+    char reference[32];
+    std::snprintf(reference, sizeof(reference), "%.1fs", s);
+    CHECK(formatSeconds(s) == reference);
+  }
+  CHECK(formatSeconds(185) == "3m05s");
+  CHECK(formatSeconds(3725) == "1h02m");
 }

@@ -1,15 +1,18 @@
-// Helpers for tests that run several ranks as threads of this process.
+// Helpers for tests that run several ranks as threads of this process, and
+// for those that run the ddp-run program.
 #pragma once
 
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +23,8 @@
 #if DDP_HAVE_NCCL
 #include "backends/nccl/process_group_nccl.hpp"
 #endif
+#include "framework/launch/rank_env.hpp"
+#include "framework/launch/spawn.hpp"
 #include "framework/store/hash_store.hpp"
 
 namespace ddp::test {
@@ -86,29 +91,61 @@ inline std::string tempDir() {
   return ::mkdtemp(tmpl);
 }
 
-#ifdef DDP_RUN_PATH
 struct ProgramOutcome {
   int exitCode = -1;
   std::string output;  // stdout and stderr together
   double seconds = 0;
 };
 
-// Runs the ddp-run program with `args` (and `env` assignments before it).
+// Words of `text` split at blanks (the test's command lines quote nothing).
+inline std::vector<std::string> splitWords(const std::string& text) {
+  std::vector<std::string> words;
+  std::istringstream in(text);
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
+}
+
+namespace {
+
+// The ddp-run program: DDP_RUN_PATH where the build defines it for this
+// file, else where the build puts it, next to the tests' folder
+// (build/tests/ddp_tests, build/ddp-run). Tests check that it exists.
+// Unnamed namespace: files differ in whether DDP_RUN_PATH is defined, so
+// each keeps its own copy (one inline definition would break the ODR).
+inline std::string ddpRunPath() {
+#ifdef DDP_RUN_PATH
+  return DDP_RUN_PATH;
+#else
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return (self.parent_path().parent_path() / "ddp-run").string();
+#endif
+}
+
+// Runs the ddp-run program with `args` and the `env` assignments ("A=1 B=2")
+// added to this process's environment, as `env A=1 B=2 ddp-run args` would.
 inline ProgramOutcome runDdpRun(const std::string& args, const std::string& env = "") {
   const auto start = std::chrono::steady_clock::now();
+  SpawnOptions options;
+  options.argv = {ddpRunPath()};
+  for (auto& word : splitWords(args)) options.argv.push_back(std::move(word));
+  EnvMap environment = currentEnvironment();
   // Whatever job this test runs in, its rank variables are not the program's.
-  const std::string cmd = "env -u MASTER_ADDR -u MASTER_PORT -u RANK -u WORLD_SIZE -u LOCAL_RANK " + env + " " +
-                          std::string(DDP_RUN_PATH) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
+  for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}) environment.erase(name);
+  for (const auto& assignment : splitWords(env)) {
+    const size_t equals = assignment.find('=');
+    if (equals == std::string::npos) throw std::invalid_argument("runDdpRun: expected NAME=value, got " + assignment);
+    environment[assignment.substr(0, equals)] = assignment.substr(equals + 1);
+  }
+  options.environment = std::move(environment);
+  const FinishedProcess finished = runProcess(std::move(options));
   ProgramOutcome o;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) o.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  o.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  o.output = finished.output;
+  o.exitCode = WIFEXITED(finished.status) ? WEXITSTATUS(finished.status) : -1;
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
 }
-#endif
+
+}  // namespace
 
 }  // namespace ddp::test

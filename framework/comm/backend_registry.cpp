@@ -1,12 +1,13 @@
 #include "framework/comm/backend_registry.hpp"
 
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 
 namespace ddp {
 
 void BackendRegistry::add(const std::string& name, BackendFactory factory, BackendCheck check) {
   if (factories_.count(name) || unavailable_.count(name)) {
-    throw UsageError("backend registry: backend '" + name + "' is registered twice");
+    fail<UsageError>("backend registry: backend '{}' is registered twice", name);
   }
   factories_[name] = std::move(factory);
   if (check) checks_[name] = std::move(check);
@@ -14,7 +15,7 @@ void BackendRegistry::add(const std::string& name, BackendFactory factory, Backe
 
 void BackendRegistry::addUnavailable(const std::string& name, const std::string& howToEnable) {
   if (factories_.count(name) || unavailable_.count(name)) {
-    throw UsageError("backend registry: backend '" + name + "' is registered twice");
+    fail<UsageError>("backend registry: backend '{}' is registered twice", name);
   }
   unavailable_[name] = howToEnable;
 }
@@ -31,10 +32,9 @@ std::optional<std::string> notRegistered(const BackendRegistry& registry, const 
                                          const std::map<std::string, std::string>& unavailable) {
   if (registry.has(name)) return std::nullopt;
   auto off = unavailable.find(name);
-  if (off != unavailable.end()) return "backend '" + name + "' is not in this build: " + off->second;
-  std::string known;
-  for (const auto& n : registry.names()) known += (known.empty() ? "" : ", ") + n;
-  return "unknown backend '" + name + "'; known backends: " + (known.empty() ? "(none)" : known);
+  if (off != unavailable.end()) return fmt::format("backend '{}' is not in this build: {}", name, off->second);
+  const std::string known = joinNames(registry.names());
+  return fmt::format("unknown backend '{}'; known backends: {}", name, known.empty() ? "(none)" : known);
 }
 
 }  // namespace

@@ -20,8 +20,8 @@ const char* reduceOpName(ReduceOp op) {
 ProcessGroup::ProcessGroup(int rank, int size, ProcessGroupOptions options)
     : rank_(rank), size_(size), options_(std::move(options)) {
   if (size < 1 || rank < 0 || rank >= size) {
-    throw UsageError("process group: rank " + std::to_string(rank) + " is outside world size " +
-                     std::to_string(size) + ". HINT: RANK must be in [0, WORLD_SIZE)");
+    fail<UsageError>("process group: rank {} is outside world size {}. HINT: RANK must be in [0, WORLD_SIZE)", rank,
+                     size);
   }
 }
 
@@ -30,7 +30,7 @@ at::Tensor ProcessGroup::allocateCommunicationBuffer(int64_t numel, const at::Te
 }
 
 void ProcessGroup::notSupported(const std::string& operation) const {
-  throw NotSupportedError("backend '" + backendName() + "' does not support " + operation);
+  fail<NotSupportedError>("backend '{}' does not support {}", backendName(), operation);
 }
 
 WorkPtr ProcessGroup::allreduce(at::Tensor&, const AllreduceOptions&) { notSupported("allreduce"); }

@@ -19,7 +19,7 @@ class SingleProcessGroup : public ProcessGroup {
 
   WorkPtr allreduce(at::Tensor&, const AllreduceOptions& = {}) override { return done("allreduce"); }
   WorkPtr broadcast(at::Tensor&, const BroadcastOptions& opts = {}) override {
-    if (opts.root != 0) throw UsageError("broadcast: root " + std::to_string(opts.root) + " is outside world size 1");
+    if (opts.root != 0) fail<UsageError>("broadcast: root {} is outside world size 1", opts.root);
     return done("broadcast");
   }
   WorkPtr allgather(const at::Tensor& input, at::Tensor& output, const AllgatherOptions& = {}) override {
@@ -33,11 +33,11 @@ class SingleProcessGroup : public ProcessGroup {
   WorkPtr barrier(const BarrierOptions& = {}) override { return done("barrier"); }
 
  private:
-  static WorkPtr done(const char* op) { return Work::completed(std::string("single ") + op); }
+  static WorkPtr done(const char* op) { return Work::completed(fmt::format("single {}", op)); }
   static void copyAll(const at::Tensor& input, at::Tensor& output, const char* op) {
     if (input.numel() != output.numel()) {
-      throw UsageError(std::string(op) + " at world size 1: output must have as many elements as input; got " +
-                       std::to_string(input.numel()) + " and " + std::to_string(output.numel()));
+      fail<UsageError>("{} at world size 1: output must have as many elements as input; got {} and {}", op,
+                       input.numel(), output.numel());
     }
     if (input.numel() > 0) output.view({-1}).copy_(input.reshape({-1}));
   }

@@ -16,9 +16,9 @@ void Work::wait(std::chrono::milliseconds timeout) {
   spinUntil([this] { return completedFlag_.load(std::memory_order_acquire); }, std::chrono::microseconds(50));
   std::unique_lock<std::mutex> lock(mutex_);
   if (!done_.wait_for(lock, timeout, [&] { return completed_; })) {
-    throw CollectiveError(description_ + ": not completed after waiting " + std::to_string(timeout.count()) +
-                          " ms in Work::wait. HINT: a peer may not have reached this collective; " +
-                          kRendezvousHelp);
+    fail<CollectiveError>("{}: not completed after waiting {} ms in Work::wait. HINT: a peer may not have reached "
+                          "this collective; {}",
+                          description_, timeout.count(), kRendezvousHelp);
   }
   if (error_) std::rethrow_exception(error_);
 }
@@ -70,8 +70,7 @@ std::shared_ptr<Work> Work::completed(std::string description) {
 }
 
 void failInvariant(const char* condition, const char* file, int line, const std::string& what) {
-  throw std::logic_error(std::string("internal error: ") + what + " (" + condition + " failed at " + file + ":" +
-                         std::to_string(line) + ")");
+  fail<std::logic_error>("internal error: {} ({} failed at {}:{})", what, condition, file, line);
 }
 
 }  // namespace ddp

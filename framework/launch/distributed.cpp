@@ -1,10 +1,14 @@
 #include "framework/launch/distributed.hpp"
 
+#include <fmt/format.h>
+
+#include <chrono>
 #include <iostream>
 
 #include "framework/comm/backend_registry.hpp"
 #include "framework/store/hash_store.hpp"
 #include "framework/comm/single_process_group.hpp"
+#include "framework/core/log.hpp"
 #include "framework/store/tcp_store.hpp"
 
 namespace ddp {
@@ -13,6 +17,8 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
                                    const BackendRegistry& backends) {
   DistributedContext ctx;
   ctx.env = env;
+  setLogRank(env.rank);
+  const auto start = std::chrono::steady_clock::now();
   if (env.worldSize == 1) {
     ctx.store = std::make_shared<HashStore>();
   } else {
@@ -36,13 +42,16 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
   } else {
     ctx.group = backends.create(options.backend, ctx.store, env.rank, env.worldSize, po);
   }
+  logInfo("rendezvous: store {}, world size {}, backend {}: group ready after {:.3f} s", ctx.store->describe(),
+          env.worldSize, ctx.group->backendName(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   // Which address the peers reach this rank on: a multi-homed node that
   // picked the wrong interface shows it here (docs/clusters.md).
   if (env.worldSize > 1) {
     const std::string endpoint = ctx.group->describeEndpoint();
     // One write, so that lines of ranks sharing a terminal stay whole.
     if (!endpoint.empty()) {
-      std::cerr << ctx.group->backendName() + ": rank " + std::to_string(env.rank) + " " + endpoint + "\n" << std::flush;
+      std::cerr << fmt::format("{}: rank {} {}\n", ctx.group->backendName(), env.rank, endpoint) << std::flush;
     }
   }
   return ctx;

@@ -24,7 +24,10 @@ struct DistributedContext {
   ProcessGroupPtr group;
 };
 
-// World size 1 with no master needed uses an in-memory store.
+// World size 1 with no master needed uses an in-memory store. Names this
+// rank in later log lines (setLogRank) and, at DDP_LOG_LEVEL=info, logs the
+// rendezvous: store address, world size, backend, and how long the group
+// took to form.
 // `backends` names the ProcessGroup implementations to choose from (a
 // program with the built-in ones passes ddp::builtinBackends()).
 DistributedContext initDistributed(const RankEnv& env, const DistributedOptions& options,

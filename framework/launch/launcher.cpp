@@ -8,19 +8,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <cstring>
+#include <cstdlib>
 #include <deque>
 #include <iostream>
-#include <random>
 #include <thread>
 
 #include "framework/core/errors.hpp"
 #include "framework/core/system.hpp"
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
-
-extern char** environ;
 
 namespace ddp {
 namespace {
@@ -44,8 +42,9 @@ int tryBind(const std::string& host, int port) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found) {
-    throw UsageError("ddp-run: cannot resolve master address '" + host + "'. HINT: check --master-addr / MASTER_ADDR");
+  const std::string service = std::to_string(port);
+  if (getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0 || !found) {
+    fail<UsageError>("ddp-run: cannot resolve master address '{}'. HINT: check --master-addr / MASTER_ADDR", host);
   }
   int result = -EADDRNOTAVAIL;
   for (addrinfo* ai = found; ai; ai = ai->ai_next) {
@@ -102,7 +101,7 @@ void forwardLine(RankProcess& p, const std::string& line, size_t keep) {
   if (p.rank == 0) {
     std::cout << line << "\n";
   } else {
-    std::cout << "[rank " << p.rank << "] " << line << "\n";
+    std::cout << fmt::format("[rank {}] {}\n", p.rank, line);
   }
   p.lastLines.push_back(line);
   while (p.lastLines.size() > keep) p.lastLines.pop_front();
@@ -199,10 +198,11 @@ int runOnce(const LaunchOptions& o, int attempt, const std::string& token) {
   }
   if (firstFailure < 0) return 0;
   const RankProcess& f = procs[firstFailure];
-  std::cerr << "ddp-run: rank " << f.rank << " (pid " << f.pid << ") failed first: " << describeExitStatus(f.status)
-            << "; stopped the other ranks.\n";
-  std::cerr << "ddp-run: last lines of rank " << f.rank << ":\n";
-  for (const auto& line : f.lastLines) std::cerr << "  | " << line << "\n";
+  std::string report = fmt::format("ddp-run: rank {} (pid {}) failed first: {}; stopped the other ranks.\n", f.rank,
+                                   f.pid, describeExitStatus(f.status));
+  report += fmt::format("ddp-run: last lines of rank {}:\n", f.rank);
+  for (const auto& line : f.lastLines) report += fmt::format("  | {}\n", line);
+  std::cerr << report;
   // The rank's own code (2: a mistake in what was asked) where it exited; 1
   // where a signal ended it.
   return WIFEXITED(f.status) ? WEXITSTATUS(f.status) : 1;
@@ -213,20 +213,20 @@ int runOnce(const LaunchOptions& o, int attempt, const std::string& token) {
 void checkPortFree(const std::string& host, int port) {
   int r = tryBind(host, port);
   if (r == -EADDRINUSE) {
-    throw UsageError("ddp-run: MASTER_PORT " + std::to_string(port) + " on " + host +
-                     " is already in use. HINT: pass --master-port with a free port (or 0 to pick one), or stop "
-                     "the process that holds it (ss -ltnp 'sport = :" +
-                     std::to_string(port) + "')");
+    fail<UsageError>("ddp-run: MASTER_PORT {} on {} is already in use. HINT: pass --master-port with a free port (or 0 "
+                     "to pick one), or stop the process that holds it (ss -ltnp 'sport = :{}')",
+                     port, host, port);
   }
   if (r < 0) {
-    throw UsageError("ddp-run: cannot bind " + host + ":" + std::to_string(port) + ": " + strerror(-r) +
-                     ". HINT: --master-addr must be an address of the node with --node-rank 0");
+    fail<UsageError>("ddp-run: cannot bind {}:{}: {}. HINT: --master-addr must be an address of the node with "
+                     "--node-rank 0",
+                     host, port, errnoText(-r));
   }
 }
 
 int pickFreePort(const std::string& host) {
   int r = tryBind(host, 0);
-  if (r <= 0) throw UsageError("ddp-run: cannot find a free port on " + host + ": " + strerror(-r));
+  if (r <= 0) fail<UsageError>("ddp-run: cannot find a free port on {}: {}", host, errnoText(-r));
   return r;
 }
 
@@ -234,8 +234,7 @@ int launchLocalRanks(LaunchOptions o) {
   if (o.nprocPerNode < 1) throw UsageError("ddp-run: --nproc-per-node must be at least 1");
   if (o.nnodes < 1) throw UsageError("ddp-run: --nnodes must be at least 1");
   if (o.nodeRank < 0 || o.nodeRank >= o.nnodes) {
-    throw UsageError("ddp-run: --node-rank " + std::to_string(o.nodeRank) + " is outside [0, " +
-                     std::to_string(o.nnodes) + ")");
+    fail<UsageError>("ddp-run: --node-rank {} is outside [0, {})", o.nodeRank, o.nnodes);
   }
   if (o.masterPort == 0) {
     if (o.nnodes > 1) throw UsageError("ddp-run: a multi-node job needs --master-port (the same on every node)");
@@ -250,10 +249,11 @@ int launchLocalRanks(LaunchOptions o) {
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   const int worldSize = o.nnodes * o.nprocPerNode;
-  std::cout << "ddp-run: world size " << worldSize << " = " << o.nnodes << " node(s) x " << o.nprocPerNode
-            << " rank(s); master " << o.masterAddr << ":" << o.masterPort << "; backend " << o.backend << "\n";
-  std::cout << "ddp-run: node " << o.nodeRank << " (" << host << ") runs ranks " << o.nodeRank * o.nprocPerNode
-            << ".." << (o.nodeRank + 1) * o.nprocPerNode - 1 << std::endl;
+  std::cout << fmt::format("ddp-run: world size {} = {} node(s) x {} rank(s); master {}:{}; backend {}\n", worldSize,
+                           o.nnodes, o.nprocPerNode, o.masterAddr, o.masterPort, o.backend);
+  std::cout << fmt::format("ddp-run: node {} ({}) runs ranks {}..{}", o.nodeRank, host, o.nodeRank * o.nprocPerNode,
+                           (o.nodeRank + 1) * o.nprocPerNode - 1)
+            << std::endl;
 
   for (int attempt = 0;; ++attempt) {
     int code = runOnce(o, attempt, token);
@@ -265,11 +265,12 @@ int launchLocalRanks(LaunchOptions o) {
       return code;
     }
     if (attempt >= o.maxRestarts) {
-      if (o.maxRestarts > 0) std::cerr << "ddp-run: giving up after " << o.maxRestarts << " restart(s)\n";
+      if (o.maxRestarts > 0) std::cerr << fmt::format("ddp-run: giving up after {} restart(s)\n", o.maxRestarts);
       return code;
     }
-    std::cerr << "ddp-run: restarting all ranks from the newest checkpoint (restart " << attempt + 1 << " of "
-              << o.maxRestarts << ")" << std::endl;
+    std::cerr << fmt::format("ddp-run: restarting all ranks from the newest checkpoint (restart {} of {})", attempt + 1,
+                             o.maxRestarts)
+              << std::endl;
     if (o.nodeRank == 0) {
       // The failed master may leave its port in TIME_WAIT briefly; SO_REUSEADDR copes.
       std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 
 extern char** environ;
 
@@ -19,25 +20,24 @@ const std::string* find(const EnvMap& env, const std::string& key) {
 int parseInt(const EnvMap& env, const std::string& key, int fallback, bool required = false) {
   const std::string* v = find(env, key);
   if (!v) {
-    if (required) throw UsageError("environment: " + key + " is not set");
+    if (required) fail<UsageError>("environment: {} is not set", key);
     return fallback;
   }
   char* end = nullptr;
   long x = std::strtol(v->c_str(), &end, 10);
   if (end == v->c_str() || *end != '\0' || x < 0 || x > 1000000) {
-    throw UsageError("environment: " + key + "='" + *v + "' is not a non-negative integer");
+    fail<UsageError>("environment: {}='{}' is not a non-negative integer", key, *v);
   }
   return static_cast<int>(x);
 }
 
 void validate(const RankEnv& e, const std::string& rankVar, const std::string& sizeVar) {
-  if (e.worldSize < 1) throw UsageError("environment: " + sizeVar + " must be at least 1");
+  if (e.worldSize < 1) fail<UsageError>("environment: {} must be at least 1", sizeVar);
   if (e.rank >= e.worldSize) {
-    throw UsageError("environment: " + rankVar + "=" + std::to_string(e.rank) + " is not below " + sizeVar + "=" +
-                     std::to_string(e.worldSize));
+    fail<UsageError>("environment: {}={} is not below {}={}", rankVar, e.rank, sizeVar, e.worldSize);
   }
   if (e.masterPort < 1 || e.masterPort > 65535) {
-    throw UsageError("environment: MASTER_PORT=" + std::to_string(e.masterPort) + " is not a TCP port (1-65535)");
+    fail<UsageError>("environment: MASTER_PORT={} is not a TCP port (1-65535)", e.masterPort);
   }
 }
 
@@ -114,21 +114,21 @@ std::optional<RankEnv> rankEnvFromEnvironment(const EnvMap& env) {
       e.masterAddr = "127.0.0.1";
       origin.push_back("address: all ranks on this node");
     } else {
-      throw UsageError("environment: this OpenMPI job spans several nodes (OMPI_COMM_WORLD_LOCAL_SIZE=" +
-                       std::to_string(e.localWorldSize) + " of OMPI_COMM_WORLD_SIZE=" + std::to_string(e.worldSize) +
-                       ") and MASTER_ADDR is not set. HINT: mpirun -x MASTER_ADDR=<host of rank 0> ...; "
-                       "see docs/clusters.md#openmpi");
+      fail<UsageError>("environment: this OpenMPI job spans several nodes (OMPI_COMM_WORLD_LOCAL_SIZE={} of "
+                       "OMPI_COMM_WORLD_SIZE={}) and MASTER_ADDR is not set. HINT: mpirun -x MASTER_ADDR=<host of "
+                       "rank 0> ...; see docs/clusters.md#openmpi",
+                       e.localWorldSize, e.worldSize);
     }
     if (find(env, "MASTER_PORT")) {
       e.masterPort = parseInt(env, "MASTER_PORT", 29500);
     } else if (const std::string* job = find(env, "OMPI_MCA_ess_base_jobid")) {
       e.masterPort = masterPortFromJobName(*job);
-      origin.push_back("port from the OpenMPI job id " + *job);
+      origin.push_back(fmt::format("port from the OpenMPI job id {}", *job));
     } else if (const std::string* ns = find(env, "PMIX_NAMESPACE")) {
       e.masterPort = masterPortFromJobName(*ns);
-      origin.push_back("port from PMIX_NAMESPACE " + *ns);
+      origin.push_back(fmt::format("port from PMIX_NAMESPACE {}", *ns));
     }
-    for (size_t i = 0; i < origin.size(); ++i) e.masterOrigin += (i ? "; " : "") + origin[i];
+    e.masterOrigin = joinNames(origin, "; ");
     validate(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
     return e;
   }
@@ -137,7 +137,7 @@ std::optional<RankEnv> rankEnvFromEnvironment(const EnvMap& env) {
 
 std::vector<std::string> expandSlurmNodeList(const std::string& list) {
   auto bad = [&](const std::string& why) {
-    return UsageError("SLURM node list '" + list + "': " + why);
+    return UsageError(fmt::format("SLURM node list '{}': {}", list, why));
   };
   std::vector<std::string> hosts;
   size_t i = 0;
@@ -160,15 +160,14 @@ std::vector<std::string> expandSlurmNodeList(const std::string& list) {
         size_t dash = part.find('-');
         std::string lo = part.substr(0, dash), hi = dash == std::string::npos ? lo : part.substr(dash + 1);
         for (char c : lo + hi) {
-          if (!std::isdigit(static_cast<unsigned char>(c))) throw bad("'" + part + "' is not a number range");
+          if (!std::isdigit(static_cast<unsigned char>(c))) throw bad(fmt::format("'{}' is not a number range", part));
         }
-        if (lo.empty() || hi.empty()) throw bad("'" + part + "' is not a number range");
+        if (lo.empty() || hi.empty()) throw bad(fmt::format("'{}' is not a number range", part));
         long a = std::stol(lo), b = std::stol(hi);
-        if (b < a) throw bad("range '" + part + "' runs backwards");
+        if (b < a) throw bad(fmt::format("range '{}' runs backwards", part));
         for (long x = a; x <= b; ++x) {
-          std::string num = std::to_string(x);
-          if (num.size() < lo.size()) num = std::string(lo.size() - num.size(), '0') + num;
-          hosts.push_back(prefix + num + suffix);
+          // Zero-padded to the width of the range's low end: [01-10] -> 01..10.
+          hosts.push_back(fmt::format("{}{:0{}}{}", prefix, x, lo.size(), suffix));
         }
         if (comma == std::string::npos) break;
         start = comma + 1;
@@ -194,15 +193,14 @@ int masterPortFromJobName(const std::string& jobName) {
 int masterPortFromSlurmJobId(const std::string& jobId) {
   char* end = nullptr;
   unsigned long id = std::strtoul(jobId.c_str(), &end, 10);
-  if (end == jobId.c_str()) throw UsageError("environment: SLURM_JOB_ID='" + jobId + "' is not a number");
+  if (end == jobId.c_str()) fail<UsageError>("environment: SLURM_JOB_ID='{}' is not a number", jobId);
   return static_cast<int>(20000 + id % 20000);
 }
 
 std::string describeRankEnv(const RankEnv& e) {
-  return "rank " + std::to_string(e.rank) + " of " + std::to_string(e.worldSize) + " (" + e.source + "): node " +
-         std::to_string(e.nodeRank) + ", local rank " + std::to_string(e.localRank) + " of " +
-         std::to_string(e.localWorldSize) + ", store at " + e.masterAddr + ":" + std::to_string(e.masterPort) +
-         (e.masterOrigin.empty() ? "" : " (" + e.masterOrigin + ")");
+  return fmt::format("rank {} of {} ({}): node {}, local rank {} of {}, store at {}:{}{}", e.rank, e.worldSize,
+                     e.source, e.nodeRank, e.localRank, e.localWorldSize, e.masterAddr, e.masterPort,
+                     e.masterOrigin.empty() ? "" : fmt::format(" ({})", e.masterOrigin));
 }
 
 }  // namespace ddp

@@ -1,6 +1,7 @@
 #include "framework/launch/spawn.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -29,11 +30,12 @@ ChildProcess spawnProcess(const SpawnOptions& options) {
     for (auto& s : envStrings) envp.push_back(s.data());
     envp.push_back(nullptr);
   }
-  const std::string cannotStart = "cannot start " + args[0] + ": ";
+  const std::string program = options.program.empty() ? args[0] : options.program;
+  const std::string cannotStart = fmt::format("cannot start {}: ", program);
 
   int pipeFds[2] = {-1, -1};
   if (options.captureOutput && ::pipe2(pipeFds, O_CLOEXEC) != 0) {
-    fail<std::runtime_error>("spawn {}: pipe: {}", args[0], errnoText(errno));
+    fail<std::runtime_error>("spawn {}: pipe: {}", program, errnoText(errno));
   }
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
@@ -43,7 +45,7 @@ ChildProcess spawnProcess(const SpawnOptions& options) {
       ::close(pipeFds[0]);
       ::close(pipeFds[1]);
     }
-    fail<std::runtime_error>("spawn {}: fork: {}", args[0], errnoText(err));
+    fail<std::runtime_error>("spawn {}: fork: {}", program, errnoText(err));
   }
   if (pid == 0) {
     if (options.dieWithParent) {
@@ -56,9 +58,9 @@ ChildProcess spawnProcess(const SpawnOptions& options) {
     }
     if (options.ownProcessGroup) ::setpgid(0, 0);
     if (options.environment) {
-      ::execve(argv[0], argv.data(), envp.data());
+      ::execve(program.c_str(), argv.data(), envp.data());
     } else {
-      ::execv(argv[0], argv.data());
+      ::execv(program.c_str(), argv.data());
     }
     const char* reason = ::strerror(errno);
     (void)!::write(STDERR_FILENO, cannotStart.data(), cannotStart.size());
@@ -74,6 +76,30 @@ ChildProcess spawnProcess(const SpawnOptions& options) {
     child.outputFd = pipeFds[0];
   }
   return child;
+}
+
+FinishedProcess runProcess(SpawnOptions options) {
+  options.captureOutput = true;
+  const ChildProcess child = spawnProcess(options);
+  FinishedProcess finished;
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = ::read(child.outputFd, buffer, sizeof(buffer));
+    if (n > 0) {
+      finished.output.append(buffer, static_cast<size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      pollfd readable{child.outputFd, POLLIN, 0};
+      ::poll(&readable, 1, -1);
+    } else if (errno != EINTR) {
+      break;
+    }
+  }
+  ::close(child.outputFd);
+  while (::waitpid(child.pid, &finished.status, 0) < 0 && errno == EINTR) {
+  }
+  return finished;
 }
 
 std::string describeExitStatus(int status) {

@@ -2,8 +2,9 @@
 // and the multi-process tests share.
 //
 // Contract
-// - spawnProcess() executes argv[0] (a path, not searched in PATH) with
-//   argv, and the given environment or, when none is given, this process's.
+// - spawnProcess() executes `program` (a path, not searched in PATH; empty:
+//   argv[0]) with argv, and the given environment or, when none is given,
+//   this process's. "/proc/self/exe" starts a copy of the running program.
 //   Everything the child needs is prepared before fork(), so the child runs
 //   only async-signal-safe calls until exec (the parent may have threads).
 // - captureOutput: the child's stdout and stderr go to one pipe whose read
@@ -16,6 +17,9 @@
 //   for that is noticed, and the child exits 127 instead of running orphaned.
 // - A child that cannot exec prints "cannot start <path>: <reason>" to its
 //   stderr and exits 127. fork() or pipe() failures throw std::runtime_error.
+// - runProcess() spawns with captureOutput, reads the output until the child
+//   closes it, and reaps the child: a program run to its end, as popen()
+//   would, but with no shell between (arguments are passed as they are).
 #pragma once
 
 #include <sys/types.h>
@@ -29,7 +33,8 @@
 namespace ddp {
 
 struct SpawnOptions {
-  std::vector<std::string> argv;  // argv[0]: the program's path
+  std::vector<std::string> argv;  // argv[0]: the program's name (its path, unless `program` is set)
+  std::string program;            // the file executed; empty: argv[0]
   std::optional<EnvMap> environment;
   bool captureOutput = false;
   bool ownProcessGroup = false;
@@ -42,6 +47,15 @@ struct ChildProcess {
 };
 
 ChildProcess spawnProcess(const SpawnOptions& options);
+
+struct FinishedProcess {
+  int status = 0;      // as waitpid() gives it: see describeExitStatus
+  std::string output;  // stdout and stderr together
+};
+
+// Runs the program to its end (captureOutput is implied) and returns its
+// wait status and output.
+FinishedProcess runProcess(SpawnOptions options);
 
 // "exited with code 3", "killed by signal 9 (Killed)": a waitpid() status.
 std::string describeExitStatus(int status);
