@@ -40,7 +40,9 @@ void setLogRank(int rank) { gLogRank.store(rank); }
 
 void writeLog(LogLevel level, const std::string& message) {
   static const char* const names[] = {"warn", "info", "debug"};
-  const int rank = gLogRank.load();
+  // A message that names its rank itself ("[rank 1/4] gloo allreduce #7 ...",
+  // as Work descriptions do) is not prefixed with it again.
+  const int rank = message.rfind("[rank ", 0) == 0 ? -1 : gLogRank.load();
   std::string line = rank >= 0 ? fmt::format("ddp[{}] rank {}: {}\n", names[static_cast<int>(level)], rank, message)
                                : fmt::format("ddp[{}] {}\n", names[static_cast<int>(level)], message);
   // One write: lines of ranks that share a terminal stay whole.

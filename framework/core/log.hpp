@@ -25,7 +25,8 @@ LogLevel logLevel();
 // Throws UsageError naming DDP_LOG_LEVEL when it is set to an unknown value;
 // programs call it at start-up.
 void checkLogLevel();
-// Named in every later line of this process ("rank 3"); -1: none.
+// Named in every later line of this process ("rank 3"), except lines that
+// begin by naming their rank ("[rank 3/4] ..."); -1: none.
 void setLogRank(int rank);
 void writeLog(LogLevel level, const std::string& message);
 
