@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 #include "framework/experiment/param.hpp"
 #include "framework/experiment/plugin_registry.hpp"
 
@@ -30,16 +31,9 @@ template <typename... Args>
   fail<UsageError>("{}.{}: {}", pluginKindName(kind), param, fmt::format(what, std::forward<Args>(args)...));
 }
 
-// Formats a parameter value for messages the way the user wrote it.
-inline std::string showValue(double value) {
-  std::ostringstream os;
-  os << std::setprecision(10) << value;
-  return os.str();
-}
-
 // For the half-open ranges ParamSpec cannot express, e.g. momentum in [0, 1).
 inline void requireBelow(PluginKind kind, const std::string& param, double value, double limit) {
-  if (!(value < limit)) paramError(kind, param, "must be < {}, got {}", showValue(limit), showValue(value));
+  if (!(value < limit)) paramError(kind, param, "must be < {}, got {}", showNumber(limit), showNumber(value));
 }
 
 }  // namespace ddp::plugins

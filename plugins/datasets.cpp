@@ -62,7 +62,7 @@ DatasetSplits splitAndScale(const at::Tensor& features, const at::Tensor& target
   requireBelow(kDataset, "test_fraction", testFraction, 1.0);
   const auto numTest = static_cast<int64_t>(std::llround(static_cast<double>(n) * testFraction));
   if (numTest < 1 || numTest > n - 1) {
-    paramError(kDataset, "test_fraction", "{} of {} rows leaves {}", showValue(testFraction), n,
+    paramError(kDataset, "test_fraction", "{} of {} rows leaves {}", showNumber(testFraction), n,
                numTest < 1 ? "no test rows" : "no training rows");
   }
   const auto order = seededPermutation(n, seed);
@@ -185,7 +185,7 @@ int64_t classIndex(const std::string& path, const CsvRow& row, double value) {
     fail<UsageError>(
         "{}:{}: target {} is not a class index (a non-negative integer). HINT: set \"task\": \"regression\" for "
         "continuous targets",
-        path, row.line, showValue(value));
+        path, row.line, showNumber(value));
   }
   return static_cast<int64_t>(value);
 }

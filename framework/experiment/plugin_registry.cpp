@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 
 namespace ddp {
 
@@ -19,17 +20,8 @@ namespace {
 constexpr PluginKind kAllKinds[] = {PluginKind::Dataset, PluginKind::Model, PluginKind::Optimizer,
                                     PluginKind::Scheduler, PluginKind::Loss};
 
-std::string joinNames(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out.empty() ? "(none)" : out;
-}
-
-// Numbers as a user would write them in JSON: 0.001, 30, 1e-08.
-std::string formatNumber(double value) {
-  std::ostringstream os;
-  os << std::setprecision(10) << value;
-  return os.str();
+std::string namesOrNone(const std::vector<std::string>& names) {
+  return names.empty() ? "(none)" : joinNames(names);
 }
 
 std::string formatDefault(const ParamSpec& spec) {
@@ -44,10 +36,10 @@ std::string formatRange(const ParamSpec& spec) {
     return out;
   }
   if (spec.min && spec.max) {
-    return fmt::format("{}{}, {}]", spec.minExclusive ? "(" : "[", formatNumber(*spec.min), formatNumber(*spec.max));
+    return fmt::format("{}{}, {}]", spec.minExclusive ? "(" : "[", showNumber(*spec.min), showNumber(*spec.max));
   }
-  if (spec.min) return fmt::format("{} {}", spec.minExclusive ? ">" : ">=", formatNumber(*spec.min));
-  if (spec.max) return fmt::format("<= {}", formatNumber(*spec.max));
+  if (spec.min) return fmt::format("{} {}", spec.minExclusive ? ">" : ">=", showNumber(*spec.min));
+  if (spec.max) return fmt::format("<= {}", showNumber(*spec.max));
   return "";
 }
 
@@ -220,7 +212,7 @@ const PluginSpec& PluginRegistry::get(PluginKind kind, const std::string& name) 
   const std::string suggestion = closestName(name, known);
   fail<UsageError>("unknown {} '{}'{} known {}: {}", pluginKindName(kind), name,
                    suggestion.empty() ? ";" : fmt::format("; did you mean '{}'?", suggestion), pluralKindName(kind),
-                   joinNames(known));
+                   namesOrNone(known));
 }
 
 std::vector<std::string> PluginRegistry::names(PluginKind kind) const {
@@ -267,7 +259,7 @@ std::string PluginRegistry::describe(const std::string& kindDotName) const {
     }
     if (suggestion.empty()) suggestion = closestName(kindDotName, all);
     fail<UsageError>("cannot describe '{}': expected KIND.NAME; {}known plugins: {}", kindDotName,
-                     suggestion.empty() ? "" : fmt::format("did you mean '{}'? ", suggestion), joinNames(all));
+                     suggestion.empty() ? "" : fmt::format("did you mean '{}'? ", suggestion), namesOrNone(all));
   }
   const PluginSpec& spec = get(*kind, kindDotName.substr(dot + 1));
 
