@@ -104,6 +104,31 @@ std::string newestCheckpoint(const std::string& runDir) {
   return best.empty() ? "" : dir + "/" + best;
 }
 
+namespace {
+
+// Every rank, before the strategy exists: model and optimizer state, RNG
+// and step count; returns the epoch.
+int64_t loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                       int64_t* stepsOut) {
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(path);
+  } catch (const std::exception& e) {
+    fail<std::runtime_error>("checkpoint {} cannot be read: {}", path, e.what());
+  }
+  loadModelAndOptimizer(archive, model, optimizer);
+  at::Tensor epoch, steps, rng;
+  archive.read("epoch", epoch);
+  archive.read("steps", steps);
+  archive.read("rng", rng);
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  generator.set_state(rng);
+  *stepsOut = steps.item<int64_t>();
+  return epoch.item<int64_t>();
+}
+
+}  // namespace
+
 // What build() makes and the epochs use.
 struct Trainer::Impl {
   bool built = false;
@@ -211,6 +236,16 @@ void Trainer::build() {
   }
   s.log = std::make_unique<RunLog>(isWriter(), options_.runDir, options_.quiet);
 
+  if (options_.resume) {
+    const std::string path = newestCheckpoint(options_.runDir);
+    if (!path.empty()) {
+      s.startEpoch = loadCheckpoint(path, *model, *optimizer, &s.steps);
+      s.log->line(fmt::format("resumed from {} after epoch {}", path, s.startEpoch));
+    } else {
+      s.log->line(fmt::format("resume: no checkpoint in {}/checkpoints; starting from scratch", options_.runDir));
+    }
+  }
+
   StrategyContext context;
   context.model = model;
   context.optimizer = std::move(optimizer);
@@ -219,16 +254,6 @@ void Trainer::build() {
   context.ddp.firstBucketCapBytes = static_cast<size_t>(config.distributed.firstBucketCapMb * 1024 * 1024);
   context.ddp.findUnusedParameters = config.distributed.findUnusedParameters;
   s.strategy = builtinStrategies().create(config.distributed.strategy, std::move(context));
-
-  if (options_.resume) {
-    const std::string path = newestCheckpoint(options_.runDir);
-    if (!path.empty()) {
-      s.startEpoch = loadCheckpoint(path);
-      s.log->line(fmt::format("resumed from {} after epoch {}", path, s.startEpoch));
-    } else {
-      s.log->line(fmt::format("resume: no checkpoint in {}/checkpoints; starting from scratch", options_.runDir));
-    }
-  }
 
   const int r = rank(), world = worldSize();
   s.sampler = std::make_unique<DistributedSampler>(data.trainFeatures.size(0), r, world, tc.seed, /*shuffle=*/true,
@@ -320,24 +345,6 @@ void Trainer::saveCheckpoint(int64_t epoch) {
   if (worldSize() > 1) group().barrier({std::chrono::milliseconds(600000)})->wait();
 }
 
-int64_t Trainer::loadCheckpoint(const std::string& path) {
-  Impl& s = *impl_;
-  torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(path);
-  } catch (const std::exception& e) {
-    fail<std::runtime_error>("checkpoint {} cannot be read: {}", path, e.what());
-  }
-  s.strategy->loadState(archive);
-  at::Tensor epoch, steps, rng;
-  archive.read("epoch", epoch);
-  archive.read("steps", steps);
-  archive.read("rng", rng);
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  generator.set_state(rng);
-  s.steps = steps.item<int64_t>();
-  return epoch.item<int64_t>();
-}
 
 TrainResult Trainer::run() {
   build();

@@ -7,8 +7,9 @@
 //   DistributedDataParallel with world size > 1, a local one on one rank),
 //   and each rank trains on its DistributedSampler shard with
 //   training.batch_size samples per micro-batch.
-// - Stages: build() (devices, plugins, run folder, strategy, resume),
-//   trainEpoch(), evaluate(), saveCheckpoint()/loadCheckpoint(); run()
+// - Stages: build() (devices, plugins, run folder, resume: the newest
+//   checkpoint loaded into model and optimizer, then the strategy),
+//   trainEpoch(), evaluate(), saveCheckpoint(); run()
 //   drives them epoch by epoch and calls the callbacks
 //   (callbacks/callback.hpp) at their points. What a run writes besides
 //   training (metrics files, train.log lines, the progress line,
@@ -99,8 +100,6 @@ class Trainer {
   // Every rank; rank 0 writes checkpoints/epoch_NNNNNN.pt (model,
   // optimizer, epoch, steps, RNG state), the others wait at a barrier.
   void saveCheckpoint(int64_t epoch);
-  // Every rank: loads state, RNG and step count; returns the epoch.
-  int64_t loadCheckpoint(const std::string& path);
   // build() when not done yet, then the epochs, with the callbacks.
   TrainResult run();
 

@@ -215,8 +215,9 @@ void DistributedDataParallel::logBucketLayout() const {
     const Bucket& bucket = buckets_[b];
     const std::string& first = params_[bucket.params.front()].name;
     const std::string& last = params_[bucket.params.back()].name;
-    logInfo("DDP: bucket {}: {} parameter(s) ({} .. {}), {} elements of {}, {} bytes", b, bucket.params.size(), first,
-            last, bucket.buffer.numel(), dtypeName(bucket.buffer), bucket.buffer.numel() * bucket.buffer.element_size());
+    logInfo("DDP: bucket {}: {} parameter(s) ({}{}{}), {} elements of {}, {} bytes", b, bucket.params.size(), first,
+            bucket.params.size() > 1 ? " .. " : "", bucket.params.size() > 1 ? last : "", bucket.buffer.numel(),
+            dtypeName(bucket.buffer), bucket.buffer.numel() * bucket.buffer.element_size());
   }
 }
 

@@ -30,8 +30,4 @@ void DdpStrategy::saveState(torch::serialize::OutputArchive* archive) {
   if (archive) saveModelAndOptimizer(*archive, *model_, *optimizer_);
 }
 
-void DdpStrategy::loadState(torch::serialize::InputArchive& archive) {
-  loadModelAndOptimizer(archive, *model_, *optimizer_);
-}
-
 }  // namespace ddp

@@ -23,7 +23,6 @@ class DdpStrategy : public ParallelStrategy {
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
   void step() override;
   void saveState(torch::serialize::OutputArchive* archive) override;
-  void loadState(torch::serialize::InputArchive& archive) override;
 
   DistributedDataParallel& ddp() { return *ddp_; }
 

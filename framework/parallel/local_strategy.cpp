@@ -31,8 +31,4 @@ void LocalStrategy::saveState(torch::serialize::OutputArchive* archive) {
   if (archive) saveModelAndOptimizer(*archive, *model_, *optimizer_);
 }
 
-void LocalStrategy::loadState(torch::serialize::InputArchive& archive) {
-  loadModelAndOptimizer(archive, *model_, *optimizer_);
-}
-
 }  // namespace ddp

@@ -27,7 +27,6 @@ class LocalStrategy : public ParallelStrategy {
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
   void step() override;
   void saveState(torch::serialize::OutputArchive* archive) override;
-  void loadState(torch::serialize::InputArchive& archive) override;
 
  private:
   std::shared_ptr<torch::nn::Module> model_;

@@ -23,9 +23,11 @@
 //   optimizer.save()), so any strategy and any world size can load them.
 //   archive is non-null on the rank that writes the checkpoint (rank 0)
 //   and null elsewhere; a sharded strategy gathers to that rank.
-// - loadState(archive) is called on every rank, with the same checkpoint,
-//   after construction and before the first step; each rank takes what it
-//   needs.
+// - Resuming: the trainer loads a checkpoint's consolidated state
+//   (loadModelAndOptimizer) into the model and optimizer before it creates
+//   the strategy, so a strategy wraps or shards what it is given and needs
+//   no load of its own (DDP's gradient hooks do not survive a load into
+//   parameters they are already attached to).
 // - The model passed in must stay alive as long as the strategy; the
 //   strategy owns the optimizer.
 //
@@ -64,7 +66,6 @@ class ParallelStrategy {
   virtual void step() = 0;
 
   virtual void saveState(torch::serialize::OutputArchive* archive) = 0;
-  virtual void loadState(torch::serialize::InputArchive& archive) = 0;
 };
 
 // What a strategy is built from.
@@ -94,7 +95,8 @@ class StrategyRegistry {
 StrategyRegistry& builtinStrategies();
 
 // Saves or loads "model" and "optimizer" of a module and its optimizer as
-// one process holds them (the format of every checkpoint).
+// one process holds them (the format of every checkpoint). Load before the
+// strategy is created.
 void saveModelAndOptimizer(torch::serialize::OutputArchive& archive, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer);
 void loadModelAndOptimizer(torch::serialize::InputArchive& archive, torch::nn::Module& model,
