@@ -485,6 +485,145 @@ TEST_CASE("DDP detects a missing or doubled finishGradientSync", "[ddp]") {
   CHECK(messages[4] == "(no error)");
 }
 
+namespace {
+
+// Sums the bucket, then divides by the world size once the sum is in: the
+// default's average, the long way. Counts its calls per bucket, and checks
+// that it gets the bucket's parameters.
+class SumThenDivide : public CommHook {
+ public:
+  std::vector<int> calls;
+  std::vector<size_t> parameterCounts;
+  std::vector<int64_t> parameterNumel;
+
+  WorkPtr run(ProcessGroup& group, GradBucket& bucket) override {
+    if (calls.size() <= bucket.index) {
+      calls.resize(bucket.index + 1, 0);
+      parameterCounts.resize(bucket.index + 1, 0);
+      parameterNumel.resize(bucket.index + 1, 0);
+    }
+    ++calls[bucket.index];
+    parameterCounts[bucket.index] = bucket.parameters.size();
+    int64_t numel = 0;
+    for (const auto& p : bucket.parameters) numel += p.numel();
+    parameterNumel[bucket.index] = numel;
+    AllreduceOptions sum;
+    sum.op = ReduceOp::Sum;
+    at::Tensor buffer = bucket.buffer;
+    const double world = group.size();
+    return thenWork(group.allreduce(bucket.buffer, sum), group.options().timeout, [buffer, world]() mutable {
+      at::NoGradGuard noGrad;
+      buffer.div_(world);
+    });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a DDP comm hook replaces the bucket allreduce: same gradients, one call per bucket and synced step",
+          "[ddp][comm_hook]") {
+  if (skipUnlessRunnable()) return;
+  constexpr int kWorld = 2, kSteps = 3;
+  const bool viaRegister = GENERATE(false, true);
+  INFO((viaRegister ? "registerCommHook()" : "DdpOptions::commHook"));
+  std::vector<std::vector<at::Tensor>> withDefault(kWorld), withHook(kWorld);
+  std::vector<std::shared_ptr<SumThenDivide>> hooks(kWorld);
+  std::vector<std::vector<DistributedDataParallel::BucketInfo>> layouts(kWorld);
+  auto errors = runRanks(kBackend, kWorld, [&](int rank, ProcessGroup& pg) {
+    for (bool custom : {false, true}) {
+      auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 16, 16}, 3);
+      initParameters(*model, 21);
+      DdpOptions options;
+      options.bucketCapBytes = 1024;
+      options.firstBucketCapBytes = 256;
+      auto hook = std::make_shared<SumThenDivide>();
+      if (custom && !viaRegister) options.commHook = hook;
+      DistributedDataParallel ddp(model, borrow(pg), options);
+      if (custom && viaRegister) ddp.registerCommHook(hook);
+      torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
+      for (int step = 0; step < kSteps; ++step) {
+        const Data data = makeData(50 * step + rank, 12, 10, 3);
+        zeroGradients(opt);
+        {
+          auto guard = ddp.noSync();  // a local micro-batch: no hook call
+          (lossOf(*model, data.x.slice(0, 0, 6), data.y.slice(0, 0, 6)) / 2).backward();
+        }
+        (lossOf(*model, data.x.slice(0, 6), data.y.slice(0, 6)) / 2).backward();
+        ddp.finishGradientSync();
+        (custom ? withHook : withDefault)[rank].push_back(flatGradients(*model));
+        opt.step();
+      }
+      if (custom) {
+        hooks[rank] = hook;
+        layouts[rank] = ddp.bucketInfo();
+      }
+    }
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+  for (int rank = 0; rank < kWorld; ++rank) {
+    INFO("rank " << rank);
+    REQUIRE(withHook[rank].size() == size_t(kSteps));
+    for (int step = 0; step < kSteps; ++step) {
+      INFO("step " << step);
+      CHECK(maxAbsDiff(withHook[rank][step], withDefault[rank][step]) <= 1e-6);
+      CHECK(at::equal(withHook[rank][step], withHook[0][step]));
+    }
+    const auto& layout = layouts[rank];
+    REQUIRE(layout.size() >= 2);
+    CHECK(hooks[rank]->calls == std::vector<int>(layout.size(), kSteps));
+    for (size_t b = 0; b < layout.size(); ++b) {
+      CHECK(hooks[rank]->parameterCounts[b] == layout[b].parameterNames.size());
+      CHECK(size_t(hooks[rank]->parameterNumel[b]) == layout[b].numel);
+    }
+  }
+}
+
+TEST_CASE("a DDP comm hook registered after the first backward is a UsageError", "[ddp][comm_hook]") {
+  if (skipUnlessRunnable()) return;
+  std::string before, after;
+  auto errors = runRanks(kBackend, 1, [&](int, ProcessGroup& pg) {
+    auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 8}, 3);
+    DistributedDataParallel ddp(model, borrow(pg));
+    const Data data = makeData(1, 4, 10, 3);
+    try {
+      ddp.registerCommHook(std::make_shared<SumThenDivide>());
+      before = "(no error)";
+    } catch (const std::exception& e) {
+      before = e.what();
+    }
+    lossOf(*model, data.x, data.y).backward();
+    ddp.finishGradientSync();
+    try {
+      ddp.registerCommHook(std::make_shared<SumThenDivide>());
+      after = "(no error)";
+    } catch (const UsageError& e) {
+      after = e.what();
+    }
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+  CHECK(before == "(no error)");
+  CHECK_THAT(after, Contains("registerCommHook() called after a backward pass") && Contains("HINT:"));
+}
+
+TEST_CASE("thenWork passes on the first Work's failure and runs nothing", "[ddp][comm_hook]") {
+  auto first = std::make_shared<Work>("test op", std::chrono::milliseconds(1000));
+  bool ran = false;
+  WorkPtr next = thenWork(first, std::chrono::milliseconds(1000), [&] { ran = true; });
+  CHECK_FALSE(next->isCompleted());
+  first->finish(std::make_exception_ptr(CollectiveError("test op failed")));
+  CHECK(next->isCompleted());
+  CHECK_FALSE(ran);
+  CHECK_THROWS_WITH(next->wait(), "test op failed");
+
+  auto ok = std::make_shared<Work>("test op", std::chrono::milliseconds(1000));
+  WorkPtr after = thenWork(ok, std::chrono::milliseconds(1000), [&] { ran = true; });
+  ok->finish();
+  after->wait();
+  CHECK(ran);
+}
+
 TEST_CASE("averageAcrossRanks averages scalars and vectors", "[ddp]") {
   if (skipUnlessRunnable()) return;
   std::vector<double> scalar(3);

@@ -23,6 +23,8 @@
 #include "framework/parallel/sampler.hpp"
 #include "framework/parallel/torch_compat.hpp"
 #include "framework/experiment/trainer.hpp"
+#include "framework/parallel/local_strategy.hpp"
+#include "framework/parallel/strategy.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
@@ -249,6 +251,111 @@ TEST_CASE("a checkpoint round-trips model and optimizer", "[training][checkpoint
   CHECK(access((ro.runDir + "/checkpoints/epoch_000002.pt").c_str(), F_OK) == 0);
   auto saved = checkpointParameters(ro.runDir + "/checkpoints/epoch_000003.pt");
   CHECK(maxDifference(saved, result.finalParameters) == 0.0);
+}
+
+namespace {
+
+// The local strategy, counting what the trainer asks of it.
+class CountingStrategy : public ParallelStrategy {
+ public:
+  static inline int backwards = 0, lastMicroBatches = 0, steps = 0, saves = 0;
+
+  explicit CountingStrategy(StrategyContext c) : inner_(std::move(c.model), std::move(c.optimizer)) {}
+  const char* name() const override { return "test_counting"; }
+  torch::nn::Module& model() override { return inner_.model(); }
+  torch::optim::Optimizer& optimizer() override { return inner_.optimizer(); }
+  void backward(const at::Tensor& loss, bool lastMicroBatch) override {
+    ++backwards;
+    lastMicroBatches += lastMicroBatch;
+    inner_.backward(loss, lastMicroBatch);
+  }
+  void step() override {
+    ++steps;
+    inner_.step();
+  }
+  void saveState(torch::serialize::OutputArchive* archive) override {
+    ++saves;
+    inner_.saveState(archive);
+  }
+
+ private:
+  LocalStrategy inner_;
+};
+
+// A metric added without touching the loop: the learning rate of the epoch.
+class LearningRateMetric : public TrainerCallback {
+ public:
+  void onEpochEnd(Trainer& trainer, EpochEnd& end) override {
+    end.metrics.extra.emplace_back("lr", trainer.strategy().optimizer().param_groups()[0].options().get_lr());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a strategy and a metric plug into the trainer by name and by callback", "[training][strategy]") {
+  if (!builtinStrategies().has("test_counting")) {
+    builtinStrategies().add("test_counting", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+      return std::make_unique<CountingStrategy>(std::move(c));
+    });
+  }
+  const std::vector<std::string> base = {"training.epochs=3", "training.save_every=2", "training.eval_every=2",
+                                         "training.accumulate_grad_batches=2"};
+  auto ctx = singleProcess();
+  RunOptions plain;
+  plain.runDir = tempDir();
+  plain.quiet = true;
+  const auto reference = runTraining(wine(base), ctx, plain, builtinPlugins());
+
+  auto withCounting = base;
+  withCounting.push_back("distributed.strategy=test_counting");
+  const ExperimentConfig config = wine(withCounting);
+  CHECK(config.distributed.strategy == "test_counting");
+  RunOptions ro;
+  ro.runDir = tempDir();
+  ro.quiet = true;
+  Trainer trainer(config, ctx, ro, builtinPlugins());
+  trainer.addCallback(std::make_shared<LearningRateMetric>());
+  trainer.addStandardCallbacks();
+  const auto result = trainer.run();
+
+  // 142 rows / batch 32: 5 micro-batches an epoch, steps after 2, 4 and 5.
+  CHECK(CountingStrategy::backwards == 15);
+  CHECK(CountingStrategy::lastMicroBatches == 9);
+  CHECK(CountingStrategy::steps == 9);
+  CHECK(result.steps == 9);
+  CHECK(CountingStrategy::saves == 2);  // epochs 2 and 3
+  CHECK(maxDifference(result.finalParameters, reference.finalParameters) == 0.0);
+
+  // The records: standard keys in order, null where not evaluated, then the
+  // callback's metric.
+  std::ifstream in(ro.runDir + "/metrics.jsonl");
+  std::vector<nlohmann::ordered_json> records;
+  for (std::string line; std::getline(in, line);) records.push_back(nlohmann::ordered_json::parse(line));
+  REQUIRE(records.size() == 3);
+  std::vector<std::string> keys;
+  for (auto it = records[0].begin(); it != records[0].end(); ++it) keys.push_back(it.key());
+  CHECK(keys == std::vector<std::string>{"epoch", "train_loss", "test_loss", "test_accuracy", "seconds", "lr"});
+  CHECK(records[0]["test_loss"].is_null());
+  CHECK(records[0]["test_accuracy"].is_null());
+  CHECK(records[1]["test_accuracy"].is_number());
+  CHECK(records[2]["lr"].get<double>() == trainer.strategy().optimizer().param_groups()[0].options().get_lr());
+  CHECK(records[2]["train_loss"].get<double>() == Approx(result.history.back().trainLoss).epsilon(1e-7));
+  REQUIRE(result.history.back().extra.size() == 1);
+  CHECK(result.history.back().extra[0].first == "lr");
+}
+
+TEST_CASE("an unknown distributed.strategy is a one-line input error naming the known ones", "[training][strategy]") {
+  CHECK(wine({}).distributed.strategy == "ddp");
+  CHECK_THROWS_WITH(builtinStrategies().create("zero9", StrategyContext{}),
+                    Catch::Matchers::Contains("unknown parallel strategy \"zero9\"") &&
+                        Catch::Matchers::Contains("ddp"));
+  const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
+  ddp::test::ProgramOutcome o = runDdpRun(exp + " --set distributed.strategy=zero9 --out " + tempDir() + "/run");
+  INFO(o.output);
+  CHECK(o.exitCode == 2);
+  CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
+  CHECK(o.output.find("distributed.strategy") != std::string::npos);
+  CHECK(o.output.find("\"ddp\"") != std::string::npos);
 }
 
 TEST_CASE("ddp-run trains wine on two ranks", "[training][launcher]") {

@@ -16,6 +16,7 @@
 #include "ddp/config.hpp"
 #include "framework/core/data_dirs.hpp"
 #include "framework/core/system.hpp"
+#include "framework/parallel/strategy.hpp"
 
 namespace ddp {
 namespace {
@@ -332,7 +333,7 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
 }
 
 const std::vector<ParamSpec>& distributedParamSpecs() {
-  static const std::vector<ParamSpec> specs = [] {
+  static std::vector<ParamSpec> specs = [] {
     std::vector<ParamSpec> s = {
         stringParam("backend", "gloo", {"gloo", "nccl"}, "communication backend"),
         stringParam("device", "cpu", {"cpu", "cuda"}, "where each rank computes (cuda: cuda:LOCAL_RANK)"),
@@ -341,9 +342,14 @@ const std::vector<ParamSpec>& distributedParamSpecs() {
         boolParam("find_unused_parameters", false, "allow parameters that get no gradient"),
         floatParam("bucket_cap_mb", 25, 0, true, "gradient bucket size"),
         floatParam("first_bucket_cap_mb", 1, 0, true, "first gradient bucket size, small to start early"),
+        stringParam("strategy", "ddp", {}, "how ranks share the training (parallel strategy)"),
     };
     return s;
   }();
+  // Strategies may be registered after the first call: choices are current.
+  for (ParamSpec& spec : specs) {
+    if (spec.name == "strategy") spec.choices = builtinStrategies().names();
+  }
   return specs;
 }
 
@@ -477,6 +483,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.distributed.findUnusedParameters = distributed["find_unused_parameters"];
   config.distributed.bucketCapMb = distributed["bucket_cap_mb"];
   config.distributed.firstBucketCapMb = distributed["first_bucket_cap_mb"];
+  config.distributed.strategy = distributed["strategy"];
 
   for (const auto& o : overrides) {
     if (!o.used) fail<ConfigError>("--set {}: nothing to set; the section is not in this experiment", o.path);

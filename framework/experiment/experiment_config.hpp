@@ -54,6 +54,7 @@ struct DistributedConfig {
   bool findUnusedParameters = false;
   double bucketCapMb = 25;
   double firstBucketCapMb = 1;
+  std::string strategy = "ddp";  // a name in builtinStrategies() (framework/parallel/strategy.hpp)
 };
 
 struct ExperimentConfig {

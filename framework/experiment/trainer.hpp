@@ -2,9 +2,19 @@
 //
 // Contract
 // - Every rank builds the same dataset split and model (seeded by
-//   training.seed); with world size > 1 the model is wrapped in
-//   DistributedDataParallel and each rank trains on its DistributedSampler
-//   shard with training.batch_size samples per step.
+//   training.seed); the model and optimizer go to the parallel strategy
+//   named by distributed.strategy (framework/parallel/strategy.hpp; "ddp":
+//   DistributedDataParallel with world size > 1, a local one on one rank),
+//   and each rank trains on its DistributedSampler shard with
+//   training.batch_size samples per micro-batch.
+// - Stages: build() (devices, plugins, run folder, resume: the newest
+//   checkpoint loaded into model and optimizer, then the strategy),
+//   trainEpoch(), evaluate(), saveCheckpoint(); run()
+//   drives them epoch by epoch and calls the callbacks
+//   (callbacks/callback.hpp) at their points. What a run writes besides
+//   training (metrics files, train.log lines, the progress line,
+//   checkpoints, DDP_FAULT_INJECT) is a callback that
+//   addStandardCallbacks() adds; runTraining() is that, then run().
 // - Per epoch: the train loss (mean over all samples of all ranks), and on
 //   evaluation epochs the test loss and accuracy (over the whole test split,
 //   sharded across ranks and summed), then one record in metrics.jsonl and
@@ -23,11 +33,14 @@
 //   (run before a crash) dropped.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "framework/launch/distributed.hpp"
+#include "framework/experiment/callbacks/callback.hpp"
 #include "framework/experiment/experiment_config.hpp"
 
 namespace ddp {
@@ -45,6 +58,9 @@ struct EpochMetrics {
   std::optional<double> testLoss;
   std::optional<double> testAccuracy;
   double seconds = 0;
+  // Metrics that callbacks add (name, value), written to metrics.jsonl after
+  // the standard ones.
+  std::vector<std::pair<std::string, double>> extra;
 };
 
 struct TrainResult {
@@ -56,6 +72,59 @@ struct TrainResult {
   double loopSeconds = 0;
 };
 
+class ParallelStrategy;
+class RunLog;
+
+class Trainer {
+ public:
+  Trainer(const ExperimentConfig& config, const DistributedContext& dist, const RunOptions& options,
+          PluginRegistry& registry);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // In the order they run; before run().
+  void addCallback(std::shared_ptr<TrainerCallback> callback);
+  // Fault injection (DDP_FAULT_INJECT), the progress line, metrics.jsonl and
+  // metrics.csv, the per-epoch log line, periodic checkpoints.
+  void addStandardCallbacks();
+
+  // Stages.
+  void build();  // devices, plugins, run folder, strategy, resume; once
+  // Trains one epoch (0-based) on this rank's shard: the local sum of the
+  // loss over its samples, and their number.
+  std::pair<double, double> trainEpoch(int64_t epoch);
+  // This rank's part of the test split: loss sum, correct predictions,
+  // samples.
+  std::vector<double> evaluate();
+  // Every rank; rank 0 writes checkpoints/epoch_NNNNNN.pt (model,
+  // optimizer, epoch, steps, RNG state), the others wait at a barrier.
+  void saveCheckpoint(int64_t epoch);
+  // build() when not done yet, then the epochs, with the callbacks.
+  TrainResult run();
+
+  // For callbacks.
+  const ExperimentConfig& config() const { return config_; }
+  const RunOptions& options() const { return options_; }
+  ProcessGroup& group() const { return *dist_.group; }
+  int rank() const;
+  int worldSize() const;
+  bool isWriter() const { return rank() == 0; }
+  ParallelStrategy& strategy();
+  RunLog& log();
+  int64_t startEpoch() const;  // epochs done before this call (resume)
+  int64_t steps() const;       // optimizer steps so far, resumed ones included
+
+ private:
+  struct Impl;
+  const ExperimentConfig& config_;
+  const DistributedContext& dist_;
+  const RunOptions options_;
+  PluginRegistry& registry_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Trainer(config, dist, options, registry), its standard callbacks, run().
 TrainResult runTraining(const ExperimentConfig& config, const DistributedContext& dist, const RunOptions& options,
                         PluginRegistry& registry);
 

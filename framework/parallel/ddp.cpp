@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/log.hpp"
 
 namespace ddp {
 
@@ -64,7 +65,7 @@ std::vector<TensorSpec> parse(const std::string& text) {
     for (size_t tab; (tab = line.find('\t', start)) != std::string::npos; start = tab + 1)
       fields.push_back(line.substr(start, tab - start));
     fields.push_back(line.substr(start));
-    DDP_CHECK(fields.size() == 5, "malformed model description line: " + line);
+    DDP_CHECK(fields.size() == 5, fmt::format("malformed model description line: {}", line));
     specs.push_back({fields[0][0], fields[1], fields[2], fields[3], fields[4] == "1"});
   }
   return specs;
@@ -78,8 +79,6 @@ uint64_t fingerprint(const std::string& text) {
 
 // The first difference between rank 0's model and rank r's, as one line.
 std::string describeMismatch(const std::vector<TensorSpec>& base, const std::vector<TensorSpec>& other, int r) {
-  const std::string on0 = " on rank 0 but ";
-  const std::string onR = " on rank " + std::to_string(r);
   std::map<std::string, const TensorSpec*> byName;
   for (const auto& s : other) byName[s.name] = &s;
   // Differences in a tensor both ranks have are the most telling: check
@@ -88,35 +87,33 @@ std::string describeMismatch(const std::vector<TensorSpec>& base, const std::vec
     auto it = byName.find(s.name);
     if (it == byName.end()) continue;
     const TensorSpec& o = *it->second;
-    if (s.kind != o.kind)
-      return "DDP: '" + s.name + "' is a " + s.kindWord() + on0 + "a " + o.kindWord() + onR;
+    if (s.kind != o.kind) return fmt::format("DDP: '{}' is a {} on rank 0 but a {} on rank {}", s.name, s.kindWord(), o.kindWord(), r);
     if (s.shape != o.shape)
-      return "DDP: " + std::string(s.kindWord()) + " '" + s.name + "' has shape " + s.shape + on0 + o.shape + onR;
+      return fmt::format("DDP: {} '{}' has shape {} on rank 0 but {} on rank {}", s.kindWord(), s.name, s.shape, o.shape, r);
     if (s.dtype != o.dtype)
-      return "DDP: " + std::string(s.kindWord()) + " '" + s.name + "' has dtype " + s.dtype + on0 + o.dtype + onR;
+      return fmt::format("DDP: {} '{}' has dtype {} on rank 0 but {} on rank {}", s.kindWord(), s.name, s.dtype, o.dtype, r);
     if (s.requiresGrad != o.requiresGrad)
-      return "DDP: " + std::string(s.kindWord()) + " '" + s.name + "' has requires_grad " +
-             (s.requiresGrad ? "true" : "false") + on0 + (o.requiresGrad ? "true" : "false") + onR;
+      return fmt::format("DDP: {} '{}' has requires_grad {} on rank 0 but {} on rank {}", s.kindWord(), s.name,
+                         s.requiresGrad, o.requiresGrad, r);
   }
   std::set<std::string> baseNames;
   for (const auto& s : base) baseNames.insert(s.name);
   for (const auto& s : base)
-    if (!byName.count(s.name)) return "DDP: " + std::string(s.kindWord()) + " '" + s.name + "' exists on rank 0 but not" + onR;
+    if (!byName.count(s.name)) return fmt::format("DDP: {} '{}' exists on rank 0 but not on rank {}", s.kindWord(), s.name, r);
   for (const auto& s : other)
-    if (!baseNames.count(s.name))
-      return "DDP: " + std::string(s.kindWord()) + " '" + s.name + "' exists" + onR + " but not on rank 0";
+    if (!baseNames.count(s.name)) return fmt::format("DDP: {} '{}' exists on rank {} but not on rank 0", s.kindWord(), s.name, r);
   for (size_t i = 0; i < std::min(base.size(), other.size()); ++i) {
     if (!(base[i] == other[i]))
-      return "DDP: tensors are registered in a different order on rank 0 and rank " + std::to_string(r) + " (#" +
-             std::to_string(i) + " is '" + base[i].name + "' vs '" + other[i].name + "')";
+      return fmt::format("DDP: tensors are registered in a different order on rank 0 and rank {} (#{} is '{}' vs '{}')",
+                         r, i, base[i].name, other[i].name);
   }
-  return "DDP: rank 0 and rank " + std::to_string(r) + " describe their models differently";
+  return fmt::format("DDP: rank 0 and rank {} describe their models differently", r);
 }
 
 std::string joinNames(const std::vector<std::string>& names) {
   std::string out;
   for (size_t i = 0; i < names.size() && i < kMaxNamesInError; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > kMaxNamesInError) out += ", ... (" + std::to_string(names.size() - kMaxNamesInError) + " more)";
+  if (names.size() > kMaxNamesInError) out += fmt::format(", ... ({} more)", names.size() - kMaxNamesInError);
   return out;
 }
 
@@ -170,10 +167,13 @@ DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group,
                                                  DdpOptions options)
     : module_(std::move(module)), group_(std::move(group)), options_(options) {
-  if (!module_) throw UsageError("DDP: the module is null");
-  if (!group_) throw UsageError("DDP: the process group is null");
-  if (options_.bucketCapBytes == 0 || options_.firstBucketCapBytes == 0)
-    throw UsageError("DDP: bucket caps must be positive. HINT: use e.g. 25 MiB and 1 MiB");
+  if (!module_) fail<UsageError>("DDP: the module is null");
+  if (!group_) fail<UsageError>("DDP: the process group is null");
+  if (options_.bucketCapBytes == 0 || options_.firstBucketCapBytes == 0) {
+    fail<UsageError>("DDP: bucket caps must be positive, got {} and {} bytes (first). HINT: use e.g. 25 MiB and 1 MiB",
+                     options_.bucketCapBytes, options_.firstBucketCapBytes);
+  }
+  commHook_ = options_.commHook ? options_.commHook : std::make_shared<AllreduceAvgHook>(options_.timeout);
 
   verifyModelsMatch();
 
@@ -190,6 +190,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     params_.push_back(std::move(param));
   }
   buildBuckets();
+  logBucketLayout();
   readyThisStep_.assign(params_.size(), false);
   usedSinceSync_.assign(params_.size(), false);
   resetStepLocked();
@@ -202,6 +203,33 @@ DistributedDataParallel::~DistributedDataParallel() {
   for (auto& p : params_) {
     if (p.accumulator) p.accumulator->del_post_hook(p.hookKey);
   }
+}
+
+void DistributedDataParallel::logBucketLayout() const {
+  if (logLevel() < LogLevel::Info) return;
+  size_t total = 0;
+  for (const auto& bucket : buckets_) total += bucket.buffer.numel() * bucket.buffer.element_size();
+  logInfo("DDP: {} bucket(s), {} parameter(s), {} bytes of gradients (caps {} bytes, first {})", buckets_.size(),
+          params_.size(), total, options_.bucketCapBytes, options_.firstBucketCapBytes);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    const std::string& first = params_[bucket.params.front()].name;
+    const std::string& last = params_[bucket.params.back()].name;
+    logInfo("DDP: bucket {}: {} parameter(s) ({}{}{}), {} elements of {}, {} bytes", b, bucket.params.size(), first,
+            bucket.params.size() > 1 ? " .. " : "", bucket.params.size() > 1 ? last : "", bucket.buffer.numel(),
+            dtypeName(bucket.buffer), bucket.buffer.numel() * bucket.buffer.element_size());
+  }
+}
+
+void DistributedDataParallel::registerCommHook(CommHookPtr hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!hook) fail<UsageError>("DDP: registerCommHook() got a null hook");
+  if (anyBackward_) {
+    fail<UsageError>(
+        "DDP: registerCommHook() called after a backward pass. HINT: register the hook (or set "
+        "DdpOptions::commHook) right after constructing DistributedDataParallel, before the first backward");
+  }
+  commHook_ = std::move(hook);
 }
 
 void DistributedDataParallel::verifyModelsMatch() {
@@ -241,8 +269,8 @@ void DistributedDataParallel::verifyModelsMatch() {
   }
   for (int r = 1; r < world; ++r) {
     if (perRank[r] == perRank[0]) continue;
-    throw UsageError(describeMismatch(perRank[0], perRank[r], r) +
-                     ". HINT: every rank must build the same model from the same configuration");
+    fail<UsageError>("{}. HINT: every rank must build the same model from the same configuration",
+                     describeMismatch(perRank[0], perRank[r], r));
   }
   DDP_CHECK(false, "model fingerprints differ but descriptions agree");
 }
@@ -328,6 +356,7 @@ void DistributedDataParallel::buildBuckets() {
       p.bucket = buckets_.size();
       p.slot = slot;
       bucket.params.push_back(members[slot]);
+      bucket.tensors.push_back(p.tensor);
       bucket.offsets.push_back(numel);
       numel += p.tensor.numel();
     }
@@ -343,7 +372,7 @@ void DistributedDataParallel::installHooks() {
     // The variable holds its accumulator weakly; holding it here keeps the
     // same node (and our hook) alive across iterations.
     p.accumulator = torch::autograd::impl::grad_accumulator(p.tensor);
-    DDP_CHECK(p.accumulator != nullptr, "no gradient accumulator for parameter " + p.name);
+    DDP_CHECK(p.accumulator != nullptr, fmt::format("no gradient accumulator for parameter {}", p.name));
     p.hookKey = p.accumulator->add_post_hook(std::make_unique<GradHook>(this, i));
   }
 }
@@ -353,8 +382,9 @@ void DistributedDataParallel::onGradientReady(size_t index) {
   const auto now = Clock::now();
   if (!inBackward_) {
     // The first hook of a backward pass.
+    anyBackward_ = true;
     if (syncedPasses_ > 0) {
-      throw UsageError(
+      fail<UsageError>(
           "DDP: a backward pass started before finishGradientSync() for the previous synced backward. HINT: call "
           "finishGradientSync() after every backward outside noSync(), before the next backward");
     }
@@ -393,14 +423,16 @@ void DistributedDataParallel::copyGradIntoBucket(size_t index) {
   }
   if (grad.data_ptr() == slice.data_ptr() && grad.is_contiguous()) return;  // accumulated in place
   if (grad.is_sparse()) {
-    throw UsageError("DDP: parameter '" + p.name +
-                     "' has a sparse gradient, which DDP does not support. HINT: use a dense embedding (sparse=false)");
+    fail<UsageError>(
+        "DDP: parameter '{}' has a sparse gradient, which DDP does not support. HINT: use a dense embedding "
+        "(sparse=false)",
+        p.name);
   }
   slice.view(grad.sizes()).copy_(grad);
 }
 
 void DistributedDataParallel::markReadyLocked(size_t index) {
-  DDP_CHECK(!readyThisStep_[index], "gradient of " + params_[index].name + " marked ready twice in one step");
+  DDP_CHECK(!readyThisStep_[index], fmt::format("gradient of {} marked ready twice in one step", params_[index].name));
   readyThisStep_[index] = true;
   --buckets_[params_[index].bucket].pending;
 }
@@ -415,14 +447,15 @@ void DistributedDataParallel::launchReadyBucketsLocked(bool inBackward) {
 
 void DistributedDataParallel::launchBucketLocked(size_t b, bool inBackward) {
   Bucket& bucket = buckets_[b];
-  AllreduceOptions opts;
-  opts.op = ReduceOp::Avg;
-  opts.timeout = options_.timeout;
   timeline_.bucketLaunch[b] = Clock::now();
   timeline_.launchedDuringBackward[b] = inBackward;
   // The average over one rank is the gradient itself: no collective, no
   // hand-off to the backend's thread.
-  if (group_->size() > 1) bucket.work = group_->allreduce(bucket.buffer, opts);
+  if (group_->size() > 1) {
+    GradBucket view{b, bucket.buffer, bucket.tensors};
+    bucket.work = commHook_->run(*group_, view);
+    DDP_CHECK(bucket.work != nullptr, fmt::format("the comm hook returned no Work for bucket {}", b));
+  }
   bucket.launched = true;
 }
 
@@ -448,17 +481,17 @@ void DistributedDataParallel::finishGradientSync() {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto start = Clock::now();
     if (noSyncDepth_ > 0) {
-      throw UsageError(
+      fail<UsageError>(
           "DDP: finishGradientSync() called inside noSync(). HINT: end the noSync() guard first; the backward pass "
           "after it averages the accumulated gradients");
     }
     if (inBackward_) {
-      throw UsageError(
+      fail<UsageError>(
           "DDP: finishGradientSync() called while a backward pass is unfinished or after one failed. HINT: call it "
           "after loss.backward() has returned");
     }
     if (syncedPasses_ == 0 && localPasses_ == 0) {
-      throw UsageError(
+      fail<UsageError>(
           "DDP: finishGradientSync() called with no backward pass since the last one. HINT: call it once after each "
           "loss.backward(), before optimizer.step()");
     }
@@ -523,9 +556,10 @@ void DistributedDataParallel::finishGradientSync() {
   // Also when about to throw, so every rank runs the same collectives.
   if (options_.broadcastBuffers) syncBuffers();
   if (!unused.empty()) {
-    throw UsageError("DDP: parameters received no gradient in this iteration: " + joinNames(unused) +
-                     ". HINT: set distributed.find_unused_parameters = true, or make every parameter take part in "
-                     "the loss");
+    fail<UsageError>(
+        "DDP: parameters received no gradient in this iteration: {}. HINT: set distributed.find_unused_parameters = "
+        "true, or make every parameter take part in the loss",
+        joinNames(unused));
   }
 }
 

@@ -23,6 +23,11 @@
 //   backward as soon as its gradients and those of every earlier bucket
 //   are ready; buckets always start in index order, so every rank issues
 //   the same sequence of collectives whatever order its hooks fire in.
+// - Each bucket is reduced by a CommHook (framework/parallel/comm_hook.hpp),
+//   by default an allreduce with Avg; another is set through
+//   DdpOptions::commHook or registerCommHook() before the first backward.
+// - At construction the bucket layout (buckets, parameters, bytes) is
+//   logged at DDP_LOG_LEVEL=info.
 // - Every rank must run the same number of synced steps; a rank that skips
 //   one leaves its peers waiting until the collective timeout.
 // - Parameters that require grad but received no gradient since the last
@@ -54,6 +59,7 @@
 #include <vector>
 
 #include "framework/comm/process_group.hpp"
+#include "framework/parallel/comm_hook.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -77,6 +83,8 @@ struct DdpOptions {
   // one that replaces a gradient tensor just gets copied, as without it.
   bool gradientAsBucketView = true;
   Milliseconds timeout = kUseGroupTimeout;
+  // Reduces each bucket; null: AllreduceAvgHook(timeout).
+  CommHookPtr commHook;
 };
 
 class DistributedDataParallel {
@@ -125,6 +133,10 @@ class DistributedDataParallel {
 
   NoSyncGuard noSync() { return NoSyncGuard(this); }
 
+  // Replaces the bucket reduction (see comm_hook.hpp). Only before the
+  // first backward pass; later it is a UsageError.
+  void registerCommHook(CommHookPtr hook);
+
   // Copies rank 0's buffers to every rank; finishGradientSync() does it
   // when options.broadcastBuffers is set.
   void syncBuffers();
@@ -145,6 +157,7 @@ class DistributedDataParallel {
   struct Bucket {
     std::vector<size_t> params;  // indices into params_
     std::vector<int64_t> offsets;
+    std::vector<at::Tensor> tensors;  // the parameters, for the comm hook
     at::Tensor buffer;  // flat, one dtype and device
     size_t pending = 0;  // params whose gradient has not arrived this step
     bool launched = false;
@@ -167,6 +180,7 @@ class DistributedDataParallel {
   void verifyModelsMatch();
   void broadcastFromRankZero(const std::vector<at::Tensor>& tensors);
   void buildBuckets();
+  void logBucketLayout() const;
   void installHooks();
 
   // Called by GradHook on autograd's thread once params_[index].grad() is final.
@@ -184,10 +198,12 @@ class DistributedDataParallel {
 
   std::vector<Param> params_;  // those that require grad, in registration order
   std::vector<Bucket> buckets_;
+  CommHookPtr commHook_;
 
   // Step state, guarded by mutex_ (hooks may run on autograd's threads).
   mutable std::mutex mutex_;
   int noSyncDepth_ = 0;
+  bool anyBackward_ = false;        // a backward pass has reached a hook
   bool inBackward_ = false;         // between a pass's first hook and its end callback
   bool currentPassSynced_ = false;  // the pass in progress started outside noSync()
   int syncedPasses_ = 0;            // synced backward passes since the last finish

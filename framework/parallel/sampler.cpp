@@ -23,10 +23,9 @@ uint64_t boundedDraw(std::mt19937_64& rng, uint64_t bound) {
 DistributedSampler::DistributedSampler(int64_t datasetSize, int rank, int worldSize, uint64_t seed, bool shuffle,
                                        bool dropLast)
     : datasetSize_(datasetSize), rank_(rank), worldSize_(worldSize), seed_(seed), shuffle_(shuffle), dropLast_(dropLast) {
-  if (datasetSize < 0) throw UsageError("DistributedSampler: dataset size must be >= 0, got " + std::to_string(datasetSize));
+  if (datasetSize < 0) fail<UsageError>("DistributedSampler: dataset size must be >= 0, got {}", datasetSize);
   if (worldSize < 1 || rank < 0 || rank >= worldSize) {
-    throw UsageError("DistributedSampler: rank " + std::to_string(rank) + " is outside world size " +
-                     std::to_string(worldSize));
+    fail<UsageError>("DistributedSampler: rank {} is outside world size {}", rank, worldSize);
   }
   samplesPerRank_ = dropLast_ ? datasetSize_ / worldSize_ : (datasetSize_ + worldSize_ - 1) / worldSize_;
 }
@@ -52,7 +51,7 @@ std::vector<int64_t> DistributedSampler::indicesForEpoch(int64_t epoch) const {
 std::vector<int64_t> DistributedSampler::nextEpoch() { return indicesForEpoch(epoch_++); }
 
 void DistributedSampler::setEpoch(int64_t epoch) {
-  if (epoch < 0) throw UsageError("DistributedSampler: epoch must be >= 0, got " + std::to_string(epoch));
+  if (epoch < 0) fail<UsageError>("DistributedSampler: epoch must be >= 0, got {}", epoch);
   epoch_ = epoch;
 }
 

@@ -1,0 +1,30 @@
+#include "framework/experiment/callbacks/epoch_log.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <string>
+
+#include "framework/experiment/run_log.hpp"
+#include "framework/experiment/trainer.hpp"
+
+namespace ddp {
+namespace {
+
+// As the JSON record has it: %.8g, or null when not finite.
+std::string shown(double v) { return std::isfinite(v) ? fmt::format("{:.8g}", v) : "null"; }
+
+}  // namespace
+
+void EpochLog::onEpochEnd(Trainer& trainer, EpochEnd& end) {
+  const int64_t epochs = trainer.config().training.epochs;
+  if (!(epochs <= 20 || end.evaluated || end.lastEpoch)) return;
+  const EpochMetrics& m = end.metrics;
+  std::string line = fmt::format("epoch {}/{}  train_loss {:.4f}", m.epoch, epochs, m.trainLoss);
+  if (m.testLoss) line += "  test_loss " + shown(*m.testLoss);
+  if (m.testAccuracy) line += "  test_accuracy " + shown(*m.testAccuracy);
+  line += fmt::format("  {:.3f}s", m.seconds);
+  trainer.log().line(line);
+}
+
+}  // namespace ddp

@@ -1,0 +1,23 @@
+// FaultInjection: for the launcher's tests, DDP_FAULT_INJECT="RANK:EPOCH"
+// makes that rank kill itself (SIGKILL) when that epoch (0-based) begins,
+// on the first attempt only (DDP_RESTART unset or 0).
+#pragma once
+
+#include <memory>
+
+#include "framework/experiment/callbacks/callback.hpp"
+
+namespace ddp {
+
+class FaultInjection : public TrainerCallback {
+ public:
+  // The callback DDP_FAULT_INJECT asks of this rank, or null.
+  static std::shared_ptr<FaultInjection> fromEnvironment(int rank);
+  explicit FaultInjection(int64_t epoch) : epoch_(epoch) {}
+  void onEpochBegin(Trainer&, int64_t epoch) override;
+
+ private:
+  int64_t epoch_;
+};
+
+}  // namespace ddp

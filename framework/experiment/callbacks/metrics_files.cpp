@@ -1,0 +1,99 @@
+#include "framework/experiment/callbacks/metrics_files.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+
+#include "framework/core/errors.hpp"
+#include "framework/core/system.hpp"
+#include "framework/experiment/trainer.hpp"
+
+namespace ddp {
+namespace {
+
+const char* const kCsvHeader = "epoch,train_loss,test_loss,test_accuracy,seconds\n";
+
+// `v` as printf's `format` would print it, read back: the records keep the
+// precision they always had (%.8g for losses, %.6f for seconds).
+double rounded(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), format, v);
+  return std::strtod(buf, nullptr);
+}
+
+nlohmann::ordered_json numberOrNull(const std::optional<double>& v) {
+  if (!v || !std::isfinite(*v)) return nullptr;
+  return rounded("%.8g", *v);
+}
+
+std::string csvField(const std::optional<double>& v) { return v ? std::to_string(*v) : ""; }
+
+// The epoch of one metrics record, or -1 for a line that is not a whole
+// record (the header, or the torn last line of a crashed run).
+int64_t recordEpoch(const std::string& line, bool csv) {
+  if (csv) {
+    if (std::count(line.begin(), line.end(), ',') != 4) return -1;
+    char* end = nullptr;
+    const long long epoch = std::strtoll(line.c_str(), &end, 10);
+    return end != line.c_str() && *end == ',' ? epoch : -1;
+  }
+  const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!record.is_object() || !record.contains("epoch") || !record["epoch"].is_number_integer()) return -1;
+  return record["epoch"].get<int64_t>();
+}
+
+void dropMetricsAfter(const std::string& runDir, int64_t epoch) {
+  for (const bool csv : {false, true}) {
+    const std::string path = runDir + (csv ? "/metrics.csv" : "/metrics.jsonl");
+    std::ifstream in(path);
+    std::string kept = csv ? kCsvHeader : "";
+    std::string line;
+    while (std::getline(in, line)) {
+      const int64_t e = recordEpoch(line, csv);
+      if (e >= 1 && e <= epoch) kept += line + "\n";
+    }
+    in.close();
+    const std::string tmp = path + ".tmp";
+    std::ofstream(tmp, std::ios::trunc) << kept;
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      fail<std::runtime_error>("metrics: cannot rename {} to {}: {}", tmp, path, errnoText(errno));
+    }
+  }
+}
+
+}  // namespace
+
+void MetricsFiles::onTrainBegin(Trainer& trainer) {
+  const std::string& runDir = trainer.options().runDir;
+  if (trainer.options().resume) {
+    dropMetricsAfter(runDir, trainer.startEpoch());
+  } else {
+    std::ofstream(runDir + "/metrics.jsonl", std::ios::trunc);
+    std::ofstream(runDir + "/metrics.csv") << kCsvHeader;
+  }
+  jsonl_.open(runDir + "/metrics.jsonl", std::ios::app);
+  csv_.open(runDir + "/metrics.csv", std::ios::app);
+}
+
+void MetricsFiles::onEpochEnd(Trainer&, EpochEnd& end) {
+  const EpochMetrics& m = end.metrics;
+  nlohmann::ordered_json record;
+  record["epoch"] = m.epoch;
+  record["train_loss"] = rounded("%.8g", m.trainLoss);
+  record["test_loss"] = numberOrNull(m.testLoss);
+  record["test_accuracy"] = numberOrNull(m.testAccuracy);
+  record["seconds"] = rounded("%.6f", m.seconds);
+  for (const auto& [name, value] : m.extra) record[name] = numberOrNull(value);
+  jsonl_ << record.dump() << "\n";
+  jsonl_.flush();
+  csv_ << m.epoch << "," << m.trainLoss << "," << csvField(m.testLoss) << "," << csvField(m.testAccuracy) << ","
+       << m.seconds << "\n";
+  csv_.flush();
+}
+
+}  // namespace ddp

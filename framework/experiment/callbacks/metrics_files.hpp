@@ -1,0 +1,30 @@
+// MetricsFiles: rank 0's metrics.jsonl and metrics.csv in the run folder,
+// one record per epoch: epoch, train_loss, test_loss, test_accuracy,
+// seconds (JSON null / an empty CSV field where an epoch has none), then in
+// the JSON record any EpochMetrics::extra added by earlier callbacks.
+//
+// A new run starts both files empty (the CSV with its header). A resumed
+// one keeps the whole records of epochs up to its checkpoint: a crash may
+// have left records of later epochs, which run again, and a torn line; the
+// files are rewritten (or created) through a temporary file and a rename,
+// so a kill meanwhile leaves the old ones. Both stay open and are flushed
+// after every record.
+#pragma once
+
+#include <fstream>
+#include <string>
+
+#include "framework/experiment/callbacks/callback.hpp"
+
+namespace ddp {
+
+class MetricsFiles : public TrainerCallback {
+ public:
+  void onTrainBegin(Trainer& trainer) override;
+  void onEpochEnd(Trainer& trainer, EpochEnd& end) override;
+
+ private:
+  std::ofstream jsonl_, csv_;
+};
+
+}  // namespace ddp

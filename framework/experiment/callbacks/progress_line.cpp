@@ -1,0 +1,44 @@
+#include "framework/experiment/callbacks/progress_line.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "framework/experiment/trainer.hpp"
+
+namespace ddp {
+namespace {
+
+std::string formatSeconds(double s) {
+  if (s >= 3600) return fmt::format("{}h{:02}m", int(s / 3600), int(std::fmod(s, 3600) / 60));
+  if (s >= 60) return fmt::format("{}m{:02}s", int(s / 60), int(std::fmod(s, 60)));
+  return fmt::format("{:.1f}s", s);
+}
+
+}  // namespace
+
+bool ProgressLine::wanted(const Trainer& trainer) {
+  return trainer.isWriter() && trainer.options().progress && !trainer.options().quiet && ::isatty(STDERR_FILENO);
+}
+
+void ProgressLine::onTrainBegin(Trainer& trainer) {
+  start_ = std::chrono::steady_clock::now();
+  startEpoch_ = trainer.startEpoch();
+  epochs_ = trainer.config().training.epochs;
+}
+
+void ProgressLine::onStepEnd(Trainer&, const StepEnd& step) {
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double done = (step.epoch - startEpoch_) + double(step.batch + 1) / step.batches;
+  const double eta = elapsed / done * (epochs_ - startEpoch_ - done);
+  fmt::print(stderr, "\r  epoch {}/{}  batch {}/{}  loss {:.4f}  ETA {}   ", step.epoch + 1, epochs_,
+             step.batch + 1, step.batches, step.loss.item<double>(), formatSeconds(eta));
+  std::fflush(stderr);
+}
+
+void ProgressLine::onEpochEnd(Trainer&, EpochEnd&) { fmt::print(stderr, "\r{:80}\r", ""); }
+
+}  // namespace ddp

@@ -1,0 +1,33 @@
+#include "framework/parallel/ddp_strategy.hpp"
+
+#include <torch/serialize.h>
+
+#include "framework/parallel/torch_compat.hpp"
+
+namespace ddp {
+
+DdpStrategy::DdpStrategy(StrategyContext context)
+    : model_(std::move(context.model)),
+      optimizer_(std::move(context.optimizer)),
+      ddp_(std::make_unique<DistributedDataParallel>(model_, std::move(context.group), context.ddp)) {}
+
+void DdpStrategy::backward(const at::Tensor& loss, bool lastMicroBatch) {
+  if (lastMicroBatch) {
+    loss.backward();
+  } else {
+    auto guard = ddp_->noSync();
+    loss.backward();
+  }
+}
+
+void DdpStrategy::step() {
+  ddp_->finishGradientSync();
+  optimizer_->step();
+  zeroGradients(*optimizer_);  // in place, keeping DDP's bucket views
+}
+
+void DdpStrategy::saveState(torch::serialize::OutputArchive* archive) {
+  if (archive) saveModelAndOptimizer(*archive, *model_, *optimizer_);
+}
+
+}  // namespace ddp

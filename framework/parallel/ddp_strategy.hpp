@@ -1,0 +1,35 @@
+// DdpStrategy: ParallelStrategy (strategy.hpp) over DistributedDataParallel
+// (ddp.hpp). Every rank holds the whole model and optimizer; gradients are
+// averaged in buckets during the last micro-batch's backward, then every
+// rank takes the same optimizer step and zeroes gradients in place (they
+// are views into DDP's buckets). The state saved is rank 0's, which every
+// rank shares.
+#pragma once
+
+#include <memory>
+
+#include "framework/parallel/ddp.hpp"
+#include "framework/parallel/strategy.hpp"
+
+namespace ddp {
+
+class DdpStrategy : public ParallelStrategy {
+ public:
+  explicit DdpStrategy(StrategyContext context);
+
+  const char* name() const override { return "ddp"; }
+  torch::nn::Module& model() override { return *model_; }
+  torch::optim::Optimizer& optimizer() override { return *optimizer_; }
+  void backward(const at::Tensor& loss, bool lastMicroBatch) override;
+  void step() override;
+  void saveState(torch::serialize::OutputArchive* archive) override;
+
+  DistributedDataParallel& ddp() { return *ddp_; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> model_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<DistributedDataParallel> ddp_;
+};
+
+}  // namespace ddp

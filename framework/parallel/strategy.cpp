@@ -1,0 +1,68 @@
+#include "framework/parallel/strategy.hpp"
+
+#include <fmt/format.h>
+#include <torch/serialize.h>
+
+#include "framework/core/errors.hpp"
+#include "framework/parallel/ddp_strategy.hpp"
+#include "framework/parallel/local_strategy.hpp"
+
+namespace ddp {
+
+void StrategyRegistry::add(const std::string& name, StrategyFactory factory) {
+  if (!factories_.emplace(name, std::move(factory)).second) {
+    fail<UsageError>("parallel strategy \"{}\" is registered twice", name);
+  }
+}
+
+std::vector<std::string> StrategyRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, factory] : factories_) out.push_back(name);
+  return out;
+}
+
+std::unique_ptr<ParallelStrategy> StrategyRegistry::create(const std::string& name, StrategyContext context) const {
+  auto it = factories_.find(name);
+  if (it == factories_.end()) {
+    std::string known;
+    for (const auto& [n, factory] : factories_) known += (known.empty() ? "\"" : ", \"") + n + "\"";
+    fail<UsageError>("unknown parallel strategy \"{}\" (known: {}). HINT: --set distributed.strategy=ddp", name, known);
+  }
+  if (!context.model || !context.optimizer || !context.group) {
+    fail<UsageError>("parallel strategy \"{}\": the model, optimizer and process group must be given", name);
+  }
+  return it->second(std::move(context));
+}
+
+StrategyRegistry& builtinStrategies() {
+  static StrategyRegistry registry = [] {
+    StrategyRegistry r;
+    r.add("ddp", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+      // One rank has nothing to synchronise: no DDP, no buckets.
+      if (c.group->size() == 1) return std::make_unique<LocalStrategy>(std::move(c.model), std::move(c.optimizer));
+      return std::make_unique<DdpStrategy>(std::move(c));
+    });
+    return r;
+  }();
+  return registry;
+}
+
+void saveModelAndOptimizer(torch::serialize::OutputArchive& archive, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive modelArchive, optimizerArchive;
+  model.save(modelArchive);
+  optimizer.save(optimizerArchive);
+  archive.write("model", modelArchive);
+  archive.write("optimizer", optimizerArchive);
+}
+
+void loadModelAndOptimizer(torch::serialize::InputArchive& archive, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer) {
+  torch::serialize::InputArchive modelArchive, optimizerArchive;
+  archive.read("model", modelArchive);
+  archive.read("optimizer", optimizerArchive);
+  model.load(modelArchive);
+  optimizer.load(optimizerArchive);
+}
+
+}  // namespace ddp

@@ -1,0 +1,105 @@
+// ParallelStrategy: how a rank's model takes part in data-parallel
+// training. The trainer hands a strategy the model and the optimizer; the
+// strategy wraps the model, owns gradient synchronisation and optimizer
+// stepping (gradient accumulation over no-sync micro-batches, zeroing
+// gradients), and saves and loads the training state.
+//
+// Contract
+// - Each micro-batch: the trainer runs forward on model() and calls
+//   backward(loss, lastMicroBatch). Only the last micro-batch of an
+//   optimizer step synchronises; the others accumulate locally. Then
+//   step() (once per optimizer step, after the last micro-batch's backward)
+//   leaves every rank with the same, updated parameters and gradients
+//   ready for the next step's accumulation (zeroed, or dropped where that
+//   is equivalent).
+// - Every rank calls backward(), step(), saveState() and loadState() at the
+//   same points with the same arguments (they may run collectives).
+// - optimizer() is the one whose param_groups' learning rates the trainer
+//   sets per epoch. A sharded strategy (ZeRO, FSDP) may keep its own
+//   optimizer over its shard: it then owns step() completely and returns
+//   the optimizer whose param_groups mirror the full one's.
+// - saveState(archive): writes "model" and "optimizer" sub-archives that
+//   are consolidated (the same as a single process's module.save() and
+//   optimizer.save()), so any strategy and any world size can load them.
+//   archive is non-null on the rank that writes the checkpoint (rank 0)
+//   and null elsewhere; a sharded strategy gathers to that rank.
+// - Resuming: the trainer loads a checkpoint's consolidated state
+//   (loadModelAndOptimizer) into the model and optimizer before it creates
+//   the strategy, so a strategy wraps or shards what it is given and needs
+//   no load of its own (DDP's gradient hooks do not survive a load into
+//   parameters they are already attached to).
+// - The model passed in must stay alive as long as the strategy; the
+//   strategy owns the optimizer.
+//
+// StrategyRegistry: strategies by name, chosen by the experiment key
+// distributed.strategy. create() with an unknown name throws UsageError
+// listing the known ones. builtinStrategies() holds "ddp" (DDP at world size
+// > 1, LocalStrategy on one rank).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/comm/process_group.hpp"
+#include "framework/parallel/ddp.hpp"
+
+namespace ddp {
+
+class ParallelStrategy {
+ public:
+  virtual ~ParallelStrategy() = default;
+
+  virtual const char* name() const = 0;
+  virtual torch::nn::Module& model() = 0;
+  virtual torch::optim::Optimizer& optimizer() = 0;
+
+  // loss.backward() of one micro-batch; synchronises when lastMicroBatch.
+  virtual void backward(const at::Tensor& loss, bool lastMicroBatch) = 0;
+  // The optimizer step after the last micro-batch's backward.
+  virtual void step() = 0;
+
+  virtual void saveState(torch::serialize::OutputArchive* archive) = 0;
+};
+
+// What a strategy is built from.
+struct StrategyContext {
+  std::shared_ptr<torch::nn::Module> model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  ProcessGroupPtr group;
+  DdpOptions ddp;  // bucket sizes, unused parameters, timeout
+};
+
+using StrategyFactory = std::function<std::unique_ptr<ParallelStrategy>(StrategyContext context)>;
+
+class StrategyRegistry {
+ public:
+  // A name registered twice is a UsageError.
+  void add(const std::string& name, StrategyFactory factory);
+  bool has(const std::string& name) const { return factories_.count(name) > 0; }
+  std::vector<std::string> names() const;
+  std::unique_ptr<ParallelStrategy> create(const std::string& name, StrategyContext context) const;
+
+ private:
+  std::map<std::string, StrategyFactory> factories_;
+};
+
+// The registry the trainer and the experiment config use, holding the
+// built-in strategies; add more to it before loading an experiment.
+StrategyRegistry& builtinStrategies();
+
+// Saves or loads "model" and "optimizer" of a module and its optimizer as
+// one process holds them (the format of every checkpoint). Load before the
+// strategy is created.
+void saveModelAndOptimizer(torch::serialize::OutputArchive& archive, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer);
+void loadModelAndOptimizer(torch::serialize::InputArchive& archive, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer);
+
+}  // namespace ddp
