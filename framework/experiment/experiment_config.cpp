@@ -15,6 +15,7 @@
 
 #include "ddp/config.hpp"
 #include "framework/core/data_dirs.hpp"
+#include "framework/core/strings.hpp"
 #include "framework/core/system.hpp"
 #include "framework/parallel/strategy.hpp"
 
@@ -419,8 +420,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
 
   for (const auto& [section, kind] : kPluginSections) {
     const bool optional = kind == PluginKind::Scheduler;
-    std::string known;  // "mlp, linear": for errors that list what exists
-    for (const auto& n : registry.names(kind)) known += (known.empty() ? "" : ", ") + n;
+    const std::string known = joinNames(registry.names(kind));  // "mlp, linear": for errors listing what exists
     Json body = root.contains(section) ? root[section] : Json();
     for (auto& o : overrides) {
       if (o.path == section + ".name") {

@@ -15,6 +15,7 @@
 
 #include "framework/core/errors.hpp"
 #include "framework/core/log.hpp"
+#include "framework/core/strings.hpp"
 
 namespace ddp {
 
@@ -110,11 +111,11 @@ std::string describeMismatch(const std::vector<TensorSpec>& base, const std::vec
   return fmt::format("DDP: rank 0 and rank {} describe their models differently", r);
 }
 
-std::string joinNames(const std::vector<std::string>& names) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < kMaxNamesInError; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > kMaxNamesInError) out += fmt::format(", ... ({} more)", names.size() - kMaxNamesInError);
-  return out;
+// At most kMaxNamesInError names, then how many more.
+std::string someNames(const std::vector<std::string>& names) {
+  if (names.size() <= kMaxNamesInError) return joinNames(names);
+  const std::vector<std::string> first(names.begin(), names.begin() + kMaxNamesInError);
+  return fmt::format("{}, ... ({} more)", joinNames(first), names.size() - kMaxNamesInError);
 }
 
 // Parameters and buffers without duplicates: a tensor shared by two
@@ -559,7 +560,7 @@ void DistributedDataParallel::finishGradientSync() {
     fail<UsageError>(
         "DDP: parameters received no gradient in this iteration: {}. HINT: set distributed.find_unused_parameters = "
         "true, or make every parameter take part in the loss",
-        joinNames(unused));
+        someNames(unused));
   }
 }
 

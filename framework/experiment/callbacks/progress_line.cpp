@@ -7,18 +7,10 @@
 #include <cstdio>
 #include <string>
 
+#include "framework/core/strings.hpp"
 #include "framework/experiment/trainer.hpp"
 
 namespace ddp {
-namespace {
-
-std::string formatSeconds(double s) {
-  if (s >= 3600) return fmt::format("{}h{:02}m", int(s / 3600), int(std::fmod(s, 3600) / 60));
-  if (s >= 60) return fmt::format("{}m{:02}s", int(s / 60), int(std::fmod(s, 60)));
-  return fmt::format("{:.1f}s", s);
-}
-
-}  // namespace
 
 bool ProgressLine::wanted(const Trainer& trainer) {
   return trainer.isWriter() && trainer.options().progress && !trainer.options().quiet && ::isatty(STDERR_FILENO);
