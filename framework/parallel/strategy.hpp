@@ -12,7 +12,7 @@
 //   leaves every rank with the same, updated parameters and gradients
 //   ready for the next step's accumulation (zeroed, or dropped where that
 //   is equivalent).
-// - Every rank calls backward(), step(), saveState() and loadState() at the
+// - Every rank calls backward(), step() and saveState() at the
 //   same points with the same arguments (they may run collectives).
 // - optimizer() is the one whose param_groups' learning rates the trainer
 //   sets per epoch. A sharded strategy (ZeRO, FSDP) may keep its own
