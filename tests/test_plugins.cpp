@@ -899,17 +899,10 @@ TEST_CASE("the public Param builder fills every ParamSpec field", "[plugins]") {
 
 namespace {
 
-DistributedContext singleProcessContext() {
-  DistributedContext ctx;
-  ctx.store = std::make_shared<HashStore>();
-  ctx.group = builtinBackends().create("gloo", ctx.store, 0, 1);
-  return ctx;
-}
-
 // Trains `experiment` (JSON text) for its epochs on one rank, quietly.
 TrainResult trainText(const std::string& experiment, PluginRegistry& registry, const std::string& configDir = "") {
   const ExperimentConfig config = parseExperimentConfig(experiment, "test", configDir, {}, registry);
-  auto ctx = singleProcessContext();
+  auto ctx = ddp::test::singleProcessContext();
   RunOptions ro;
   ro.runDir = ddp::test::tempDir();
   ro.quiet = true;

@@ -23,6 +23,7 @@
 #if DDP_HAVE_NCCL
 #include "backends/nccl/process_group_nccl.hpp"
 #endif
+#include "framework/launch/distributed.hpp"
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
 #include "framework/store/hash_store.hpp"
@@ -53,6 +54,14 @@ inline std::vector<std::string> runRanks(const std::string& backend, int world,
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// One rank over gloo and an in-memory store: what runTraining needs alone.
+inline DistributedContext singleProcessContext() {
+  DistributedContext ctx;
+  ctx.store = std::make_shared<HashStore>();
+  ctx.group = builtinBackends().create("gloo", ctx.store, 0, 1);
+  return ctx;
 }
 
 inline std::string joinErrors(const std::vector<std::string>& errors) {

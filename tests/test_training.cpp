@@ -33,13 +33,6 @@ using ddp::test::tempDir;
 
 namespace {
 
-DistributedContext singleProcess() {
-  DistributedContext ctx;
-  ctx.store = std::make_shared<HashStore>();
-  ctx.group = builtinBackends().create("gloo", ctx.store, 0, 1);
-  return ctx;
-}
-
 ExperimentConfig wine(const std::vector<std::string>& overrides) {
   return loadExperimentConfig(std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json", overrides,
                               builtinPlugins());
@@ -117,7 +110,7 @@ double maxDifference(const std::vector<at::Tensor>& a, const std::vector<at::Ten
 }  // namespace
 
 TEST_CASE("the wine baseline reaches the reference's quality", "[training]") {
-  auto ctx = singleProcess();
+  auto ctx = ddp::test::singleProcessContext();
   RunOptions ro;
   ro.runDir = tempDir();
   ro.quiet = true;
@@ -168,7 +161,7 @@ TEST_CASE("the trainer's steps equal a plain loop with zero_grad(), unused param
     "training": {"epochs": 4, "batch_size": 32, "seed": 3, "save_every": 0, "eval_every": 0}
   })";
   const ExperimentConfig config = parseExperimentConfig(text, "test", "", {}, registry);
-  auto ctx = singleProcess();
+  auto ctx = ddp::test::singleProcessContext();
   RunOptions ro;
   ro.runDir = tempDir();
   ro.quiet = true;
@@ -209,7 +202,7 @@ TEST_CASE("the trainer's steps equal a plain loop with zero_grad(), unused param
 
 TEST_CASE("a resumed run ends with the parameters of an uninterrupted one", "[training][checkpoint]") {
   const std::vector<std::string> base = {"training.epochs=6", "training.save_every=2", "model.dropout=0.1"};
-  auto ctx = singleProcess();
+  auto ctx = ddp::test::singleProcessContext();
   RunOptions whole;
   whole.runDir = tempDir();
   whole.quiet = true;
@@ -241,7 +234,7 @@ TEST_CASE("a resumed run ends with the parameters of an uninterrupted one", "[tr
 }
 
 TEST_CASE("a checkpoint round-trips model and optimizer", "[training][checkpoint]") {
-  auto ctx = singleProcess();
+  auto ctx = ddp::test::singleProcessContext();
   RunOptions ro;
   ro.runDir = tempDir();
   ro.quiet = true;
@@ -300,7 +293,7 @@ TEST_CASE("a strategy and a metric plug into the trainer by name and by callback
   }
   const std::vector<std::string> base = {"training.epochs=3", "training.save_every=2", "training.eval_every=2",
                                          "training.accumulate_grad_batches=2"};
-  auto ctx = singleProcess();
+  auto ctx = ddp::test::singleProcessContext();
   RunOptions plain;
   plain.runDir = tempDir();
   plain.quiet = true;
