@@ -1,6 +1,7 @@
 #include "framework/experiment/experiment_config.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
