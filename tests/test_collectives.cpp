@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <catch2/catch.hpp>
 
 #include "backends/builtin.hpp"
 #include "ddp/config.hpp"
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 #include "framework/comm/single_process_group.hpp"
 #include "framework/launch/spawn.hpp"
 #if DDP_HAVE_GLOO
@@ -221,6 +223,30 @@ TEST_CASE("gloo: a communication buffer on one rank and a plain tensor on anothe
     CHECK(errors[r].find("does not match rank") != std::string::npos);
     CHECK(errors[r].find("in shared buffer #0") != std::string::npos);
   }
+}
+
+TEST_CASE("gloo: a communication buffer whose peer never comes leaves nothing in /dev/shm", "[collectives][errors]") {
+  // Rank 1 never asks for the buffer, so rank 0's allocation times out
+  // after creating and naming its segment: the name must go with the error.
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::milliseconds(1500);
+  auto errors = runRanks(
+      "gloo", 2,
+      [](int rank, ProcessGroup& pg) {
+        if (rank == 0) pg.allocateCommunicationBuffer(100, at::TensorOptions().dtype(at::kFloat));
+      },
+      options);
+  INFO(errors[0]);
+  CHECK_FALSE(errors[0].empty());
+  CHECK(errors[1].empty());
+  const std::string mine = "ddp-gloo-buf-" + std::to_string(::getpid()) + "-";
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(mine, 0) == 0) left.push_back(name);
+  }
+  INFO("left in /dev/shm: " << joinNames(left));
+  CHECK(left.empty());
 }
 
 TEST_CASE("gloo uses shared memory on one host unless told not to", "[collectives]") {

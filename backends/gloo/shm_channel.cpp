@@ -186,7 +186,12 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(Store& store, int rank, int size
   }
   store.setString(keyOf("mapped", rank), problem.empty() ? "ok" : problem);
   if (rank == 0) {
-    store.wait(allKeys("mapped"), timeout);
+    try {
+      store.wait(allKeys("mapped"), timeout);
+    } catch (...) {
+      if (!name.empty()) ::shm_unlink(name.c_str());  // a peer gone: the name must not outlive us
+      throw;
+    }
     if (!name.empty()) ::shm_unlink(name.c_str());
     std::string verdict = "ok";
     for (int r = 0; r < size && verdict == "ok"; ++r) {
@@ -254,21 +259,28 @@ std::shared_ptr<ShmBuffer> ShmChannel::allocateBuffer(Store& store, size_t bytes
   const std::string mine = fmt::format("/ddp-gloo-buf-{}-{}", ::getpid(), randomHex(8));
   buffer->bases_[rank_] = mapNamed(mine, /*create=*/true, &problem);
   if (!buffer->bases_[rank_]) ::shm_unlink(mine.c_str());
-  store.setString(keys("name")[rank_], problem.empty() ? mine : std::string());
-  store.wait(keys("name"), timeout);
-  for (int r = 0; r < size_ && problem.empty(); ++r) {
-    if (r == rank_) continue;
-    const std::string name = store.getString(keys("name")[r]);
-    if (name.empty()) {
-      problem = fmt::format("rank {} could not create its segment", r);
-    } else {
-      buffer->bases_[r] = mapNamed(name, /*create=*/false, &problem);
-    }
-  }
   // Names go once every rank has mapped (or given up): nothing is left in
-  // /dev/shm, whatever happens to the processes later.
-  store.setString(keys("mapped")[rank_], problem.empty() ? "ok" : problem);
-  store.wait(keys("mapped"), timeout);
+  // /dev/shm, whatever happens to the processes later. A store call that
+  // throws (a peer gone, the timeout) removes the name too: the segment
+  // then dies with its last mapping.
+  try {
+    store.setString(keys("name")[rank_], problem.empty() ? mine : std::string());
+    store.wait(keys("name"), timeout);
+    for (int r = 0; r < size_ && problem.empty(); ++r) {
+      if (r == rank_) continue;
+      const std::string name = store.getString(keys("name")[r]);
+      if (name.empty()) {
+        problem = fmt::format("rank {} could not create its segment", r);
+      } else {
+        buffer->bases_[r] = mapNamed(name, /*create=*/false, &problem);
+      }
+    }
+    store.setString(keys("mapped")[rank_], problem.empty() ? "ok" : problem);
+    store.wait(keys("mapped"), timeout);
+  } catch (...) {
+    if (buffer->bases_[rank_]) ::shm_unlink(mine.c_str());
+    throw;
+  }
   if (buffer->bases_[rank_]) ::shm_unlink(mine.c_str());
   for (int r = 0; r < size_ && problem.empty(); ++r) {
     const std::string got = store.getString(keys("mapped")[r]);
