@@ -40,6 +40,7 @@ struct Args {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 0;
   int maxRestarts = 0;
+  double killGrace = 3.0;
   bool demo = false;
   std::string demoBackend = "gloo";
 };
@@ -164,6 +165,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535));
   app.add_option("--max-restarts", args.maxRestarts, "restart all ranks up to this many times after a failure")
       ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--kill-grace", args.killGrace,
+                 "seconds ranks get to exit, before SIGKILL, after SIGTERM (a rank failed) or after the SIGINT, "
+                 "SIGTERM or SIGHUP that the launcher received and passed on; after such a signal ddp-run exits "
+                 "with 128 + its number and does not restart (default 3)")
+      ->check(CLI::Range(0.0, 3600.0));
   app.add_flag("--demo", args.demo, "run a collective demo instead of an experiment");
   app.add_option("--demo-backend", args.demoBackend, "backend of the collective demo (gloo, nccl)");
   try {
@@ -218,6 +224,7 @@ int main(int argc, char** argv) {
         lo.masterAddr = args.masterAddr;
         lo.masterPort = args.masterPort;
         lo.backend = args.demoBackend;
+        lo.killGrace = std::chrono::milliseconds(static_cast<int64_t>(args.killGrace * 1000));
         lo.workerArgv = {"/proc/self/exe"};
         for (int i = 1; i < argc; ++i) lo.workerArgv.push_back(argv[i]);
         return ddp::launchLocalRanks(lo);
@@ -250,6 +257,7 @@ int main(int argc, char** argv) {
     lo.masterAddr = args.masterAddr;
     lo.masterPort = args.masterPort;
     lo.maxRestarts = args.maxRestarts;
+    lo.killGrace = std::chrono::milliseconds(static_cast<int64_t>(args.killGrace * 1000));
     lo.backend = config.distributed.backend;
     lo.workerArgv = {"/proc/self/exe", args.experiment, "--out", runDir};
     for (const auto& o : args.overrides) {

@@ -1,7 +1,10 @@
 // Ranks as separate processes over a TCPStore: the parent test starts copies
 // of this test binary running the hidden "[.worker]" case with RANK,
 // WORLD_SIZE and MASTER_* set, as ddp-run would.
+#include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +19,7 @@
 #include "backends/builtin.hpp"
 #include "framework/launch/distributed.hpp"
 #include "framework/core/errors.hpp"
+#include "framework/core/shm_names.hpp"
 #include "framework/launch/launcher.hpp"
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
@@ -271,4 +275,55 @@ TEST_CASE("ddp-run: DDP_LOG_LEVEL=info shows each rank's rendezvous, the default
   CHECK(quiet.output.find("ddp[") == std::string::npos);
   CHECK(quiet.output.find("rendezvous") == std::string::npos);
   CHECK(quiet.output.find("allreduce sum = 3") != std::string::npos);
+}
+
+// A rank must die of its death signal (SIGTERM from ddp-run) even though the
+// launcher handles SIGTERM and may have it blocked while it spawns: the child
+// starts with the default action and the signal unblocked.
+TEST_CASE("spawned process: the death signal ends the child even where the parent handles or blocks it",
+          "[process][signals]") {
+  struct sigaction handler {}, previous {};
+  handler.sa_handler = [](int) {};
+  sigemptyset(&handler.sa_mask);
+  ::sigaction(SIGTERM, &handler, &previous);
+  sigset_t term, oldMask;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &term, &oldMask);
+  SpawnOptions options;
+  options.argv = {"/bin/sh", "-c", "kill -TERM $$; echo survived SIGTERM"};
+  options.dieWithParent = true;
+  options.deathSignal = SIGTERM;
+  const FinishedProcess done = runProcess(options);
+  ::pthread_sigmask(SIG_SETMASK, &oldMask, nullptr);
+  ::sigaction(SIGTERM, &previous, nullptr);
+  CHECK(done.output == "");
+  CHECK(describeExitStatus(done.status).rfind("killed by signal 15 (", 0) == 0);
+}
+
+// The launcher's guard for segments of a rank killed while setting one up:
+// names carry the creator's pid, and those of given pids are removed.
+TEST_CASE("shared-memory names carry the creator's pid; removeSharedMemoryOf removes those of given pids",
+          "[launcher][shm]") {
+  const std::string mine = sharedMemoryName("test-kind");
+  CHECK(mine.rfind(fmt::format("/ddp-test-kind-{}-", ::getpid()), 0) == 0);
+  // Two pids that are not running here: pid_max is at most 2^22.
+  const pid_t gone = 4194301, other = 4194302;
+  const std::string ofGone = fmt::format("/ddp-test-kind-{}-00ff", gone);
+  const std::string ofOther = fmt::format("/ddp-test-kind-{}-00ff", other);
+  const std::string notOurs = fmt::format("/other-{}-00ff", gone);
+  for (const auto& name : {ofGone, ofOther, notOurs}) {
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
+  const std::vector<std::string> removed = removeSharedMemoryOf({gone});
+  const bool gonePresent = std::filesystem::exists("/dev/shm" + ofGone);
+  const bool otherPresent = std::filesystem::exists("/dev/shm" + ofOther);
+  const bool notOursPresent = std::filesystem::exists("/dev/shm" + notOurs);
+  for (const auto& name : {ofGone, ofOther, notOurs}) ::shm_unlink(name.c_str());
+  CHECK(removed == std::vector<std::string>{"/dev/shm" + ofGone});
+  CHECK_FALSE(gonePresent);
+  CHECK(otherPresent);
+  CHECK(notOursPresent);
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/shm_names.hpp"
 #include "framework/core/system.hpp"
 #include "framework/store/store.hpp"
 
@@ -138,14 +139,16 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(Store& store, int rank, int size
 
   // 2. Rank 0 creates the segment; the others map it; rank 0 unlinks the
   // name once all have reported, so that nothing is left in /dev/shm even
-  // if a rank dies later.
+  // if a rank dies later. A store call of rank 0 that throws in between
+  // unlinks it too; only a rank 0 killed in between leaves the name (its
+  // pid is in it: a launcher removes it, core/shm_names.hpp).
   const size_t slot = slotBytesFor(size);
   const size_t total = headerBytes(size) + 2 * static_cast<size_t>(size) * slot;
   void* base = MAP_FAILED;
   std::string problem;
   std::string name;
   if (rank == 0) {
-    name = fmt::format("/ddp-gloo-{}-{}", ::getpid(), randomHex(8));
+    name = sharedMemoryName("gloo");
     int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
       problem = "shm_open: " + errnoText(errno);
@@ -167,7 +170,12 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(Store& store, int rank, int size
     } else {
       ::shm_unlink(name.c_str());
     }
-    store.setString("shm/name", base != MAP_FAILED ? name : std::string());
+    try {
+      store.setString("shm/name", base != MAP_FAILED ? name : std::string());
+    } catch (...) {
+      ::shm_unlink(name.c_str());
+      throw;
+    }
   } else {
     store.wait({"shm/name"}, timeout);
     name = store.getString("shm/name");
@@ -184,9 +192,11 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(Store& store, int rank, int size
       }
     }
   }
-  store.setString(keyOf("mapped", rank), problem.empty() ? "ok" : problem);
+  const std::string mapped = problem.empty() ? "ok" : problem;
+  if (rank != 0) store.setString(keyOf("mapped", rank), mapped);  // rank 0's below, where a throw unlinks the name
   if (rank == 0) {
     try {
+      store.setString(keyOf("mapped", rank), mapped);
       store.wait(allKeys("mapped"), timeout);
     } catch (...) {
       if (!name.empty()) ::shm_unlink(name.c_str());  // a peer gone: the name must not outlive us
@@ -256,7 +266,7 @@ std::shared_ptr<ShmBuffer> ShmChannel::allocateBuffer(Store& store, size_t bytes
 
   // Each rank creates its own segment (fresh pages: zero-filled) and names it.
   std::string problem;
-  const std::string mine = fmt::format("/ddp-gloo-buf-{}-{}", ::getpid(), randomHex(8));
+  const std::string mine = sharedMemoryName("gloo-buf");
   buffer->bases_[rank_] = mapNamed(mine, /*create=*/true, &problem);
   if (!buffer->bases_[rank_]) ::shm_unlink(mine.c_str());
   // Names go once every rank has mapped (or given up): nothing is left in

@@ -16,9 +16,12 @@
 #include <thread>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/log.hpp"
+#include "framework/core/shm_names.hpp"
 #include "framework/core/system.hpp"
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
+#include "framework/launch/stop_signals.hpp"
 
 namespace ddp {
 namespace {
@@ -92,16 +95,27 @@ pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::s
   spawn.environment = std::move(env);
   spawn.captureOutput = true;
   spawn.ownProcessGroup = true;  // so that a kill reaches its children too
+  // A launcher that is gone (SIGKILL, a crash) takes its ranks with it.
+  // SIGTERM, not SIGKILL: a rank may end cleanly (a last checkpoint).
+  spawn.dieWithParent = true;
+  spawn.deathSignal = SIGTERM;
   const ChildProcess child = spawnProcess(spawn);
   *outputFd = child.outputFd;
   return child.pid;
 }
 
+// The rank's process group, or the rank alone if its group is gone.
+void signalRank(pid_t pid, int signal) {
+  if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
+}
+
+// Each line is flushed at once: with stdout redirected to a file, a
+// launcher killed later keeps what the ranks printed until then.
 void forwardLine(RankProcess& p, const std::string& line, size_t keep) {
   if (p.rank == 0) {
-    std::cout << line << "\n";
+    std::cout << line << '\n' << std::flush;
   } else {
-    std::cout << fmt::format("[rank {}] {}\n", p.rank, line);
+    std::cout << fmt::format("[rank {}] {}\n", p.rank, line) << std::flush;
   }
   p.lastLines.push_back(line);
   while (p.lastLines.size() > keep) p.lastLines.pop_front();
@@ -131,17 +145,49 @@ bool drain(RankProcess& p, size_t keep) {
   }
 }
 
-// One attempt of the whole job on this node. Returns 0, or the failure code.
-int runOnce(const LaunchOptions& o, int attempt, const std::string& token) {
+std::string seconds(Clock::duration d) {
+  return fmt::format("{:.1f} s", std::chrono::duration<double>(d).count());
+}
+
+struct AttemptResult {
+  int code = 0;        // 0, the failure code, or 128 + stopSignal
+  int stopSignal = 0;  // a signal to the launcher stopped the attempt
+};
+
+// One attempt of the whole job on this node.
+AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& token, StopSignals& signals) {
   std::vector<RankProcess> procs(o.nprocPerNode);
   for (int i = 0; i < o.nprocPerNode; ++i) {
     procs[i].rank = o.nodeRank * o.nprocPerNode + i;
-    procs[i].pid = spawnRank(o, i, attempt, token, &procs[i].outputFd);
+    try {
+      procs[i].pid = spawnRank(o, i, attempt, token, &procs[i].outputFd);
+    } catch (...) {
+      for (int j = 0; j < i; ++j) {
+        signalRank(procs[j].pid, SIGKILL);
+        ::waitpid(procs[j].pid, nullptr, 0);
+        ::close(procs[j].outputFd);
+      }
+      throw;
+    }
   }
   const size_t keep = static_cast<size_t>(o.lastLinesKept);
   int firstFailure = -1;
-  Clock::time_point killDeadline{};
-  bool killedHard = false;
+  int stopSignal = 0;
+  const Clock::time_point noDeadline = Clock::time_point::max();
+  Clock::time_point killDeadline = noDeadline;  // set once the ranks are being stopped
+  Clock::time_point stopStart{};
+  int killedHard = 0;  // ranks that SIGKILL ended
+  auto stopAll = [&](int signal) {
+    for (auto& q : procs) {
+      if (!q.exited) signalRank(q.pid, signal);
+    }
+  };
+  auto killSurvivors = [&] {
+    for (auto& q : procs) {
+      if (!q.exited) ++killedHard;
+    }
+    stopAll(SIGKILL);
+  };
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<RankProcess*> owners;
@@ -151,12 +197,25 @@ int runOnce(const LaunchOptions& o, int attempt, const std::string& token) {
         owners.push_back(&p);
       }
     }
-    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
-    else std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    for (size_t i = 0; i < fds.size(); ++i) {
+    fds.push_back({signals.fd(), POLLIN, 0});
+    while (::poll(fds.data(), fds.size(), 100) < 0 && errno == EINTR) {
+    }
+    for (size_t i = 0; i < owners.size(); ++i) {
       if (fds[i].revents && !drain(*owners[i], keep)) {
         ::close(owners[i]->outputFd);
         owners[i]->outputFd = -1;
+      }
+    }
+    if (const int signal = signals.take()) {
+      if (stopSignal == 0) {
+        // Forwarded as it came (Ctrl-C reaches only the launcher's group);
+        // a second signal does not wait for the grace period.
+        stopSignal = signal;
+        stopStart = Clock::now();
+        stopAll(signal);
+        if (killDeadline == noDeadline) killDeadline = stopStart + o.killGrace;
+      } else if (killedHard == 0) {
+        killSurvivors();
       }
     }
     bool allExited = true;
@@ -168,23 +227,16 @@ int runOnce(const LaunchOptions& o, int attempt, const std::string& token) {
         p.exited = true;
         p.status = status;
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        if (failed && firstFailure < 0) {
+        if (failed && firstFailure < 0 && stopSignal == 0) {
           firstFailure = p.rank - o.nodeRank * o.nprocPerNode;
-          for (auto& q : procs) {
-            if (!q.exited) ::kill(-q.pid, SIGTERM);
-          }
+          stopAll(SIGTERM);
           killDeadline = Clock::now() + o.killGrace;
         }
       } else {
         allExited = false;
       }
     }
-    if (firstFailure >= 0 && !killedHard && Clock::now() >= killDeadline) {
-      for (auto& q : procs) {
-        if (!q.exited) ::kill(-q.pid, SIGKILL);
-      }
-      killedHard = true;
-    }
+    if (!allExited && killedHard == 0 && Clock::now() >= killDeadline) killSurvivors();
     if (allExited) {
       for (auto& p : procs) {
         if (p.outputFd >= 0) {
@@ -196,16 +248,36 @@ int runOnce(const LaunchOptions& o, int attempt, const std::string& token) {
       break;
     }
   }
-  if (firstFailure < 0) return 0;
+  // Every rank is reaped: a segment that one left in /dev/shm (killed while
+  // it set the segment up) can go now, and no rank of ours uses it.
+  std::vector<pid_t> pids;
+  for (const auto& p : procs) pids.push_back(p.pid);
+  for (const auto& name : removeSharedMemoryOf(pids)) {
+    logInfo("ddp-run: removed {}, left by a stopped rank", name);
+  }
+  if (firstFailure >= 0) {
+    const RankProcess& f = procs[firstFailure];
+    std::string report = fmt::format("ddp-run: rank {} (pid {}) failed first: {}; stopped the other ranks.\n", f.rank,
+                                     f.pid, describeExitStatus(f.status));
+    report += fmt::format("ddp-run: last lines of rank {}:\n", f.rank);
+    for (const auto& line : f.lastLines) report += fmt::format("  | {}\n", line);
+    std::cerr << report << std::flush;
+  }
+  if (stopSignal != 0) {
+    std::string line = fmt::format("ddp-run: received {}; stopped ranks {}..{} in {}", signalName(stopSignal),
+                                   procs.front().rank, procs.back().rank, seconds(Clock::now() - stopStart));
+    if (killedHard > 0) {
+      line += fmt::format(" ({} of them with SIGKILL, after the {} grace period of --kill-grace)", killedHard,
+                          seconds(o.killGrace));
+    }
+    std::cerr << line << std::endl;
+    return {128 + stopSignal, stopSignal};
+  }
+  if (firstFailure < 0) return {};
   const RankProcess& f = procs[firstFailure];
-  std::string report = fmt::format("ddp-run: rank {} (pid {}) failed first: {}; stopped the other ranks.\n", f.rank,
-                                   f.pid, describeExitStatus(f.status));
-  report += fmt::format("ddp-run: last lines of rank {}:\n", f.rank);
-  for (const auto& line : f.lastLines) report += fmt::format("  | {}\n", line);
-  std::cerr << report;
   // The rank's own code (2: a mistake in what was asked) where it exited; 1
   // where a signal ended it.
-  return WIFEXITED(f.status) ? WEXITSTATUS(f.status) : 1;
+  return {WIFEXITED(f.status) ? WEXITSTATUS(f.status) : 1, 0};
 }
 
 }  // namespace
@@ -246,6 +318,8 @@ int launchLocalRanks(LaunchOptions o) {
   if (const char* t = std::getenv("DDP_STORE_TOKEN")) token = t;
   if (token.empty() && o.nnodes == 1) token = randomHex(16);
 
+  // From here on SIGINT, SIGTERM and SIGHUP stop the ranks first.
+  StopSignals signals;
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
   const int worldSize = o.nnodes * o.nprocPerNode;
@@ -254,26 +328,45 @@ int launchLocalRanks(LaunchOptions o) {
   std::cout << fmt::format("ddp-run: node {} ({}) runs ranks {}..{}", o.nodeRank, host, o.nodeRank * o.nprocPerNode,
                            (o.nodeRank + 1) * o.nprocPerNode - 1)
             << std::endl;
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 0 && static_cast<unsigned>(o.nprocPerNode) > 2 * cores) {
+    std::cerr << fmt::format("ddp-run: warning: {} ranks on this node (--nproc-per-node) for {} cores: the ranks "
+                             "compete for the cores, slower than fewer ranks\n",
+                             o.nprocPerNode, cores)
+              << std::flush;
+  }
 
+  auto stoppedBetweenAttempts = [](int signal) {
+    std::cerr << fmt::format("ddp-run: received {}; no rank is running, not restarting", signalName(signal))
+              << std::endl;
+    return 128 + signal;
+  };
   for (int attempt = 0;; ++attempt) {
-    int code = runOnce(o, attempt, token);
-    if (code == 0) return 0;
+    if (const int signal = signals.take()) return stoppedBetweenAttempts(signal);
+    const AttemptResult result = runOnce(o, attempt, token, signals);
+    const int code = result.code;
+    if (code == 0 || result.stopSignal != 0) return code;  // a signal: never a restart
     // 2: a mistake in what was asked (config, environment), the same again
     // on every attempt; restarts are for failures that may pass.
     if (code == 2 && o.maxRestarts > 0) {
-      std::cerr << "ddp-run: not restarting: the rank reported a mistake in the job's input (exit code 2)\n";
+      std::cerr << "ddp-run: not restarting: the rank reported a mistake in the job's input (exit code 2)"
+                << std::endl;
       return code;
     }
     if (attempt >= o.maxRestarts) {
-      if (o.maxRestarts > 0) std::cerr << fmt::format("ddp-run: giving up after {} restart(s)\n", o.maxRestarts);
+      if (o.maxRestarts > 0) {
+        std::cerr << fmt::format("ddp-run: giving up after {} restart(s)", o.maxRestarts) << std::endl;
+      }
       return code;
     }
     std::cerr << fmt::format("ddp-run: restarting all ranks from the newest checkpoint (restart {} of {})", attempt + 1,
                              o.maxRestarts)
               << std::endl;
     if (o.nodeRank == 0) {
-      // The failed master may leave its port in TIME_WAIT briefly; SO_REUSEADDR copes.
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      // The failed master may leave its port in TIME_WAIT briefly; SO_REUSEADDR
+      // copes. A signal meanwhile ends the wait (and the job, above).
+      pollfd wake{signals.fd(), POLLIN, 0};
+      ::poll(&wake, 1, 200);
     }
   }
 }

@@ -14,6 +14,18 @@
 //   rank failed first, how, and that rank's last lines, and returns non-zero.
 // - With maxRestarts > 0, a failed job is started again (all ranks, with
 //   DDP_RESTART=<attempt>) until it succeeds or the restarts are used up.
+// - Signals: SIGINT, SIGTERM and SIGHUP to the launcher (those it does not
+//   ignore) are passed on to every rank's process group; ranks still alive
+//   after killGrace get SIGKILL (at once on a second signal). The launcher
+//   prints one line naming the signal, never restarts, and returns 128 +
+//   the signal. Ranks get SIGTERM when the launcher is gone without that
+//   (PR_SET_PDEATHSIG), so no rank outlives a killed launcher.
+// - Once an attempt's ranks are reaped, /dev/shm segments named after their
+//   pids (core/shm_names.hpp: left by a rank killed while setting one up)
+//   are removed.
+// - Everything it writes to stdout is flushed line by line, so a redirected
+//   output keeps what the ranks printed even if the launcher is killed.
+// - More than twice as many local ranks as cores: a warning, not an error.
 #pragma once
 
 #include <chrono>
@@ -31,12 +43,13 @@ struct LaunchOptions {
   int maxRestarts = 0;
   std::string backend = "gloo";  // only for the printed mapping
   std::vector<std::string> workerArgv;
-  std::chrono::milliseconds killGrace{3000};
+  std::chrono::milliseconds killGrace{3000};  // --kill-grace
   int lastLinesKept = 20;
 };
 
-// Runs the job; returns the exit code for ddp-run: 0 on success, else that of
-// the rank that failed first (1 where a signal ended it).
+// Runs the job; returns the exit code for ddp-run: 0 on success, 128 + the
+// signal that stopped it, else that of the rank that failed first (1 where a
+// signal ended it).
 int launchLocalRanks(LaunchOptions options);
 
 // Throws UsageError naming the port when host:port cannot be bound.

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -37,8 +38,21 @@ ChildProcess spawnProcess(const SpawnOptions& options) {
   if (options.captureOutput && ::pipe2(pipeFds, O_CLOEXEC) != 0) {
     fail<std::runtime_error>("spawn {}: pipe: {}", program, errnoText(errno));
   }
+  // No signal handler of the parent may run in the child: every signal is
+  // blocked across fork(), and the child resets the handled ones to their
+  // default action before it restores the mask (posix_spawn does the same).
+  sigset_t blockAll, parentMask, childMask;
+  sigfillset(&blockAll);
+  ::pthread_sigmask(SIG_SETMASK, &blockAll, &parentMask);
+  childMask = parentMask;
+  if (options.dieWithParent) sigdelset(&childMask, options.deathSignal);
+  struct sigaction defaultAction {};
+  defaultAction.sa_handler = SIG_DFL;
+  sigemptyset(&defaultAction.sa_mask);
+
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &parentMask, nullptr);
   if (pid < 0) {
     const int err = errno;
     if (options.captureOutput) {
@@ -48,15 +62,23 @@ ChildProcess spawnProcess(const SpawnOptions& options) {
     fail<std::runtime_error>("spawn {}: fork: {}", program, errnoText(err));
   }
   if (pid == 0) {
+    for (int s = 1; s < NSIG; ++s) {
+      struct sigaction current {};
+      if (::sigaction(s, nullptr, &current) != 0) continue;
+      const bool handled = (current.sa_flags & SA_SIGINFO) != 0 ||
+                           (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
+      if (handled || (options.dieWithParent && s == options.deathSignal)) ::sigaction(s, &defaultAction, nullptr);
+    }
+    if (options.ownProcessGroup) ::setpgid(0, 0);
     if (options.dieWithParent) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::prctl(PR_SET_PDEATHSIG, options.deathSignal);
       if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
     }
     if (options.captureOutput) {
       ::dup2(pipeFds[1], STDOUT_FILENO);
       ::dup2(pipeFds[1], STDERR_FILENO);
     }
-    if (options.ownProcessGroup) ::setpgid(0, 0);
+    ::sigprocmask(SIG_SETMASK, &childMask, nullptr);
     if (options.environment) {
       ::execve(program.c_str(), argv.data(), envp.data());
     } else {
@@ -68,6 +90,9 @@ ChildProcess spawnProcess(const SpawnOptions& options) {
     (void)!::write(STDERR_FILENO, "\n", 1);
     ::_exit(127);
   }
+  // The child does the same: whichever runs first, a kill(-pid) that
+  // follows this call reaches the group.
+  if (options.ownProcessGroup) ::setpgid(pid, pid);
   ChildProcess child;
   child.pid = pid;
   if (options.captureOutput) {

@@ -11,10 +11,17 @@
 //   end (non-blocking, close-on-exec) is ChildProcess::outputFd; the caller
 //   closes it. Otherwise the child inherits both.
 // - ownProcessGroup: the child leads a new process group, so one kill(-pid)
-//   reaches whatever it starts in turn.
-// - dieWithParent: the child gets SIGKILL when the spawning thread's process
-//   ends (PR_SET_PDEATHSIG); a parent that died before the child could ask
-//   for that is noticed, and the child exits 127 instead of running orphaned.
+//   reaches whatever it starts in turn. Both parent and child set the group,
+//   so it exists when spawnProcess() returns.
+// - dieWithParent: the child gets deathSignal (default SIGKILL) when the
+//   spawning thread ends (PR_SET_PDEATHSIG; the process's main thread lives
+//   as long as the process); a parent that died before the child could ask
+//   for that is noticed, and the child exits 127 instead of running
+//   orphaned. deathSignal starts with its default action and unblocked in
+//   the child, so it ends the child unless the program itself handles it.
+// - Signals: the child starts with the default action for every signal the
+//   parent handles (so no parent handler runs in it, even before exec), and
+//   with the parent's ignored signals and signal mask otherwise.
 // - A child that cannot exec prints "cannot start <path>: <reason>" to its
 //   stderr and exits 127. fork() or pipe() failures throw std::runtime_error.
 // - runProcess() spawns with captureOutput, reads the output until the child
@@ -22,6 +29,7 @@
 //   would, but with no shell between (arguments are passed as they are).
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <optional>
@@ -39,6 +47,7 @@ struct SpawnOptions {
   bool captureOutput = false;
   bool ownProcessGroup = false;
   bool dieWithParent = false;
+  int deathSignal = SIGKILL;  // with dieWithParent
 };
 
 struct ChildProcess {
