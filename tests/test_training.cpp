@@ -489,7 +489,7 @@ TEST_CASE("a non-finite loss stops the run naming epoch and step; the records so
   const std::string sets =
       " --set optimizer.name=sgd --set optimizer.lr=30 --set training.epochs=6 --set training.eval_every=1";
   SECTION("stop (the default): exit code 3, one line, the reason in train.log") {
-    const std::string runDir = tempDir() + "/run";
+    const std::string top = tempDir(), runDir = top + "/run";
     ddp::test::ProgramOutcome o = runDdpRun(exp + sets + " --out " + runDir);
     INFO(o.output);
     CHECK(o.exitCode == 3);
@@ -507,9 +507,10 @@ TEST_CASE("a non-finite loss stops the run naming epoch and step; the records so
     for (size_t i = 0; i < records.size(); ++i) CHECK(records[i]["train_loss"].is_number());
     CHECK(csvEpochs(runDir).size() == static_cast<size_t>(epoch));  // the header and the same records
     CHECK(fileText(runDir + "/train.log").find("run failed: " + last) != std::string::npos);
+    std::filesystem::remove_all(top);
   }
   SECTION("continue: every epoch runs; non-finite numbers are null and empty CSV fields") {
-    const std::string runDir = tempDir() + "/run";
+    const std::string top = tempDir(), runDir = top + "/run";
     ddp::test::ProgramOutcome o = runDdpRun(exp + sets + " --set training.on_nonfinite_loss=continue --out " + runDir);
     INFO(o.output);
     CHECK(o.exitCode == 0);
@@ -521,15 +522,17 @@ TEST_CASE("a non-finite loss stops the run naming epoch and step; the records so
     CHECK(csv.find("nan") == std::string::npos);
     CHECK(csv.find("inf") == std::string::npos);
     CHECK(csv.find("\n6,,") != std::string::npos);
+    std::filesystem::remove_all(top);
   }
   SECTION("two ranks: the job stops with the detecting rank's line and its exit code") {
+    const std::string top = tempDir();
     ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
-                                            "/experiments/wine_ddp.json --set optimizer.lr=1e30 --out " + tempDir() +
-                                            "/run");
+                                            "/experiments/wine_ddp.json --set optimizer.lr=1e30 --out " + top + "/run");
     INFO(o.output);
     CHECK(o.exitCode == 3);
     CHECK(o.output.find("training: loss is ") != std::string::npos);
     CHECK(o.seconds < 30);
+    std::filesystem::remove_all(top);
   }
 }
 
@@ -549,4 +552,5 @@ TEST_CASE("a mistake found by the first forward pass is not retried under --max-
   CHECK(o.output.find("restarting all ranks") == std::string::npos);
   struct stat st;
   CHECK(::stat((dir + "/run").c_str(), &st) != 0);
+  std::filesystem::remove_all(dir);
 }
