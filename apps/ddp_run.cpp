@@ -269,8 +269,13 @@ int main(int argc, char** argv) {
   } catch (const ddp::UsageError& e) {
     std::cerr << e.what() << std::endl;
     return 2;
+  } catch (const ddp::NonFiniteLossError& e) {
+    // Training diverged: not a mistake in the input as such, not a crash.
+    std::cerr << e.what() << std::endl;
+    return 3;
   } catch (const std::exception& e) {
-    std::cerr << "ddp-run: " << e.what() << std::endl;
+    // One line, LibTorch's errors included (their backtrace dropped).
+    std::cerr << "ddp-run: " << ddp::errorLine(e) << std::endl;
     return 1;
   }
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "framework/core/data_dirs.hpp"
 #include "framework/core/system.hpp"
@@ -190,6 +191,36 @@ int64_t classIndex(const std::string& path, const CsvRow& row, double value) {
   return static_cast<int64_t>(value);
 }
 
+// Class labels must be 0..C-1, each with a row, and at least two of them: a
+// stray 7 among 0-2 would make 8 classes (a model with 8 outputs, 5 of them
+// never right), and one class leaves nothing to learn. An error, not a
+// warning: training would run and report numbers that mean nothing.
+void checkClassLabels(const std::string& path, const std::vector<double>& targets) {
+  std::set<int64_t> seen;
+  for (double t : targets) seen.insert(static_cast<int64_t>(t));
+  const int64_t implied = *seen.rbegin() + 1;
+  std::vector<int64_t> shown(seen.begin(), seen.end());
+  if (shown.size() > 12) shown.resize(12);
+  const std::string labels = joinNames(shown) + (seen.size() > shown.size() ? ", ..." : "");
+  if (seen.size() < 2) {
+    fail<UsageError>(
+        "{}: every row has class {}; a classifier needs at least 2 classes. HINT: check dataset.target_column, or set "
+        "\"task\": \"regression\"",
+        path, labels);
+  }
+  if (static_cast<int64_t>(seen.size()) != implied) {
+    std::vector<int64_t> missing;
+    for (int64_t c = 0; c < implied && missing.size() < 12; ++c) {
+      if (!seen.count(c)) missing.push_back(c);
+    }
+    fail<UsageError>(
+        "{}: class labels must be 0..C-1 with a row for each; found {} ({} classes implied, no row for {}{}). HINT: "
+        "renumber the labels 0..{}, or set \"task\": \"regression\"",
+        path, labels, implied, joinNames(missing), implied - static_cast<int64_t>(seen.size()) > 12 ? ", ..." : "",
+        seen.size() - 1);
+  }
+}
+
 // ---- wine -------------------------------------------------------------------------
 
 // scikit-learn's wine_data.csv: a first line "178,13,class_0,class_1,class_2"
@@ -268,6 +299,7 @@ DatasetSplits loadCsv(const Params& params, const DatasetContext& context) {
       }
     }
   }
+  if (classification) checkClassLabels(path, targets);
   auto x = torch::tensor(features, torch::kFloat64).view({numRows, numFeatures});
   auto y = torch::tensor(targets, torch::kFloat64);
   if (classification) y = y.to(torch::kInt64);

@@ -90,6 +90,12 @@ LossFn makeCrossEntropy(const Params& params) {
           "for regression",
           c10::str(output.sizes()), c10::str(target.sizes()));
     }
+    if (target.scalar_type() != at::kLong) {
+      fail<UsageError>(
+          "loss cross_entropy: expected class indices (int64), got {} targets {}: a regression dataset? HINT: use the "
+          "mse loss for regression",
+          c10::toString(target.scalar_type()), c10::str(target.sizes()));
+    }
     if (labelSmoothing == 0 && at::GradMode::is_enabled() && output.requires_grad() &&
         at::isFloatingType(output.scalar_type()) && target.scalar_type() == at::kLong) {
       return crossEntropyNode(output, target);

@@ -94,6 +94,49 @@ TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no ru
       // Found by the plugins when they are built, still before any folder.
       {"layers that do not fit the dataset", "", "--set model.layers=[10,64,3]",
        "model.layers: first width 10 does not match the dataset's 13 features"},
+      // Found by one forward pass and the loss on two rows, before any folder
+      // (reg.csv, labels.csv and one_class.csv are written below).
+      {"regression dataset with cross_entropy",
+       R"({"dataset": {"name": "csv", "path": "reg.csv", "task": "regression"},
+           "model": {"name": "mlp", "layers": [2, 8, 1]}, "optimizer": {"name": "adam"},
+           "loss": {"name": "cross_entropy"}})",
+       "", "loss cross_entropy: expected class indices (int64), got Float targets [2]"},
+      {"regression model wider than its target",
+       R"({"dataset": {"name": "csv", "path": "reg.csv", "task": "regression"},
+           "model": {"name": "mlp", "layers": [2, 8, 3]}, "optimizer": {"name": "adam"}, "loss": {"name": "mse"}})",
+       "", "model mlp (output [2, 3] Float) -> loss mse do not fit together: loss mse: output [2, 3] and target [2] do "
+           "not match. HINT: a regression model has one output"},
+      {"model too large for memory", "", "--set model.layers=[13,100000000000,3]",
+       "model mlp: out of memory while building it (4843 GiB asked for). HINT:"},
+      // The JSON itself.
+      {"number beyond a double",
+       "{\"dataset\": {\"name\": \"wine\"}, \"model\": {\"name\": \"mlp\"},\n"
+       "  \"optimizer\": {\"name\": \"adam\", \"lr\": 1e400}, \"loss\": {\"name\": \"cross_entropy\"}}",
+       "", "bad.json:2:39: number 1e400 is beyond the range of a double"},
+      {"number beyond a double in an override", "", "--set optimizer.lr=1e400",
+       "--set optimizer.lr: number 1e400 is beyond the range of a double"},
+      {"duplicate key", R"({"dataset": {"name": "wine"}, "model": {"name": "mlp", "layers": [13, 8, 3],
+           "layers": [13, 64, 3]}, "optimizer": {"name": "adam"}, "loss": {"name": "cross_entropy"}})",
+       "", "bad.json: duplicate key \"model.layers\""},
+      {"duplicate key at the top", R"({"name": "a", "dataset": {"name": "wine"}, "name": "b"})", "",
+       "bad.json: duplicate key \"name\""},
+      {"duplicate key inside a list", R"({"description": [{"a": 1}, {"b": {"c": 1, "c": 2}}]})", "",
+       "bad.json: duplicate key \"description[1].b.c\""},
+      // Class labels of a CSV.
+      {"class labels with a gap",
+       R"({"dataset": {"name": "csv", "path": "labels.csv"}, "model": {"name": "mlp", "layers": [0, 8, 0]},
+           "optimizer": {"name": "adam"}, "loss": {"name": "cross_entropy"}})",
+       "", "labels.csv: class labels must be 0..C-1 with a row for each; found 0, 1, 2, 7 (8 classes implied, no row "
+           "for 3, 4, 5, 6). HINT:"},
+      {"a single class",
+       R"({"dataset": {"name": "csv", "path": "one_class.csv"}, "model": {"name": "mlp", "layers": [0, 8, 0]},
+           "optimizer": {"name": "adam"}, "loss": {"name": "cross_entropy"}})",
+       "", "one_class.csv: every row has class 1; a classifier needs at least 2 classes"},
+      // Names that would leave runs/.
+      {"name with ..", "", "--set name=../escaped", "name: \"../escaped\" cannot name a run folder"},
+      {"name with a slash", R"({"name": "a/b", "dataset": {"name": "wine"}})", "",
+       "name: \"a/b\" cannot name a run folder"},
+      {"hidden name", "", "--set name=.hidden", "name: \".hidden\" cannot name a run folder"},
       // Command-line mistakes.
       {"no ranks", "", "--nproc-per-node 0", "--nproc-per-node: Value 0 not in range 1 to 4096"},
       {"port out of range", "", "--master-port 99999", "--master-port: Value 99999 not in range 0 to 65535"},
@@ -102,6 +145,18 @@ TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no ru
       {"stray argument", "", "stray", "The following argument was not expected: stray"},
   };
   const std::string dir = tempDir();
+  {
+    std::ofstream reg(dir + "/reg.csv"), labels(dir + "/labels.csv"), oneClass(dir + "/one_class.csv");
+    reg << "a,b,y\n";
+    labels << "a,b,y\n";
+    oneClass << "a,b,y\n";
+    for (int i = 1; i <= 20; ++i) {
+      reg << i << "," << 2 * i << "," << i + 0.5 << "\n";
+      labels << i << "," << 2 * i << "," << i % 3 << "\n";
+      oneClass << i << "," << 2 * i << ",1\n";
+    }
+    labels << "5,5,7\n";  // a stray label
+  }
   for (const auto& c : cases) {
     SECTION(c.what) {
       const std::string file = dir + "/bad.json";

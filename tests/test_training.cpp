@@ -461,3 +461,96 @@ TEST_CASE("a rank that reports a mistake in the input is not restarted", "[launc
         std::string::npos);
   CHECK(o.output.find("restarting all ranks") == std::string::npos);
 }
+
+namespace {
+
+// Every line of the run's metrics.jsonl, parsed strictly (nan, -nan and inf
+// are not JSON: nlohmann refuses them as Python's json does).
+std::vector<Json> metricsRecords(const std::string& runDir) {
+  std::ifstream in(runDir + "/metrics.jsonl");
+  std::vector<Json> records;
+  std::string line;
+  while (std::getline(in, line)) records.push_back(Json::parse(line));
+  return records;
+}
+
+std::string fileText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+TEST_CASE("a non-finite loss stops the run naming epoch and step; the records so far stay readable", "[training]") {
+  // SGD at lr 30 diverges on wine after a few epochs (epoch 4 here).
+  const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
+  const std::string sets =
+      " --set optimizer.name=sgd --set optimizer.lr=30 --set training.epochs=6 --set training.eval_every=1";
+  SECTION("stop (the default): exit code 3, one line, the reason in train.log") {
+    const std::string top = tempDir(), runDir = top + "/run";
+    ddp::test::ProgramOutcome o = runDdpRun(exp + sets + " --out " + runDir);
+    INFO(o.output);
+    CHECK(o.exitCode == 3);
+    const std::string last = o.output.substr(o.output.rfind('\n', o.output.size() - 2) + 1);
+    int epoch = 0, step = 0;
+    char what[8] = {0};
+    REQUIRE(std::sscanf(last.c_str(), "training: loss is %7s at epoch %d, step %d (rank 0). HINT: lower optimizer.lr",
+                        what, &epoch, &step) == 3);
+    CHECK((std::string(what) == "nan" || std::string(what) == "inf" || std::string(what) == "-inf"));
+    CHECK(epoch >= 2);
+    CHECK(last.find("training.on_nonfinite_loss=\"continue\"") != std::string::npos);
+    // The epochs before it, whole; none after.
+    const auto records = metricsRecords(runDir);
+    REQUIRE(records.size() == static_cast<size_t>(epoch - 1));
+    for (size_t i = 0; i < records.size(); ++i) CHECK(records[i]["train_loss"].is_number());
+    CHECK(csvEpochs(runDir).size() == static_cast<size_t>(epoch));  // the header and the same records
+    CHECK(fileText(runDir + "/train.log").find("run failed: " + last) != std::string::npos);
+    std::filesystem::remove_all(top);
+  }
+  SECTION("continue: every epoch runs; non-finite numbers are null and empty CSV fields") {
+    const std::string top = tempDir(), runDir = top + "/run";
+    ddp::test::ProgramOutcome o = runDdpRun(exp + sets + " --set training.on_nonfinite_loss=continue --out " + runDir);
+    INFO(o.output);
+    CHECK(o.exitCode == 0);
+    const auto records = metricsRecords(runDir);
+    REQUIRE(records.size() == 6);
+    CHECK(records.back()["train_loss"].is_null());
+    const std::string csv = fileText(runDir + "/metrics.csv");
+    INFO(csv);
+    CHECK(csv.find("nan") == std::string::npos);
+    CHECK(csv.find("inf") == std::string::npos);
+    CHECK(csv.find("\n6,,") != std::string::npos);
+    std::filesystem::remove_all(top);
+  }
+  SECTION("two ranks: the job stops with the detecting rank's line and its exit code") {
+    const std::string top = tempDir();
+    ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
+                                            "/experiments/wine_ddp.json --set optimizer.lr=1e30 --out " + top + "/run");
+    INFO(o.output);
+    CHECK(o.exitCode == 3);
+    CHECK(o.output.find("training: loss is ") != std::string::npos);
+    CHECK(o.seconds < 30);
+    std::filesystem::remove_all(top);
+  }
+}
+
+TEST_CASE("a mistake found by the first forward pass is not retried under --max-restarts", "[launcher]") {
+  const std::string dir = tempDir();
+  {
+    std::ofstream csv(dir + "/reg.csv");
+    csv << "a,b,y\n";
+    for (int i = 1; i <= 20; ++i) csv << i << "," << 2 * i << "," << i + 0.5 << "\n";
+  }
+  std::ofstream(dir + "/exp.json") << R"({"dataset": {"name": "csv", "path": "reg.csv", "task": "regression"},
+    "model": {"name": "mlp", "layers": [2, 8, 1]}, "optimizer": {"name": "adam"}, "loss": {"name": "cross_entropy"}})";
+  ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 --max-restarts 2 " + dir + "/exp.json --out " + dir + "/run");
+  INFO(o.output);
+  CHECK(o.exitCode == 2);
+  CHECK(o.output.find("do not fit together") != std::string::npos);
+  CHECK(o.output.find("restarting all ranks") == std::string::npos);
+  struct stat st;
+  CHECK(::stat((dir + "/run").c_str(), &st) != 0);
+  std::filesystem::remove_all(dir);
+}

@@ -166,7 +166,15 @@ Json typedOverride(const Override& o, const ParamSpec* spec) {
   // Anything else reads as JSON ("0.01", "true", "[13, 64, 3]"); what does not
   // parse stays a string so that validation reports it with the expectation.
   Json v = Json::parse(raw, nullptr, /*allow_exceptions=*/false);
-  if (v.is_discarded()) return raw;
+  if (v.is_discarded()) {
+    try {
+      const Json overflow = Json::parse(raw);  // throws: it did not parse above
+    } catch (const Json::out_of_range&) {  // 406: a number beyond a double's range
+      fail<ConfigError>("--set {}: number {} is beyond the range of a double (about 1.8e308)", o.path, raw);
+    } catch (const Json::exception&) {
+    }
+    return raw;
+  }
   return v;
 }
 
@@ -298,10 +306,12 @@ std::vector<Override> parseOverrides(const std::vector<std::string>& overrides) 
   return out;
 }
 
-// "file.json:3:14: malformed JSON: ..." from nlohmann's byte offset.
-[[noreturn]] void failMalformed(const std::string& text, const std::string& sourceName, const Json::parse_error& e) {
+// "file.json:3:14: REASON", the line and column counted from nlohmann's
+// byte offset (one past the character where reading stopped).
+[[noreturn]] void failAt(const std::string& text, const std::string& sourceName, size_t byte,
+                         const std::string& reason) {
   size_t line = 1, column = 1;
-  const size_t end = std::min<size_t>(e.byte == 0 ? 0 : e.byte - 1, text.size());
+  const size_t end = std::min<size_t>(byte == 0 ? 0 : byte - 1, text.size());
   for (size_t i = 0; i < end; ++i) {
     if (text[i] == '\n') {
       ++line;
@@ -310,11 +320,109 @@ std::vector<Override> parseOverrides(const std::vector<std::string>& overrides) 
       ++column;
     }
   }
-  std::string what = e.what();
-  // nlohmann's text repeats the position; keep its reason only.
-  auto reason = what.find("syntax error");
-  if (reason != std::string::npos) what = what.substr(reason);
-  fail<ConfigError>("{}:{}:{}: malformed JSON: {}", sourceName, line, column, what);
+  fail<ConfigError>("{}:{}:{}: {}", sourceName, line, column, reason);
+}
+
+// One pass of nlohmann's SAX parser over an experiment before it is read:
+// every error becomes one line with its line and column (nlohmann's
+// exception for a number beyond a double's range carries no position), and
+// a key given twice in one object, at any depth, is refused (nlohmann keeps
+// the last one silently). Paths read as in other errors: model.layers,
+// plugins[0].
+class StrictJsonCheck : public nlohmann::json_sax<Json> {
+ public:
+  StrictJsonCheck(const std::string& text, const std::string& sourceName) : text_(text), sourceName_(sourceName) {}
+
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override {
+    value();
+    frames_.emplace_back();
+    return true;
+  }
+  bool key(string_t& key) override {
+    Frame& frame = frames_.back();
+    frame.key = key;
+    if (!frame.keys.insert(key).second) {
+      fail<ConfigError>("{}: duplicate key {}: a key may appear once in an object (the second would silently replace "
+                        "the first). HINT: keep one of them",
+                        sourceName_, inQuotes(path()));
+    }
+    return true;
+  }
+  bool end_object() override {
+    frames_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    value();
+    frames_.emplace_back();
+    frames_.back().array = true;
+    return true;
+  }
+  bool end_array() override {
+    frames_.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string& token, const nlohmann::detail::exception& e) override {
+    if (e.id == 406) {
+      failAt(text_, sourceName_, position - std::min(position, token.size()) + 1,
+             fmt::format("number {} is beyond the range of a double (about 1.8e308)", token));
+    }
+    std::string what = e.what();
+    // nlohmann's text repeats the position; keep its reason only.
+    auto reason = what.find("syntax error");
+    if (reason != std::string::npos) what = what.substr(reason);
+    failAt(text_, sourceName_, position, "malformed JSON: " + what);
+  }
+
+ private:
+  struct Frame {
+    bool array = false;
+    int64_t index = -1;  // the element being read, in an array
+    std::string key;     // the member being read, in an object
+    std::set<std::string> keys;
+  };
+
+  // A value starts: in an array, the next element.
+  bool value() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+
+  std::string path() const {
+    std::string out;
+    for (const Frame& frame : frames_) {
+      if (frame.array) {
+        out += fmt::format("[{}]", frame.index);
+      } else {
+        out += (out.empty() ? "" : ".") + frame.key;
+      }
+    }
+    return out;
+  }
+
+  const std::string& text_;
+  const std::string& sourceName_;
+  std::vector<Frame> frames_;
+};
+
+// The run folder is runs/<name>-<time>: a name must stay one folder name
+// inside runs/.
+void checkExperimentName(const std::string& name, const std::string& where) {
+  const bool bad = name.find('/') != std::string::npos || name.find('\\') != std::string::npos ||
+                   name.find("..") != std::string::npos || (!name.empty() && name[0] == '.') ||
+                   std::any_of(name.begin(), name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; });
+  if (bad) {
+    fail<ConfigError>("{}: {} cannot name a run folder (no '/', '\\', '..', control characters or leading '.'). "
+                      "HINT: letters, digits, '-', '_' and single dots, e.g. \"wine-lr-0.01\"",
+                      where, inQuotes(name));
+  }
 }
 
 }  // namespace
@@ -330,6 +438,8 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
       intParam("accumulate_grad_batches", 1, 1, "micro-batches per optimizer step"),
       intParam("threads", 0, 0, "intra-op threads per rank (0: cores / local ranks)"),
       boolParam("drop_last", false, "drop the last incomplete batch and shard"),
+      stringParam("on_nonfinite_loss", "stop", {"stop", "continue"},
+                  "a NaN or infinite training loss: stop the run (exit code 3) or continue"),
   };
   return specs;
 }
@@ -358,12 +468,9 @@ const std::vector<ParamSpec>& distributedParamSpecs() {
 ExperimentConfig parseExperimentConfig(const std::string& text, const std::string& sourceName,
                                        const std::string& configDir, const std::vector<std::string>& overrideTexts,
                                        PluginRegistry& registry) {
-  Json root;
-  try {
-    root = Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    failMalformed(text, sourceName, e);
-  }
+  StrictJsonCheck check(text, sourceName);
+  Json::sax_parse(text, &check);  // throws a ConfigError for anything it refuses
+  Json root = Json::parse(text);
   if (!root.is_object()) fail<ConfigError>("{}: expected a JSON object at the top level", sourceName);
 
   std::vector<Override> overrides = parseOverrides(overrideTexts);
@@ -396,6 +503,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   if (root.contains("name")) {
     if (!root["name"].is_string()) v.fail("name", "expected a string, got {}", shown(root["name"]));
     config.name = root["name"].get<std::string>();
+    checkExperimentName(config.name, "name");
   }
   resolved["name"] = config.name;
   if (root.contains("description")) resolved["description"] = root["description"];
@@ -473,6 +581,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.training.accumulateGradBatches = training["accumulate_grad_batches"];
   config.training.threads = training["threads"];
   config.training.dropLast = training["drop_last"];
+  config.training.stopOnNonfiniteLoss = training["on_nonfinite_loss"] == "stop";
 
   const Json distributed = v.validateSection(
       "distributed", root.contains("distributed") ? root["distributed"] : Json::object(), distributedParamSpecs());

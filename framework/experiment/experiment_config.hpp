@@ -7,7 +7,9 @@
 //   `optimizer.lr: expected a number > 0, got "fast"`: malformed JSON (with
 //   line and column), unknown keys (with "did you mean"), wrong types,
 //   out-of-range values, unknown plugin names (listing the known ones),
-//   missing required parameters and missing input files.
+//   missing required parameters and missing input files, keys given twice
+//   in one object (at any depth), numbers beyond a double's range (with line
+//   and column), and a `name` that is not a plain folder name.
 // - Overrides ("optimizer.lr=0.01") are applied before validation and typed
 //   by the declaration of the parameter they set.
 // - The result holds the resolved config: defaults filled in, overrides
@@ -44,6 +46,7 @@ struct TrainingConfig {
   int64_t accumulateGradBatches = 1;
   int64_t threads = 0;     // intra-op threads per rank; 0 = leave as set (ddp-run: cores / ranks)
   bool dropLast = false;
+  bool stopOnNonfiniteLoss = true;  // training.on_nonfinite_loss: "stop" or "continue"
 };
 
 struct DistributedConfig {

@@ -1,5 +1,7 @@
 // RunLog: rank 0's log of a run, train.log in the run folder, echoed to
 // stdout unless quiet. On other ranks (enabled = false) lines are dropped.
+// failure() records why a run ended in train.log only: the program prints
+// the same line to stderr itself.
 #pragma once
 
 #include <fstream>
@@ -18,6 +20,11 @@ class RunLog {
     file_ << text << "\n";
     file_.flush();
     if (!quiet_) std::cout << text << std::endl;
+  }
+  void failure(const std::string& text) {
+    if (!enabled_) return;
+    file_ << "run failed: " << text << "\n";
+    file_.flush();
   }
 
  private:

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -70,6 +71,82 @@ class BatchGather {
   std::vector<int64_t> order_;
   at::Tensor uploaded_;
 };
+
+// A plugin's factory run with its errors made one line that names it:
+// running out of memory (std::bad_alloc, LibTorch's "can't allocate") is
+// the experiment's size, a UsageError; any other LibTorch error loses its
+// backtrace. UsageErrors pass as they are.
+template <typename Make>
+auto building(const char* kind, const std::string& name, Make&& make) -> decltype(make()) {
+  try {
+    return make();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    fail<UsageError>("{} {}: out of memory while building it. HINT: a smaller {} (or a machine with more memory)", kind,
+                     name, kind);
+  } catch (const c10::Error& e) {
+    const std::string what = errorLine(e);
+    if (what.find("can't allocate") != std::string::npos || what.find("out of memory") != std::string::npos) {
+      std::string size;
+      if (const auto tried = what.find("tried to allocate "); tried != std::string::npos) {
+        const double bytes = std::strtod(what.c_str() + tried + 18, nullptr);
+        if (bytes > 0) size = fmt::format(" ({:.4g} GiB asked for)", bytes / double(1 << 30));
+      }
+      fail<UsageError>("{} {}: out of memory while building it{}. HINT: a smaller {} (or a machine with more memory)",
+                       kind, name, size, kind);
+    }
+    fail<std::runtime_error>("{} {}: {}", kind, name, what);
+  }
+}
+
+// "nan" (whatever its sign bit), "inf" or "-inf".
+const char* nonFiniteName(double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
+
+std::string shapeOf(const at::Tensor& t) {
+  return fmt::format("{} {}", c10::str(t.sizes()), c10::toString(t.scalar_type()));
+}
+
+// Before the run folder exists: the model's forward and the loss on the
+// first two training rows, without gradients, so that a dataset, model and
+// loss that do not fit together (a regression dataset with cross_entropy,
+// an output width that is not the target's) fail here, as one line naming
+// the three with the shapes, not in the first step with a folder left
+// behind. It runs once; eval mode, so that it draws no random numbers.
+void checkPluginsFit(const ExperimentConfig& config, const DatasetSplits& data, Model& model, const LossFn& lossFn) {
+  const int64_t rows = std::min<int64_t>(2, data.trainFeatures.size(0));
+  if (rows == 0) return;
+  const at::Tensor x = data.trainFeatures.narrow(0, 0, rows);
+  const at::Tensor y = data.trainTargets.narrow(0, 0, rows);
+  const std::string task = data.numClasses > 0 ? fmt::format("classification, {} classes", data.numClasses)
+                                                : std::string("regression");
+  torch::NoGradGuard noGrad;
+  const bool training = model.is_training();
+  model.eval();
+  at::Tensor out;
+  std::string where = fmt::format("dataset {} ({}; features {}, targets {}) -> model {}", config.dataset.name, task,
+                                  shapeOf(x), shapeOf(y), config.model.name);
+  try {
+    out = model.forward(x);
+    where += fmt::format(" (output {}) -> loss {}", shapeOf(out), config.loss.name);
+    (void)lossFn(out, y);
+  } catch (const std::exception& e) {
+    std::string hint;
+    if (data.numClasses == 0 && config.loss.name == "cross_entropy") {
+      hint = " HINT: a regression dataset needs a regression loss (\"loss\": {\"name\": \"mse\"}), or set the "
+             "dataset's \"task\": \"classification\"";
+    } else if (out.defined() && data.numClasses == 0 && out.dim() == 2 && out.size(1) != 1) {
+      hint = " HINT: a regression model has one output; make the last width of model.layers 1 (or 0: taken from the "
+             "dataset)";
+    }
+    std::string what = errorLine(e);
+    if (hint.empty() || what.find("HINT:") != std::string::npos) {
+      fail<UsageError>("{} do not fit together: {}", where, what);
+    }
+    fail<UsageError>("{} do not fit together: {}.{}", where, what, hint);
+  }
+  model.train(training);
+}
 
 void makeRunFolder(const std::string& runDir) {
   std::error_code ec;
@@ -211,10 +288,13 @@ void Trainer::build() {
   torch::manual_seed(tc.seed);
   DatasetContext dctx{tc.seed, config.configDir};
   DatasetSplits& data = s.data;
-  data = registry.get(PluginKind::Dataset, config.dataset.name).dataset(config.dataset.params, dctx);
+  data = building("dataset", config.dataset.name, [&] {
+    return registry.get(PluginKind::Dataset, config.dataset.name).dataset(config.dataset.params, dctx);
+  });
   ModelPtr& model = s.model;
-  model = registry.get(PluginKind::Model, config.model.name)
-                       .model(config.model.params, modelContextFor(data));
+  model = building("model", config.model.name, [&] {
+    return registry.get(PluginKind::Model, config.model.name).model(config.model.params, modelContextFor(data));
+  });
   if (s.device.is_cuda()) {
     model->to(s.device);
     data.trainFeatures = data.trainFeatures.to(s.device);
@@ -222,12 +302,18 @@ void Trainer::build() {
     data.testFeatures = data.testFeatures.to(s.device);
     data.testTargets = data.testTargets.to(s.device);
   }
-  auto optimizer = registry.get(PluginKind::Optimizer, config.optimizer.name)
-                       .optimizer(model->parameters(), config.optimizer.params);
+  auto optimizer = building("optimizer", config.optimizer.name, [&] {
+    return registry.get(PluginKind::Optimizer, config.optimizer.name)
+        .optimizer(model->parameters(), config.optimizer.params);
+  });
   if (config.scheduler) {
-    s.scheduler = registry.get(PluginKind::Scheduler, config.scheduler->name).scheduler(config.scheduler->params);
+    s.scheduler = building("scheduler", config.scheduler->name, [&] {
+      return registry.get(PluginKind::Scheduler, config.scheduler->name).scheduler(config.scheduler->params);
+    });
   }
-  s.lossFn = registry.get(PluginKind::Loss, config.loss.name).loss(config.loss.params);
+  s.lossFn = building("loss", config.loss.name,
+                      [&] { return registry.get(PluginKind::Loss, config.loss.name).loss(config.loss.params); });
+  checkPluginsFit(config, data, *model, s.lossFn);
   for (auto& g : optimizer->param_groups()) s.baseLrs.push_back(g.options().get_lr());
 
   if (isWriter()) {
@@ -293,7 +379,14 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
     const bool stepNow = (++micro % tc.accumulateGradBatches == 0) || b == usable - 1;
     at::Tensor loss = s.lossFn(s.model->forward(x), y);
     strategy.backward(tc.accumulateGradBatches > 1 ? loss / double(tc.accumulateGradBatches) : loss, stepNow);
-    lossSum += loss.item<double>() * len;
+    const double stepLoss = loss.item<double>();
+    // Before the optimizer steps on it; an isfinite per micro-batch.
+    if (!std::isfinite(stepLoss) && tc.stopOnNonfiniteLoss) {
+      fail<NonFiniteLossError>("training: loss is {} at epoch {}, step {} (rank {}). HINT: lower optimizer.lr, or set "
+                               "training.on_nonfinite_loss=\"continue\"",
+                               nonFiniteName(stepLoss), epoch + 1, s.steps + 1, rank());
+    }
+    lossSum += stepLoss * len;
     seen += len;
     if (stepNow) {
       strategy.step();
@@ -347,6 +440,16 @@ void Trainer::saveCheckpoint(int64_t epoch) {
 
 
 TrainResult Trainer::run() {
+  try {
+    return runStages();
+  } catch (const std::exception& e) {
+    // Once the run folder exists, train.log says why the run ended.
+    if (impl_->log) impl_->log->failure(errorLine(e));
+    throw;
+  }
+}
+
+TrainResult Trainer::runStages() {
   build();
   Impl& s = *impl_;
   const auto& tc = config_.training;
@@ -380,6 +483,13 @@ TrainResult Trainer::run() {
     EpochMetrics m;
     m.epoch = epoch + 1;
     m.trainLoss = sums[0] / std::max(1.0, sums[1]);
+    // The same reduced sum on every rank: all stop together where no step's
+    // loss was non-finite but their sum is (it overflowed).
+    if (!std::isfinite(m.trainLoss) && tc.stopOnNonfiniteLoss) {
+      fail<NonFiniteLossError>("training: the mean loss of epoch {} over all ranks is {} (rank {}). HINT: lower "
+                               "optimizer.lr, or set training.on_nonfinite_loss=\"continue\"",
+                               epoch + 1, nonFiniteName(m.trainLoss), rank());
+    }
     if (evaluated && sums[4] > 0) {
       m.testLoss = sums[2] / sums[4];
       if (s.data.numClasses > 0) m.testAccuracy = sums[3] / sums[4];
@@ -395,6 +505,16 @@ TrainResult Trainer::run() {
   result.loopSeconds = std::chrono::duration<double>(Clock::now() - trainStart).count();
   for (const auto& p : s.model->parameters()) result.finalParameters.push_back(p.detach().clone());
   return result;
+}
+
+std::string errorLine(const std::exception& e) {
+  const auto* torchError = dynamic_cast<const c10::Error*>(&e);
+  std::string what = torchError ? torchError->what_without_backtrace() : e.what();
+  while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+  for (char& c : what) {
+    if (c == '\n') c = ' ';
+  }
+  return what;
 }
 
 TrainResult runTraining(const ExperimentConfig& config, const DistributedContext& dist, const RunOptions& options,

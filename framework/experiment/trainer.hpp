@@ -19,6 +19,16 @@
 //   evaluation epochs the test loss and accuracy (over the whole test split,
 //   sharded across ranks and summed), then one record in metrics.jsonl and
 //   metrics.csv and a line in train.log. Only rank 0 writes.
+// - A micro-batch whose loss is NaN or infinite stops the run before the
+//   optimizer steps on it (NonFiniteLossError, naming epoch, step and rank),
+//   unless training.on_nonfinite_loss is "continue"; the records of earlier
+//   epochs stay. Other ranks are stopped by the launcher (or by the next
+//   collective failing); the epoch's reduced loss is checked too, so ranks
+//   that all reach it stop together.
+// - Before the run folder exists, build() runs the model and the loss on two
+//   training rows, so a dataset, model and loss that do not fit together
+//   fail as one UsageError line; a plugin that runs out of memory while it
+//   is built does too.
 // - Rank 0 creates the run folder and writes config.json there once the
 //   dataset, model, optimizer, scheduler and loss are built, so a mistake
 //   they find leaves no folder behind.
@@ -34,6 +44,7 @@
 #pragma once
 
 #include <memory>
+#include <stdexcept>
 #include <optional>
 #include <string>
 #include <utility>
@@ -100,7 +111,9 @@ class Trainer {
   // Every rank; rank 0 writes checkpoints/epoch_NNNNNN.pt (model,
   // optimizer, epoch, steps, RNG state), the others wait at a barrier.
   void saveCheckpoint(int64_t epoch);
-  // build() when not done yet, then the epochs, with the callbacks.
+  // build() when not done yet, then the epochs, with the callbacks. An
+  // exception ends the run; once the run folder exists, its one line is
+  // appended to train.log first.
   TrainResult run();
 
   // For callbacks.
@@ -116,6 +129,7 @@ class Trainer {
   int64_t steps() const;       // optimizer steps so far, resumed ones included
 
  private:
+  TrainResult runStages();
   struct Impl;
   const ExperimentConfig& config_;
   const DistributedContext& dist_;
@@ -123,6 +137,19 @@ class Trainer {
   PluginRegistry& registry_;
   std::unique_ptr<Impl> impl_;
 };
+
+// A training loss (one micro-batch's, or an epoch's mean over the ranks)
+// that is NaN or infinite, with training.on_nonfinite_loss "stop" (the
+// default): the message names the epoch, the step and the rank. ddp-run
+// exits with 3.
+class NonFiniteLossError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// An exception's message as one line: LibTorch's errors without their
+// backtrace, line breaks made spaces.
+std::string errorLine(const std::exception& e);
 
 // Trainer(config, dist, options, registry), its standard callbacks, run().
 TrainResult runTraining(const ExperimentConfig& config, const DistributedContext& dist, const RunOptions& options,

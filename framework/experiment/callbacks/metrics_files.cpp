@@ -26,12 +26,21 @@ double rounded(const char* format, double v) {
   return std::strtod(buf, nullptr);
 }
 
-nlohmann::ordered_json numberOrNull(const std::optional<double>& v) {
+// Every number a record holds goes through these two, so that neither file
+// ever holds nan, -nan or inf (not JSON; read differently by each CSV
+// reader): a value that is absent or not finite is JSON null and an empty
+// CSV field. `format` is the JSON record's precision.
+nlohmann::ordered_json jsonNumber(const std::optional<double>& v, const char* format = "%.8g") {
   if (!v || !std::isfinite(*v)) return nullptr;
-  return rounded("%.8g", *v);
+  return rounded(format, *v);
 }
 
-std::string csvField(const std::optional<double>& v) { return v ? std::to_string(*v) : ""; }
+std::string csvNumber(const std::optional<double>& v) {
+  if (!v || !std::isfinite(*v)) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%g", *v);
+  return buf;
+}
 
 // The epoch of one metrics record, or -1 for a line that is not a whole
 // record (the header, or the torn last line of a crashed run).
@@ -84,15 +93,15 @@ void MetricsFiles::onEpochEnd(Trainer&, EpochEnd& end) {
   const EpochMetrics& m = end.metrics;
   nlohmann::ordered_json record;
   record["epoch"] = m.epoch;
-  record["train_loss"] = rounded("%.8g", m.trainLoss);
-  record["test_loss"] = numberOrNull(m.testLoss);
-  record["test_accuracy"] = numberOrNull(m.testAccuracy);
-  record["seconds"] = rounded("%.6f", m.seconds);
-  for (const auto& [name, value] : m.extra) record[name] = numberOrNull(value);
+  record["train_loss"] = jsonNumber(m.trainLoss);
+  record["test_loss"] = jsonNumber(m.testLoss);
+  record["test_accuracy"] = jsonNumber(m.testAccuracy);
+  record["seconds"] = jsonNumber(m.seconds, "%.6f");
+  for (const auto& [name, value] : m.extra) record[name] = jsonNumber(value);
   jsonl_ << record.dump() << "\n";
   jsonl_.flush();
-  csv_ << m.epoch << "," << m.trainLoss << "," << csvField(m.testLoss) << "," << csvField(m.testAccuracy) << ","
-       << m.seconds << "\n";
+  csv_ << m.epoch << "," << csvNumber(m.trainLoss) << "," << csvNumber(m.testLoss) << ","
+       << csvNumber(m.testAccuracy) << "," << csvNumber(m.seconds) << "\n";
   csv_.flush();
 }
 

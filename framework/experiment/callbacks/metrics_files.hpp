@@ -1,7 +1,9 @@
 // MetricsFiles: rank 0's metrics.jsonl and metrics.csv in the run folder,
 // one record per epoch: epoch, train_loss, test_loss, test_accuracy,
-// seconds (JSON null / an empty CSV field where an epoch has none), then in
-// the JSON record any EpochMetrics::extra added by earlier callbacks.
+// seconds, then in the JSON record any EpochMetrics::extra added by earlier
+// callbacks. A value an epoch does not have (no evaluation) or that is not a
+// finite number (a NaN loss) is JSON null and an empty CSV field: never nan
+// or inf, which JSON readers refuse.
 //
 // A new run starts both files empty (the CSV with its header). A resumed
 // one keeps the whole records of epochs up to its checkpoint: a crash may
