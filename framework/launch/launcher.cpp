@@ -348,8 +348,12 @@ int launchLocalRanks(LaunchOptions o) {
     if (code == 0 || result.stopSignal != 0) return code;  // a signal: never a restart
     // 2: a mistake in what was asked (config, environment), the same again
     // on every attempt; restarts are for failures that may pass.
-    if (code == 2 && o.maxRestarts > 0) {
-      std::cerr << "ddp-run: not restarting: the rank reported a mistake in the job's input (exit code 2)"
+    // 3: a non-finite loss, which a restart from the newest checkpoint
+    // would reach again (the run is deterministic).
+    if ((code == 2 || code == 3) && o.maxRestarts > 0) {
+      std::cerr << (code == 2 ? "ddp-run: not restarting: the rank reported a mistake in the job's input (exit code 2)"
+                              : "ddp-run: not restarting: the loss became non-finite (exit code 3); a restart from "
+                                "the newest checkpoint would reach it again")
                 << std::endl;
       return code;
     }

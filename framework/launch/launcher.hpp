@@ -14,6 +14,8 @@
 //   rank failed first, how, and that rank's last lines, and returns non-zero.
 // - With maxRestarts > 0, a failed job is started again (all ranks, with
 //   DDP_RESTART=<attempt>) until it succeeds or the restarts are used up.
+//   Exit codes that a restart would only repeat end the job at once: 2 (a
+//   mistake in the job's input) and 3 (a non-finite loss).
 // - Signals: SIGINT, SIGTERM and SIGHUP to the launcher (those it does not
 //   ignore) are passed on to every rank's process group; ranks still alive
 //   after killGrace get SIGKILL (at once on a second signal). The launcher
