@@ -524,13 +524,16 @@ TEST_CASE("a non-finite loss stops the run naming epoch and step; the records so
     CHECK(csv.find("\n6,,") != std::string::npos);
     std::filesystem::remove_all(top);
   }
-  SECTION("two ranks: the job stops with the detecting rank's line and its exit code") {
+  SECTION("two ranks: the job stops with the detecting rank's line and its exit code, and is not restarted") {
     const std::string top = tempDir();
-    ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
-                                            "/experiments/wine_ddp.json --set optimizer.lr=1e30 --out " + top + "/run");
+    ddp::test::ProgramOutcome o =
+        runDdpRun("--nproc-per-node 2 --max-restarts 2 " + std::string(DDP_SOURCE_DIR) +
+                  "/experiments/wine_ddp.json --set optimizer.lr=1e30 --out " + top + "/run");
     INFO(o.output);
     CHECK(o.exitCode == 3);
     CHECK(o.output.find("training: loss is ") != std::string::npos);
+    CHECK(o.output.find("not restarting: the loss became non-finite") != std::string::npos);
+    CHECK(o.output.find("restarting all ranks") == std::string::npos);
     CHECK(o.seconds < 30);
     std::filesystem::remove_all(top);
   }
