@@ -330,6 +330,8 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
       intParam("accumulate_grad_batches", 1, 1, "micro-batches per optimizer step"),
       intParam("threads", 0, 0, "intra-op threads per rank (0: cores / local ranks)"),
       boolParam("drop_last", false, "drop the last incomplete batch and shard"),
+      boolParam("checkpoint_on_signal", false,
+                "on SIGTERM or SIGINT, finish the step and save a checkpoint of it before exiting"),
   };
   return specs;
 }
@@ -473,6 +475,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.training.accumulateGradBatches = training["accumulate_grad_batches"];
   config.training.threads = training["threads"];
   config.training.dropLast = training["drop_last"];
+  config.training.checkpointOnSignal = training["checkpoint_on_signal"];
 
   const Json distributed = v.validateSection(
       "distributed", root.contains("distributed") ? root["distributed"] : Json::object(), distributedParamSpecs());

@@ -1,29 +1,31 @@
 // RunLog: rank 0's log of a run, train.log in the run folder, echoed to
 // stdout unless quiet. On other ranks (enabled = false) lines are dropped.
+// Each line is one whole record (AppendFile): a disk that refuses it ends
+// the run with "cannot write .../train.log: No space left on device".
 #pragma once
 
-#include <fstream>
 #include <iostream>
 #include <string>
+
+#include "framework/core/append_file.hpp"
 
 namespace ddp {
 
 class RunLog {
  public:
   RunLog(bool enabled, const std::string& runDir, bool quiet) : enabled_(enabled), quiet_(quiet) {
-    if (enabled_) file_.open(runDir + "/train.log", std::ios::app);
+    if (enabled_) file_.open(runDir + "/train.log");
   }
   void line(const std::string& text) {
     if (!enabled_) return;
-    file_ << text << "\n";
-    file_.flush();
     if (!quiet_) std::cout << text << std::endl;
+    file_.append(text + "\n");
   }
 
  private:
   bool enabled_;
   bool quiet_;
-  std::ofstream file_;
+  AppendFile file_;
 };
 
 }  // namespace ddp

@@ -7,10 +7,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
-#include "framework/core/errors.hpp"
-#include "framework/core/system.hpp"
+#include "framework/core/append_file.hpp"
 #include "framework/experiment/trainer.hpp"
 
 namespace ddp {
@@ -58,11 +59,7 @@ void dropMetricsAfter(const std::string& runDir, int64_t epoch) {
       if (e >= 1 && e <= epoch) kept += line + "\n";
     }
     in.close();
-    const std::string tmp = path + ".tmp";
-    std::ofstream(tmp, std::ios::trunc) << kept;
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      fail<std::runtime_error>("metrics: cannot rename {} to {}: {}", tmp, path, errnoText(errno));
-    }
+    writeFileAtomically(path, kept);
   }
 }
 
@@ -73,11 +70,13 @@ void MetricsFiles::onTrainBegin(Trainer& trainer) {
   if (trainer.options().resume) {
     dropMetricsAfter(runDir, trainer.startEpoch());
   } else {
-    std::ofstream(runDir + "/metrics.jsonl", std::ios::trunc);
-    std::ofstream(runDir + "/metrics.csv") << kCsvHeader;
+    jsonl_.open(runDir + "/metrics.jsonl", /*truncate=*/true);
+    csv_.open(runDir + "/metrics.csv", /*truncate=*/true);
+    csv_.append(kCsvHeader);
+    return;
   }
-  jsonl_.open(runDir + "/metrics.jsonl", std::ios::app);
-  csv_.open(runDir + "/metrics.csv", std::ios::app);
+  jsonl_.open(runDir + "/metrics.jsonl");
+  csv_.open(runDir + "/metrics.csv");
 }
 
 void MetricsFiles::onEpochEnd(Trainer&, EpochEnd& end) {
@@ -89,11 +88,11 @@ void MetricsFiles::onEpochEnd(Trainer&, EpochEnd& end) {
   record["test_accuracy"] = numberOrNull(m.testAccuracy);
   record["seconds"] = rounded("%.6f", m.seconds);
   for (const auto& [name, value] : m.extra) record[name] = numberOrNull(value);
-  jsonl_ << record.dump() << "\n";
-  jsonl_.flush();
-  csv_ << m.epoch << "," << m.trainLoss << "," << csvField(m.testLoss) << "," << csvField(m.testAccuracy) << ","
-       << m.seconds << "\n";
-  csv_.flush();
+  jsonl_.append(record.dump() + "\n");
+  std::ostringstream csv;
+  csv << m.epoch << "," << m.trainLoss << "," << csvField(m.testLoss) << "," << csvField(m.testAccuracy) << ","
+      << m.seconds << "\n";
+  csv_.append(csv.str());
 }
 
 }  // namespace ddp
