@@ -125,15 +125,17 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
   ddp::RunOptions ro;
   ro.runDir = runDir;
   ro.resume = resume;
+  ro.restart = !args.resume;
   auto result = ddp::runTraining(config, ctx, ro, registry);
-  if (env.rank == 0 && !result.history.empty()) {
+  if (env.rank == 0 && !result.history.empty() && result.signal == 0) {
     const auto& last = result.history.back();
     std::cout << "done: " << result.steps << " steps; final train_loss " << last.trainLoss;
     if (last.testAccuracy) std::cout << ", test_accuracy " << *last.testAccuracy;
     std::cout << "; run folder " << runDir << std::endl;
   }
   ctx.group->barrier()->wait();
-  return 0;
+  // Stopped by SIGTERM or SIGINT after a checkpoint (training.checkpoint_on_signal).
+  return result.signal != 0 ? 128 + result.signal : 0;
 }
 
 }  // namespace
@@ -235,6 +237,11 @@ int main(int argc, char** argv) {
       std::cerr << "ddp-run: no experiment given. HINT: ddp-run experiments/wine_baseline.json "
                    "(or --list-plugins, --demo)"
                 << std::endl;
+      return 2;
+    }
+    // --resume continues the run in --out; without it, a new folder would be made.
+    if (args.resume && args.outDir.empty()) {
+      std::cerr << "ddp-run: --resume needs the run folder to continue. HINT: --out RUN_DIR" << std::endl;
       return 2;
     }
     if (isRank) return runRank(args, *env);

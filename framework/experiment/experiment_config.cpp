@@ -440,6 +440,8 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
       boolParam("drop_last", false, "drop the last incomplete batch and shard"),
       stringParam("on_nonfinite_loss", "stop", {"stop", "continue"},
                   "a NaN or infinite training loss: stop the run (exit code 3) or continue"),
+      boolParam("checkpoint_on_signal", false,
+                "on SIGTERM or SIGINT, finish the step and save a checkpoint of it before exiting"),
   };
   return specs;
 }
@@ -582,6 +584,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.training.threads = training["threads"];
   config.training.dropLast = training["drop_last"];
   config.training.stopOnNonfiniteLoss = training["on_nonfinite_loss"] == "stop";
+  config.training.checkpointOnSignal = training["checkpoint_on_signal"];
 
   const Json distributed = v.validateSection(
       "distributed", root.contains("distributed") ? root["distributed"] : Json::object(), distributedParamSpecs());

@@ -2,35 +2,36 @@
 // stdout unless quiet. On other ranks (enabled = false) lines are dropped.
 // failure() records why a run ended in train.log only: the program prints
 // the same line to stderr itself.
+// Each line is one whole record (AppendFile): a disk that refuses it ends
+// the run with "cannot write .../train.log: No space left on device".
 #pragma once
 
-#include <fstream>
 #include <iostream>
 #include <string>
+
+#include "framework/core/append_file.hpp"
 
 namespace ddp {
 
 class RunLog {
  public:
   RunLog(bool enabled, const std::string& runDir, bool quiet) : enabled_(enabled), quiet_(quiet) {
-    if (enabled_) file_.open(runDir + "/train.log", std::ios::app);
+    if (enabled_) file_.open(runDir + "/train.log");
   }
   void line(const std::string& text) {
     if (!enabled_) return;
-    file_ << text << "\n";
-    file_.flush();
     if (!quiet_) std::cout << text << std::endl;
+    file_.append(text + "\n");
   }
   void failure(const std::string& text) {
     if (!enabled_) return;
-    file_ << "run failed: " << text << "\n";
-    file_.flush();
+    file_.append("run failed: " + text + "\n");
   }
 
  private:
   bool enabled_;
   bool quiet_;
-  std::ofstream file_;
+  AppendFile file_;
 };
 
 }  // namespace ddp

@@ -1,6 +1,7 @@
 #include "framework/experiment/trainer.hpp"
 
-#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -24,7 +26,10 @@
 #include "framework/experiment/callbacks/fault_injection.hpp"
 #include "framework/experiment/callbacks/metrics_files.hpp"
 #include "framework/experiment/callbacks/progress_line.hpp"
+#include "framework/experiment/resume_rules.hpp"
+#include "framework/experiment/run_folder.hpp"
 #include "framework/experiment/run_log.hpp"
+#include "framework/core/append_file.hpp"
 #include "framework/parallel/sampler.hpp"
 #include "framework/parallel/strategy.hpp"
 
@@ -166,42 +171,158 @@ void checkRunFolderIsFree(const std::string& runDir) {
   }
 }
 
-std::string newestCheckpoint(const std::string& runDir) {
-  const std::string dir = runDir + "/checkpoints";
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return "";
-  std::string best;
-  while (dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name.rfind("epoch_", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == ".pt" && name > best) {
-      best = name;
-    }
-  }
-  ::closedir(d);
-  return best.empty() ? "" : dir + "/" + best;
-}
-
 namespace {
 
+// What a checkpoint holds besides the model and optimizer.
+struct CheckpointState {
+  int64_t epoch = 0;  // epochs finished
+  int64_t batch = 0;  // batches of the next epoch finished (a checkpoint on a signal)
+  int64_t steps = 0;
+  std::vector<double> partial;  // that epoch's loss sum and samples so far, over all ranks
+};
+
 // Every rank, before the strategy exists: model and optimizer state, RNG
-// and step count; returns the epoch.
-int64_t loadCheckpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                       int64_t* stepsOut) {
-  torch::serialize::InputArchive archive;
+// and step count. The optimizer's hyper-parameters stay those of the
+// experiment (resume_rules.hpp lets them change). Any failure is one
+// runtime_error naming the file.
+CheckpointState loadCheckpoint(const std::string& path, torch::nn::Module& model,
+                               torch::optim::Optimizer& optimizer) {
+  CheckpointState state;
   try {
+    std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
+    for (auto& g : optimizer.param_groups()) options.push_back(g.options().clone());
+    torch::serialize::InputArchive archive;
     archive.load_from(path);
+    loadModelAndOptimizer(archive, model, optimizer);
+    at::Tensor epoch, steps, rng, batch, partial;
+    archive.read("epoch", epoch);
+    archive.read("steps", steps);
+    archive.read("rng", rng);
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(rng);
+    state.epoch = epoch.item<int64_t>();
+    state.steps = steps.item<int64_t>();
+    if (archive.try_read("batch", batch)) state.batch = batch.item<int64_t>();
+    if (archive.try_read("partial", partial)) {
+      partial = partial.to(at::kDouble).contiguous();
+      state.partial.assign(partial.data_ptr<double>(), partial.data_ptr<double>() + partial.numel());
+    }
+    auto& groups = optimizer.param_groups();
+    for (size_t g = 0; g < groups.size() && g < options.size(); ++g) groups[g].set_options(std::move(options[g]));
   } catch (const std::exception& e) {
-    fail<std::runtime_error>("checkpoint {} cannot be read: {}", path, e.what());
+    std::string why = e.what();
+    why = why.substr(0, why.find('\n'));
+    fail<std::runtime_error>("checkpoint {} cannot be read ({})", path, why);
   }
-  loadModelAndOptimizer(archive, model, optimizer);
-  at::Tensor epoch, steps, rng;
-  archive.read("epoch", epoch);
-  archive.read("steps", steps);
-  archive.read("rng", rng);
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
-  generator.set_state(rng);
-  *stepsOut = steps.item<int64_t>();
-  return epoch.item<int64_t>();
+  return state;
+}
+
+// SIGTERM and SIGINT while a run with training.checkpoint_on_signal trains:
+// the handler records the signal, the training loop acts on it at the next
+// step. A second signal takes its default action at once.
+std::atomic<int> gStopSignal{0};
+
+void recordStopSignal(int sig) {
+  if (gStopSignal.load() != 0) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  gStopSignal.store(sig);
+}
+
+class StopSignals {
+ public:
+  explicit StopSignals(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    gStopSignal.store(0);
+    struct sigaction action {};
+    action.sa_handler = recordStopSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(SIGTERM, &action, &oldTerm_);
+    ::sigaction(SIGINT, &action, &oldInt_);
+  }
+  ~StopSignals() {
+    if (!enabled_) return;
+    ::sigaction(SIGTERM, &oldTerm_, nullptr);
+    ::sigaction(SIGINT, &oldInt_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  bool enabled_;
+  struct sigaction oldTerm_ {}, oldInt_ {};
+};
+
+const char* const kStartKey = "ddp-trainer/start";
+
+// Rank 0, once the plugins are built and before anything is written: makes
+// or (on resume) checks the run folder, and returns the checkpoint to resume
+// from ("" for none), loaded into model and optimizer. Nothing in the
+// folder changes before every check has passed; config.json is written last.
+std::string prepareRunFolder(const ExperimentConfig& config, const RunOptions& options, torch::nn::Module& model,
+                             torch::optim::Optimizer& optimizer, std::vector<std::string>* notes,
+                             CheckpointState* state, std::unique_ptr<RunFolderLock>* lock) {
+  const std::string& runDir = options.runDir;
+  const std::string configPath = runDir + "/config.json";
+  std::error_code ec;
+  std::string chosen;
+  // A restart by a launcher or scheduler before the folder held a run starts it.
+  if (options.resume && (!options.restart || std::filesystem::exists(configPath, ec))) {
+    if (!std::filesystem::is_directory(runDir, ec)) {
+      fail<UsageError>("--resume: run folder {} does not exist. HINT: --out the folder of the run to continue", runDir);
+    }
+    *lock = std::make_unique<RunFolderLock>(runDir);
+    std::ifstream in(configPath);
+    if (!in) {
+      fail<UsageError>(
+          "--resume: {} holds no config.json, so no run to continue. HINT: --out the folder of the run to continue",
+          runDir);
+    }
+    Json saved = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (saved.is_discarded()) {
+      fail<UsageError>("--resume: {} is not valid JSON. HINT: restore it, or start a new run with another --out",
+                       configPath);
+    }
+    if (!config.resolved.is_null()) {
+      for (const ConfigChange& change : checkResumeChanges(runDir, saved, config.resolved)) {
+        notes->push_back(fmt::format("resume: {} {} -> {}", change.key, change.before, change.after));
+      }
+    }
+    // The newest checkpoint that loads; every other rank loads the same file.
+    std::vector<std::string> unreadable;
+    const std::vector<CheckpointFile> checkpoints = listCheckpoints(runDir);
+    for (const CheckpointFile& file : checkpoints) {
+      try {
+        *state = loadCheckpoint(file.path, model, optimizer);
+        chosen = file.path;
+        break;
+      } catch (const std::runtime_error& e) {
+        unreadable.push_back(e.what());
+      }
+    }
+    if (!checkpoints.empty() && chosen.empty()) {
+      fail<std::runtime_error>("--resume: no checkpoint in {}/checkpoints can be read; the newest: {}", runDir,
+                               unreadable.front());
+    }
+    for (const std::string& why : unreadable) notes->push_back(fmt::format("{}; resuming from {}", why, chosen));
+    const auto metricsBytes = std::filesystem::file_size(runDir + "/metrics.jsonl", ec);
+    if (chosen.empty() && !options.restart && !ec && metricsBytes > 0) {
+      fail<UsageError>(
+          "--resume: {} holds metrics but no checkpoint to continue from; starting again would overwrite them. HINT: "
+          "runs to be resumed need training.save_every > 0; start this one again with another --out",
+          runDir);
+    }
+  } else {
+    makeRunFolder(runDir);
+    *lock = std::make_unique<RunFolderLock>(runDir);
+  }
+  checkWritable(runDir);
+  if (config.training.saveEvery > 0 || config.training.checkpointOnSignal) checkWritable(runDir + "/checkpoints");
+  if (!config.resolved.is_null()) writeFileAtomically(configPath, config.resolved.dump(2) + "\n");
+  return chosen;
 }
 
 }  // namespace
@@ -221,7 +342,16 @@ struct Trainer::Impl {
   at::Tensor testX, testY;  // this rank's shard of the test split
   int64_t startEpoch = 0;
   int64_t steps = 0;
-  bool stop = false;  // training.max_steps reached
+  bool stop = false;  // training.max_steps reached, or a signal
+  std::unique_ptr<RunFolderLock> lock;  // rank 0: this job owns the run folder
+  int64_t resumeBatch = 0;              // batches of epoch startEpoch done before (a checkpoint on a signal)
+  std::vector<double> resumeSums;       // their loss sum and samples, over all ranks (rank 0 adds them)
+  bool watchSignals = false;            // training.checkpoint_on_signal
+  at::Tensor signalFlag;                // the agreed stop signal, one int64
+  int signal = 0;                       // the signal all ranks stopped on
+  int64_t batchesDone = 0;              // of the epoch the signal stopped
+  bool partialEpoch = false;            // the signal stopped an epoch before its end
+  int64_t lastSaved = -1;               // epoch of the last checkpoint written
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;
   std::vector<TrainerCallback*> stepCallbacks;  // those that want onStepEnd
 };
@@ -316,20 +446,44 @@ void Trainer::build() {
   checkPluginsFit(config, data, *model, s.lossFn);
   for (auto& g : optimizer->param_groups()) s.baseLrs.push_back(g.options().get_lr());
 
+  // Rank 0 takes the run folder and decides what every rank resumes from;
+  // the others learn it through the store, or that rank 0 refused.
+  std::vector<std::string> notes;  // for train.log, once it is open
+  std::string resumeFrom;
+  CheckpointState state;
   if (isWriter()) {
-    makeRunFolder(options_.runDir);
-    if (!config.resolved.is_null()) std::ofstream(options_.runDir + "/config.json") << config.resolved.dump(2) << "\n";
+    const auto share = [&](const std::string& value) {
+      if (worldSize() > 1 && dist_.store) dist_.store->setString(kStartKey, value);
+    };
+    try {
+      resumeFrom = prepareRunFolder(config, options_, *model, *optimizer, &notes, &state, &s.lock);
+    } catch (const UsageError& e) {
+      share(std::string("usage:") + e.what());
+      throw;
+    } catch (const std::exception& e) {
+      share(std::string("error:") + e.what());
+      throw;
+    }
+    share("ok:" + resumeFrom);
+  } else if (worldSize() > 1 && dist_.store) {
+    const std::string start = dist_.store->getString(kStartKey);
+    if (start.rfind("usage:", 0) == 0) fail<UsageError>("rank 0 did not start the run: {}", start.substr(6));
+    if (start.rfind("error:", 0) == 0) fail<std::runtime_error>("rank 0 did not start the run: {}", start.substr(6));
+    resumeFrom = start.substr(3);
+    if (!resumeFrom.empty()) state = loadCheckpoint(resumeFrom, *model, *optimizer);
   }
   s.log = std::make_unique<RunLog>(isWriter(), options_.runDir, options_.quiet);
-
-  if (options_.resume) {
-    const std::string path = newestCheckpoint(options_.runDir);
-    if (!path.empty()) {
-      s.startEpoch = loadCheckpoint(path, *model, *optimizer, &s.steps);
-      s.log->line(fmt::format("resumed from {} after epoch {}", path, s.startEpoch));
-    } else {
-      s.log->line(fmt::format("resume: no checkpoint in {}/checkpoints; starting from scratch", options_.runDir));
-    }
+  for (const std::string& note : notes) s.log->line(note);
+  if (!resumeFrom.empty()) {
+    s.startEpoch = state.epoch;
+    s.steps = state.steps;
+    s.resumeBatch = state.batch;
+    if (isWriter()) s.resumeSums = state.partial;
+    s.log->line(state.batch > 0 ? fmt::format("resumed from {} after epoch {} and {} batches of epoch {}", resumeFrom,
+                                              state.epoch, state.batch, state.epoch + 1)
+                                : fmt::format("resumed from {} after epoch {}", resumeFrom, state.epoch));
+  } else if (options_.resume) {
+    s.log->line(fmt::format("resume: no checkpoint in {}/checkpoints; starting from scratch", options_.runDir));
   }
 
   StrategyContext context;
@@ -372,7 +526,15 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
   const int64_t batches = (myN + tc.batchSize - 1) / tc.batchSize;
   const int64_t usable = tc.dropLast ? myN / tc.batchSize : batches;
   int64_t micro = 0;
-  for (int64_t b = 0; b < usable && !s.stop; ++b) {
+  // Resumed from a checkpoint taken on a signal: the rest of that epoch.
+  const int64_t firstBatch = std::exchange(s.resumeBatch, 0);
+  if (s.resumeSums.size() == 2) {
+    lossSum = s.resumeSums[0];
+    seen = static_cast<int64_t>(s.resumeSums[1]);
+  }
+  s.resumeSums.clear();
+  s.partialEpoch = false;
+  for (int64_t b = firstBatch; b < usable && !s.stop; ++b) {
     const int64_t begin = b * tc.batchSize, len = std::min(tc.batchSize, myN - begin);
     at::Tensor x = batch.rows(data.trainFeatures, begin, len);
     at::Tensor y = batch.rows(data.trainTargets, begin, len);
@@ -398,6 +560,11 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
       const StepEnd step{epoch, b, usable, stepNow, s.steps, loss};
       for (TrainerCallback* callback : s.stepCallbacks) callback->onStepEnd(*this, step);
     }
+    if (s.watchSignals && stepNow && stopSignalAgreed()) {
+      s.stop = true;
+      s.partialEpoch = b + 1 < usable;
+      s.batchesDone = b + 1;
+    }
   }
   return {lossSum, double(seen)};
 }
@@ -415,27 +582,83 @@ std::vector<double> Trainer::evaluate() {
   return {testLoss, correct, double(s.testX.size(0))};
 }
 
-void Trainer::saveCheckpoint(int64_t epoch) {
+void Trainer::saveCheckpoint(int64_t epoch) { writeCheckpoint(epoch, 0, {}); }
+
+// Writes the archive to `path` with write(2), so that a full disk is named
+// as such (LibTorch's own file writer reports "unexpected pos"), flushed
+// to disk; on failure the file is removed and the error names it.
+void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial) {
   Impl& s = *impl_;
   std::optional<torch::serialize::OutputArchive> archive;
   if (isWriter()) archive.emplace();
   s.strategy->saveState(archive ? &*archive : nullptr);
+  std::string failure;
   if (archive) {
     const std::string dir = options_.runDir + "/checkpoints";
     ::mkdir(dir.c_str(), 0755);
     archive->write("epoch", at::tensor(epoch, at::kLong));
     archive->write("steps", at::tensor(s.steps, at::kLong));
     archive->write("rng", at::detail::getDefaultCPUGenerator().get_state());
-    const std::string finalPath = fmt::format("{}/epoch_{:06}.pt", dir, epoch);
+    if (batch > 0) {
+      archive->write("batch", at::tensor(batch, at::kLong));
+      archive->write("partial", at::tensor(partial, at::kDouble));
+    }
+    const std::string finalPath = dir + "/" + checkpointFileName(epoch, batch);
     const std::string tmpPath = finalPath + ".tmp";
-    archive->save_to(tmpPath);
+    const int fd = ::open(tmpPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int err = fd < 0 ? errno : 0;
+    if (fd >= 0) {
+      try {
+        // After a failed write the rest is dropped but reported as written:
+        // LibTorch's writer throws from its destructor (and so aborts) when
+        // told of a short write. The failure is reported below.
+        archive->save_to([&](const void* data, size_t n) -> size_t {
+          size_t done = 0;
+          while (err == 0 && done < n) {
+            const ssize_t w = ::write(fd, static_cast<const char*>(data) + done, n - done);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) err = w < 0 ? errno : ENOSPC;
+            else done += static_cast<size_t>(w);
+          }
+          return n;
+        });
+      } catch (const std::exception& e) {
+        if (err == 0) failure = std::string(e.what()).substr(0, std::string(e.what()).find('\n'));
+      }
+      if (err == 0 && failure.empty() && ::fsync(fd) != 0) err = errno;
+      if (::close(fd) != 0 && err == 0 && failure.empty()) err = errno;
+    }
     // rename() is atomic: readers see the old checkpoint or the new one, whole.
-    if (std::rename(tmpPath.c_str(), finalPath.c_str()) != 0) {
-      fail<std::runtime_error>("checkpoint: cannot rename {} to {}: {}", tmpPath, finalPath, errnoText(errno));
+    if (err == 0 && failure.empty() && std::rename(tmpPath.c_str(), finalPath.c_str()) != 0) err = errno;
+    if (err != 0 || !failure.empty()) {
+      ::unlink(tmpPath.c_str());
+      failure = fmt::format("checkpoint: cannot write {}: {}", finalPath, err != 0 ? errnoText(err) : failure);
+    } else {
+      s.lastSaved = epoch;
     }
   }
   // The others wait while rank 0 writes; a slow disk gets ten minutes.
   if (worldSize() > 1) group().barrier({std::chrono::milliseconds(600000)})->wait();
+  if (!failure.empty()) fail<std::runtime_error>("{}", failure);
+}
+
+// Every rank at each optimizer step of a run with checkpoint_on_signal: the
+// largest signal number any rank got (0: none), agreed with one allreduce
+// of one number, so every rank stops after the same step even when only
+// some got the signal.
+bool Trainer::stopSignalAgreed() {
+  Impl& s = *impl_;
+  int64_t signal = gStopSignal.load();
+  if (worldSize() > 1) {
+    if (!s.signalFlag.defined()) s.signalFlag = at::zeros({1}, at::kLong);
+    s.signalFlag.data_ptr<int64_t>()[0] = signal;
+    AllreduceOptions max;
+    max.op = ReduceOp::Max;
+    group().allreduce(s.signalFlag, max)->wait();
+    signal = s.signalFlag.data_ptr<int64_t>()[0];
+  }
+  if (signal != 0) s.signal = static_cast<int>(signal);
+  return signal != 0;
 }
 
 
@@ -460,12 +683,25 @@ TrainResult Trainer::runStages() {
   for (auto& callback : s.callbacks) callback->onTrainBegin(*this);
 
   TrainResult result;
+  const StopSignals signals(tc.checkpointOnSignal);
+  s.watchSignals = tc.checkpointOnSignal;
   const auto trainStart = Clock::now();
   s.stop = tc.maxSteps > 0 && s.steps >= tc.maxSteps;
   for (int64_t epoch = s.startEpoch; epoch < tc.epochs && !s.stop; ++epoch) {
     for (auto& callback : s.callbacks) callback->onEpochBegin(*this, epoch);
     const auto epochStart = Clock::now();
     const auto [lossSum, seen] = trainEpoch(epoch);
+    if (s.partialEpoch) {
+      // Stopped by a signal mid-epoch: the epoch's sums so far, over all
+      // ranks, go into a checkpoint of this step; its record comes on resume.
+      at::Tensor t = at::tensor(std::vector<double>{lossSum, seen}, at::kDouble);
+      if (worldSize() > 1) group().allreduce(t)->wait();
+      writeCheckpoint(epoch, s.batchesDone, {t[0].item<double>(), t[1].item<double>()});
+      s.log->line(fmt::format("signal {}: saved {}/checkpoints/{} (step {}, {} batches into epoch {}); stopping",
+                              s.signal, options_.runDir, checkpointFileName(epoch, s.batchesDone), s.steps,
+                              s.batchesDone, epoch + 1));
+      break;
+    }
 
     const bool lastEpoch = epoch + 1 == tc.epochs || s.stop;
     const bool evaluated = lastEpoch || (tc.evalEvery > 0 && (epoch + 1) % tc.evalEvery == 0);
@@ -498,9 +734,15 @@ TrainResult Trainer::runStages() {
 
     EpochEnd end{m, evaluated, lastEpoch};
     for (auto& callback : s.callbacks) callback->onEpochEnd(*this, end);
+    if (s.signal != 0) {
+      if (s.lastSaved != epoch + 1) saveCheckpoint(epoch + 1);
+      s.log->line(fmt::format("signal {}: saved {}/checkpoints/{} (step {}, end of epoch {}); stopping", s.signal,
+                              options_.runDir, checkpointFileName(epoch + 1), s.steps, epoch + 1));
+    }
     result.history.push_back(std::move(m));
   }
   for (auto& callback : s.callbacks) callback->onTrainEnd(*this);
+  result.signal = s.signal;
   result.steps = s.steps;
   result.loopSeconds = std::chrono::duration<double>(Clock::now() - trainStart).count();
   for (const auto& p : s.model->parameters()) result.finalParameters.push_back(p.detach().clone());

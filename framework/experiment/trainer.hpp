@@ -29,18 +29,40 @@
 //   training rows, so a dataset, model and loss that do not fit together
 //   fail as one UsageError line; a plugin that runs out of memory while it
 //   is built does too.
-// - Rank 0 creates the run folder and writes config.json there once the
-//   dataset, model, optimizer, scheduler and loss are built, so a mistake
-//   they find leaves no folder behind.
+// - Rank 0 creates the run folder once the dataset, model, optimizer,
+//   scheduler and loss are built, so a mistake they find leaves no folder
+//   behind; it locks the folder for the job (RunFolderLock, run_folder.hpp),
+//   checks that the folder, and checkpoints/ when the run saves any, can be
+//   written, and writes config.json last. The other ranks learn through the
+//   store (key "ddp-trainer/start") which checkpoint to load, or that rank 0
+//   refused, and fail with it.
 // - Every training.save_every epochs, and after the last epoch, rank 0
 //   writes checkpoints/epoch_NNNNNN.pt
 //   (model, optimizer, epoch, step, RNG state) through a temporary file and a
 //   rename, so a crash mid-write leaves the previous checkpoint intact; the
-//   other ranks wait at a barrier.
-// - With resume, training continues after the newest checkpoint and ends
-//   with the same parameters as an uninterrupted run; the metrics files then
-//   hold one record per epoch, the records of epochs after that checkpoint
-//   (run before a crash) dropped.
+//   other ranks wait at a barrier. A write that fails (a full disk) removes
+//   the temporary file and ends the run on every rank with one line naming
+//   the file and the reason.
+// - Resume (RunOptions::resume) checks before it changes anything: the
+//   folder exists and holds config.json; the experiment differs from it only
+//   in settings resume_rules.hpp lists as safe (each change is logged); the
+//   newest checkpoint by epoch number that loads is used, and one that does
+//   not is named in the log (none loads: an error, the folder untouched); a
+//   folder with metrics but no checkpoint is refused, not started over. The
+//   optimizer keeps the experiment's hyper-parameters, not the checkpoint's.
+//   Training continues after that checkpoint and ends with the same
+//   parameters as an uninterrupted run; the metrics files then hold one
+//   record per epoch, the records of epochs after that checkpoint (run
+//   before a crash) dropped. RunOptions::restart (a launcher's or
+//   scheduler's restart) starts a folder that holds no run yet, and starts
+//   over when there is no checkpoint.
+// - training.checkpoint_on_signal: SIGTERM and SIGINT set a flag during
+//   run(); after each optimizer step the ranks agree on it (one allreduce of
+//   one number, only with this setting), stop after the same step, and rank
+//   0 saves checkpoints/epoch_E_batch_B.pt (with that epoch's loss sums so
+//   far) or, at an epoch's end, epoch_E.pt; run() returns with
+//   TrainResult::signal set. A second signal takes the default action. The
+//   previous handlers are restored when run() returns.
 #pragma once
 
 #include <memory>
@@ -53,12 +75,16 @@
 #include "framework/launch/distributed.hpp"
 #include "framework/experiment/callbacks/callback.hpp"
 #include "framework/experiment/experiment_config.hpp"
+#include "framework/experiment/run_folder.hpp"
 
 namespace ddp {
 
 struct RunOptions {
   std::string runDir;   // created by rank 0 when training starts
   bool resume = false;  // continue from the newest checkpoint in runDir
+  // With resume: a restart by a launcher or scheduler, which starts the run
+  // when the folder holds none yet and may start it over without a checkpoint.
+  bool restart = false;
   bool progress = true; // a progress line with ETA on an interactive terminal
   bool quiet = false;   // no per-epoch lines on stdout (tests)
 };
@@ -81,6 +107,8 @@ struct TrainResult {
   // Wall time of the epoch loop (training, evaluation, metrics, checkpoints),
   // without building the dataset, model and optimizer.
   double loopSeconds = 0;
+  // The signal that stopped the run (training.checkpoint_on_signal), or 0.
+  int signal = 0;
 };
 
 class ParallelStrategy;
@@ -136,6 +164,9 @@ class Trainer {
   const RunOptions options_;
   PluginRegistry& registry_;
   std::unique_ptr<Impl> impl_;
+
+  void writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial);
+  bool stopSignalAgreed();
 };
 
 // A training loss (one micro-batch's, or an epoch's mean over the ranks)
@@ -154,9 +185,6 @@ std::string errorLine(const std::exception& e);
 // Trainer(config, dist, options, registry), its standard callbacks, run().
 TrainResult runTraining(const ExperimentConfig& config, const DistributedContext& dist, const RunOptions& options,
                         PluginRegistry& registry);
-
-// The newest checkpoint in runDir/checkpoints, or "" when there is none.
-std::string newestCheckpoint(const std::string& runDir);
 
 // Throws UsageError when runDir already holds a run (metrics or
 // checkpoints), which a new run would mix with its own.

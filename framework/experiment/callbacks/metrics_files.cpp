@@ -1,5 +1,6 @@
 #include "framework/experiment/callbacks/metrics_files.hpp"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -7,10 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 
-#include "framework/core/errors.hpp"
-#include "framework/core/system.hpp"
+#include "framework/core/append_file.hpp"
 #include "framework/experiment/trainer.hpp"
 
 namespace ddp {
@@ -67,11 +68,7 @@ void dropMetricsAfter(const std::string& runDir, int64_t epoch) {
       if (e >= 1 && e <= epoch) kept += line + "\n";
     }
     in.close();
-    const std::string tmp = path + ".tmp";
-    std::ofstream(tmp, std::ios::trunc) << kept;
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      fail<std::runtime_error>("metrics: cannot rename {} to {}: {}", tmp, path, errnoText(errno));
-    }
+    writeFileAtomically(path, kept);
   }
 }
 
@@ -82,11 +79,13 @@ void MetricsFiles::onTrainBegin(Trainer& trainer) {
   if (trainer.options().resume) {
     dropMetricsAfter(runDir, trainer.startEpoch());
   } else {
-    std::ofstream(runDir + "/metrics.jsonl", std::ios::trunc);
-    std::ofstream(runDir + "/metrics.csv") << kCsvHeader;
+    jsonl_.open(runDir + "/metrics.jsonl", /*truncate=*/true);
+    csv_.open(runDir + "/metrics.csv", /*truncate=*/true);
+    csv_.append(kCsvHeader);
+    return;
   }
-  jsonl_.open(runDir + "/metrics.jsonl", std::ios::app);
-  csv_.open(runDir + "/metrics.csv", std::ios::app);
+  jsonl_.open(runDir + "/metrics.jsonl");
+  csv_.open(runDir + "/metrics.csv");
 }
 
 void MetricsFiles::onEpochEnd(Trainer&, EpochEnd& end) {
@@ -98,11 +97,9 @@ void MetricsFiles::onEpochEnd(Trainer&, EpochEnd& end) {
   record["test_accuracy"] = jsonNumber(m.testAccuracy);
   record["seconds"] = jsonNumber(m.seconds, "%.6f");
   for (const auto& [name, value] : m.extra) record[name] = jsonNumber(value);
-  jsonl_ << record.dump() << "\n";
-  jsonl_.flush();
-  csv_ << m.epoch << "," << csvNumber(m.trainLoss) << "," << csvNumber(m.testLoss) << ","
-       << csvNumber(m.testAccuracy) << "," << csvNumber(m.seconds) << "\n";
-  csv_.flush();
+  jsonl_.append(record.dump() + "\n");
+  csv_.append(fmt::format("{},{},{},{},{}\n", m.epoch, csvNumber(m.trainLoss), csvNumber(m.testLoss),
+                          csvNumber(m.testAccuracy), csvNumber(m.seconds)));
 }
 
 }  // namespace ddp

@@ -9,12 +9,15 @@
 // one keeps the whole records of epochs up to its checkpoint: a crash may
 // have left records of later epochs, which run again, and a torn line; the
 // files are rewritten (or created) through a temporary file and a rename,
-// so a kill meanwhile leaves the old ones. Both stay open and are flushed
-// after every record.
+// so a kill meanwhile leaves the old ones. Both stay open; each record is
+// one write (AppendFile), and a disk that refuses one ends the run with
+// "cannot write PATH: No space left on device", the files cut back to their
+// whole records.
 #pragma once
 
-#include <fstream>
 #include <string>
+
+#include "framework/core/append_file.hpp"
 
 #include "framework/experiment/callbacks/callback.hpp"
 
@@ -26,7 +29,7 @@ class MetricsFiles : public TrainerCallback {
   void onEpochEnd(Trainer& trainer, EpochEnd& end) override;
 
  private:
-  std::ofstream jsonl_, csv_;
+  AppendFile jsonl_, csv_;
 };
 
 }  // namespace ddp

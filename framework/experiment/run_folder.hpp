@@ -1,0 +1,53 @@
+// The run folder's guards: which checkpoints it holds (newest first, by the
+// epoch and batch in their names), a lock that makes one job its owner, and
+// a check that it can be written before training starts.
+//
+// Contract
+// - Checkpoints are checkpoints/epoch_NNNNNN.pt (after epoch N) and
+//   checkpoints/epoch_NNNNNN_batch_MMMMMM.pt (M batches into epoch N+1, from
+//   training.checkpoint_on_signal). Order is by (N, M) as numbers, so
+//   epoch_1000000.pt is newer than epoch_999999.pt; other names (a left-over
+//   .tmp) are not checkpoints.
+// - RunFolderLock: an flock(2) on RUN_DIR/.lock held for the lock's life
+//   (rank 0's process: it dies with the process, so no lock outlives its
+//   job). The file says "pid host" of the owner; a second job gets a
+//   UsageError "run folder X is in use by pid N (host H)".
+// - checkWritable(dir) creates dir and a probe file in it, and removes the
+//   probe; a UsageError names the folder and the reason when it cannot.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp {
+
+struct CheckpointFile {
+  int64_t epoch = 0;  // epochs finished
+  int64_t batch = 0;  // batches of the next epoch finished (mid-epoch checkpoints)
+  std::string path;
+};
+
+// runDir/checkpoints/..., newest first.
+std::vector<CheckpointFile> listCheckpoints(const std::string& runDir);
+
+// The newest checkpoint in runDir/checkpoints, or "" when there is none.
+std::string newestCheckpoint(const std::string& runDir);
+
+// The file name of a checkpoint after `epoch` epochs and `batch` batches.
+std::string checkpointFileName(int64_t epoch, int64_t batch = 0);
+
+class RunFolderLock {
+ public:
+  explicit RunFolderLock(const std::string& runDir);  // throws UsageError when held
+  ~RunFolderLock();
+  RunFolderLock(const RunFolderLock&) = delete;
+  RunFolderLock& operator=(const RunFolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+void checkWritable(const std::string& dir);
+
+}  // namespace ddp
