@@ -253,6 +253,8 @@ int main(int argc, char** argv) {
         checkBackendUsable("--demo-backend", args.demoBackend);
         ddp::LaunchOptions lo;
         lo.nprocPerNode = args.nprocPerNode;
+        lo.nnodes = args.nnodes;  // the demo across nodes too, as an experiment would run
+        lo.nodeRank = args.nodeRank;
         lo.masterAddr = args.masterAddr;
         lo.masterPort = args.masterPort;
         lo.backend = args.demoBackend;

@@ -337,8 +337,11 @@ TEST_CASE("two launchers on one host share its cores among all their ranks", "[m
   const int port = pickFreePort("127.0.0.1");
   const std::string common =
       fmt::format("--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port {} --demo", port);
+  // Node 1 writes to a file: the test reads it once both launchers are done.
+  const std::string dir = test::tempDir();
+  const std::string log = dir + "/node1.log";
   SpawnOptions second;
-  second.argv = {test::ddpRunPath()};
+  second.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" > " + log + " 2>&1", test::ddpRunPath()};
   for (auto& word : test::splitWords(common + " --node-rank 1")) second.argv.push_back(word);
   EnvMap env = currentEnvironment();
   for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS"}) {
@@ -346,22 +349,17 @@ TEST_CASE("two launchers on one host share its cores among all their ranks", "[m
   }
   env["DDP_STORE_TOKEN"] = "two-launchers";
   second.environment = env;
-  second.captureOutput = true;
-  second.dieWithParent = true;
   const ChildProcess child = spawnProcess(second);
   test::ScopedEnv threads("OMP_NUM_THREADS", nullptr);
   const test::ProgramOutcome first = test::runDdpRun(common + " --node-rank 0", "DDP_STORE_TOKEN=two-launchers");
-  std::string output;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(child.outputFd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
-    if (n > 0) output.append(buf, static_cast<size_t>(n));
-  }
-  ::close(child.outputFd);
   int status = 0;
   ::waitpid(child.pid, &status, 0);
+  std::ifstream in(log);
+  const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove_all(dir);
   INFO("node 0:\n" << first.output << "\nnode 1:\n" << output);
   CHECK(first.exitCode == 0);
+  INFO("node 1 ended: " << describeExitStatus(status));
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(first.output.find("ddp-run: 2 ranks of this job share this host") != std::string::npos);
