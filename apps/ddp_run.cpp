@@ -8,10 +8,12 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
 #include <optional>
+#include <thread>
 
 #include "plugins/builtin.hpp"
 #include "backends/builtin.hpp"
@@ -45,12 +47,15 @@ struct Args {
   std::string demoBackend = "gloo";
 };
 
+void shareCoresAmongHostRanks(const ddp::RankEnv& env, int ranksOnHost);
+
 // The collective demo: allreduce, broadcast and allgather with checked results.
 int runDemo(const ddp::RankEnv& env, const std::string& backend) {
   ddp::DistributedOptions dopts;
   dopts.backend = backend;
   dopts.timeout = std::chrono::milliseconds(60000);
   auto ctx = ddp::initDistributed(env, dopts, ddp::builtinBackends());
+  shareCoresAmongHostRanks(env, ctx.ranksOnHost);
   auto& pg = *ctx.group;
   const int n = pg.size(), r = pg.rank();
   at::Tensor t = at::full({1 << 20}, float(r + 1));
@@ -94,6 +99,23 @@ void checkBackendUsable(const std::string& where, const std::string& backend) {
   if (auto why = ddp::builtinBackends().whyUnusable(backend)) ddp::fail<ddp::UsageError>("{}: {}", where, *why);
 }
 
+// ddp-run sets OMP_NUM_THREADS to cores / its own ranks. Launchers started
+// by hand for several nodes on one host each do so, oversubscribing it: once
+// the ranks have met, threads are shared among all ranks on the host.
+void shareCoresAmongHostRanks(const ddp::RankEnv& env, int ranksOnHost) {
+  const char* automatic = std::getenv("DDP_RUN_THREADS_AUTO");
+  if (automatic == nullptr || std::string(automatic) != "1" || ranksOnHost <= env.localWorldSize) return;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(ranksOnHost)));
+  at::set_num_threads(threads);
+  if (env.localRank == 0) {
+    std::cerr << fmt::format("ddp-run: {} ranks of this job share this host ({} cores), more than this launcher's {}; "
+                             "{} thread(s) per rank\n",
+                             ranksOnHost, cores, env.localWorldSize, threads)
+              << std::flush;
+  }
+}
+
 // `loaded`: the experiment as the launcher already read it (one process
 // runs); read it here otherwise.
 int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::ExperimentConfig> loaded = std::nullopt) {
@@ -109,6 +131,7 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
   dopts.backend = config.distributed.backend;
   dopts.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
   auto ctx = ddp::initDistributed(env, dopts, ddp::builtinBackends());
+  shareCoresAmongHostRanks(env, ctx.ranksOnHost);
 
   // Rank 0 names the run folder; the others learn it through the store, so
   // ranks started by srun or mpirun agree without a shared clock. Training
@@ -174,6 +197,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 3600.0));
   app.add_flag("--demo", args.demo, "run a collective demo instead of an experiment");
   app.add_option("--demo-backend", args.demoBackend, "backend of the collective demo (gloo, nccl)");
+  app.footer(
+      "Timeouts: a collective or rendezvous that waits longer than distributed.timeout_s (default 300 s) fails, "
+      "naming what it waited for; reaching the master retries for 60 s. While ranks wait for each other, a line "
+      "every 10 s says which have arrived. Several nodes need --master-addr (or MASTER_ADDR), --master-port and, "
+      "for a store only the job can use, DDP_STORE_TOKEN (docs/clusters.md).");
   try {
     app.parse(argc, argv);
     if (args.nodeRank >= args.nnodes) {
@@ -183,7 +211,17 @@ int main(int argc, char** argv) {
     // the defaults; a rank reads them itself, from its environment. One node
     // keeps 127.0.0.1: an inherited MASTER_ADDR may name another host.
     if (app.count("--master-addr") == 0 && args.nnodes > 1) {
-      if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) args.masterAddr = addr;
+      const char* addr = std::getenv("MASTER_ADDR");
+      if (addr == nullptr || *addr == '\0') {
+        // 127.0.0.1 on every node would have each node wait for itself.
+        std::cerr << fmt::format("ddp-run: --nnodes {} needs --master-addr: the address of the node with --node-rank 0, "
+                                 "as the other nodes reach it. HINT: pass --master-addr <host of node 0> (or export "
+                                 "MASTER_ADDR) on every node",
+                                 args.nnodes)
+                  << std::endl;
+        return 2;
+      }
+      args.masterAddr = addr;
     }
     if (const char* port = std::getenv("MASTER_PORT"); port && *port && app.count("--master-port") == 0) {
       char* end = nullptr;
@@ -223,6 +261,8 @@ int main(int argc, char** argv) {
         checkBackendUsable("--demo-backend", args.demoBackend);
         ddp::LaunchOptions lo;
         lo.nprocPerNode = args.nprocPerNode;
+        lo.nnodes = args.nnodes;  // the demo across nodes too, as an experiment would run
+        lo.nodeRank = args.nodeRank;
         lo.masterAddr = args.masterAddr;
         lo.masterPort = args.masterPort;
         lo.backend = args.demoBackend;

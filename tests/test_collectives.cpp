@@ -22,6 +22,7 @@
 using namespace ddp;
 using ddp::test::joinErrors;
 using ddp::test::runRanks;
+using ddp::test::ScopedEnv;
 
 namespace {
 
@@ -136,7 +137,8 @@ TEMPLATE_TEST_CASE_SIG("gloo collectives match closed forms", "[collectives]", (
 // The shared-memory path moves data in slot-sized chunks: counts that
 // straddle chunk boundaries, for every collective, with a small slot.
 TEST_CASE("gloo shared memory splits large payloads into chunks correctly", "[collectives]") {
-  setenv("DDP_GLOO_SHM_SLOT_BYTES", "4096", 1);
+  ScopedEnv shm("DDP_GLOO_SHM", nullptr);  // the shared-memory path, whatever the caller exported
+  ScopedEnv slot("DDP_GLOO_SHM_SLOT_BYTES", "4096");
   const int n = 3;
   auto errors = runRanks("gloo", n, [&](int rank, ProcessGroup& pg) {
     auto& gloo = dynamic_cast<ProcessGroupGloo&>(pg);
@@ -164,7 +166,6 @@ TEST_CASE("gloo shared memory splits large payloads into chunks correctly", "[co
       }
     }
   });
-  unsetenv("DDP_GLOO_SHM_SLOT_BYTES");
   INFO(joinErrors(errors));
   REQUIRE(joinErrors(errors).empty());
 }
@@ -213,6 +214,7 @@ TEST_CASE("gloo allreduce on communication buffers matches closed forms", "[coll
 }
 
 TEST_CASE("gloo: a communication buffer on one rank and a plain tensor on another fail clearly", "[collectives][errors]") {
+  ScopedEnv shm("DDP_GLOO_SHM", nullptr);  // shared buffers exist on the shared-memory path only
   auto errors = runRanks("gloo", 2, [](int rank, ProcessGroup& pg) {
     at::Tensor shared = pg.allocateCommunicationBuffer(100, at::TensorOptions().dtype(at::kFloat));
     at::Tensor t = rank == 0 ? shared : at::zeros({100});
@@ -226,6 +228,7 @@ TEST_CASE("gloo: a communication buffer on one rank and a plain tensor on anothe
 }
 
 TEST_CASE("gloo: a communication buffer whose peer never comes leaves nothing in /dev/shm", "[collectives][errors]") {
+  ScopedEnv shm("DDP_GLOO_SHM", nullptr);  // the shared-memory path, whatever the caller exported
   // Rank 1 never asks for the buffer, so rank 0's allocation times out
   // after creating and naming its segment: the name must go with the error.
   ProcessGroupOptions options;
@@ -250,6 +253,7 @@ TEST_CASE("gloo: a communication buffer whose peer never comes leaves nothing in
 }
 
 TEST_CASE("gloo uses shared memory on one host unless told not to", "[collectives]") {
+  ScopedEnv shm("DDP_GLOO_SHM", nullptr);  // the option decides here, not the caller's environment
   for (bool allowed : {true, false}) {
     ProcessGroupOptions options;
     options.sharedMemory = allowed;

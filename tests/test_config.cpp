@@ -142,6 +142,8 @@ TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no ru
       {"port out of range", "", "--master-port 99999", "--master-port: Value 99999 not in range 0 to 65535"},
       {"negative restarts", "", "--max-restarts -1", "--max-restarts: Value -1 not in range"},
       {"node rank past the nodes", "", "--nnodes 2 --node-rank 2", "--node-rank: 2 is not below --nnodes 2"},
+      {"several nodes without a master address", "", "--nnodes 2 --nproc-per-node 1",
+       "--nnodes 2 needs --master-addr: the address of the node with --node-rank 0"},
       {"stray argument", "", "stray", "The following argument was not expected: stray"},
   };
   const std::string dir = tempDir();

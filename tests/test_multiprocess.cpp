@@ -5,15 +5,20 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "backends/builtin.hpp"
@@ -23,6 +28,8 @@
 #include "framework/launch/launcher.hpp"
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
+#include "framework/launch/store_token.hpp"
+#include "framework/store/tcp_store.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
@@ -175,6 +182,191 @@ TEST_CASE("an unreachable master fails with a clear error", "[multiprocess][erro
     CHECK(msg.find("127.0.0.1:" + std::to_string(env.masterPort)) != std::string::npos);
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+// Ranks as threads of this process, each with its own view of the job.
+RankEnv threadRank(int rank, int world, int port) {
+  RankEnv env;
+  env.rank = rank;
+  env.worldSize = world;
+  env.localRank = rank;
+  env.localWorldSize = 1;  // one rank per "node": node k is rank k
+  env.nodeRank = rank;
+  env.masterAddr = "127.0.0.1";
+  env.masterPort = port;
+  return env;
+}
+
+TEST_CASE("ranks that disagree on the world size fail at once, naming both", "[multiprocess][errors][rendezvous]") {
+  const int port = pickFreePort("127.0.0.1");
+  DistributedOptions options;
+  options.timeout = std::chrono::milliseconds(8000);
+  std::string errors[2];
+  const auto start = std::chrono::steady_clock::now();
+  std::thread second([&] {
+    try {
+      initDistributed(threadRank(1, 3, port), options, builtinBackends());
+    } catch (const std::exception& e) {
+      errors[1] = e.what();
+    }
+  });
+  try {
+    initDistributed(threadRank(0, 2, port), options, builtinBackends());
+  } catch (const std::exception& e) {
+    errors[0] = e.what();
+  }
+  second.join();
+  const auto took = std::chrono::steady_clock::now() - start;
+  // Rank 1 (world 3) waits for a third rank, so it reads rank 0's record
+  // whatever the order: it must name the disagreement.
+  INFO("rank 0: " << errors[0] << "\nrank 1: " << errors[1]);
+  CHECK(errors[1].find("disagree on the world size") != std::string::npos);
+  CHECK(errors[1].find("has 2") != std::string::npos);
+  CHECK(errors[1].find("has 3") != std::string::npos);
+  CHECK(errors[1].find("HINT:") != std::string::npos);
+  CHECK(took < std::chrono::seconds(6));
+}
+
+TEST_CASE("a rendezvous that waits for a rank says which, every interval", "[multiprocess][errors][rendezvous]") {
+  const int port = pickFreePort("127.0.0.1");
+  DistributedOptions options;
+  options.timeout = std::chrono::milliseconds(1800);
+  options.progressEvery = std::chrono::milliseconds(500);
+  std::string error;
+  test::CapturedStderr captured;
+  try {
+    initDistributed(threadRank(0, 3, port), options, builtinBackends());  // ranks 1 and 2 never come
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::string log = captured.restore();
+  INFO("error: " << error << "\nstderr: " << log);
+  CHECK(log.find("rendezvous: 1 of 3 ranks arrived after ") != std::string::npos);
+  CHECK(log.find(" s; waiting for ranks 1,2 (nodes 1,2)\n") != std::string::npos);
+  CHECK(std::count(log.begin(), log.end(), '\n') >= 2);
+  CHECK(error.find("1 of 3 ranks arrived within 1.8 s; still missing ranks 1,2 (nodes 1,2)") != std::string::npos);
+}
+
+TEST_CASE("the store token comes from DDP_STORE_TOKEN, else from a private file", "[multiprocess][errors][token]") {
+  const std::string dir = test::tempDir();
+  const std::string file = dir + "/token";
+  {
+    std::ofstream out(file);
+    out << "secret-from-file\n";
+  }
+  test::ScopedEnv noToken(kStoreTokenEnv, nullptr);
+  test::ScopedEnv tokenFile(kStoreTokenFileEnv, file.c_str());
+  ::chmod(file.c_str(), 0644);
+  try {
+    storeTokenFromEnvironment();
+    FAIL("a token file others can read was accepted");
+  } catch (const UsageError& e) {
+    const std::string message = e.what();
+    CHECK(message.find(file) != std::string::npos);
+    CHECK(message.find("HINT: chmod 600") != std::string::npos);
+  }
+  ::chmod(file.c_str(), 0600);
+  CHECK(storeTokenFromEnvironment() == "secret-from-file");
+  {
+    test::ScopedEnv token(kStoreTokenEnv, "from-env");
+    CHECK(storeTokenFromEnvironment() == "from-env");
+  }
+  test::ScopedEnv missing(kStoreTokenFileEnv, (dir + "/absent").c_str());
+  CHECK_THROWS_AS(storeTokenFromEnvironment(), UsageError);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a job across nodes without a token warns once, in one line", "[multiprocess][errors][token]") {
+  RankEnv env = threadRank(0, 2, 29500);  // one rank per node: two nodes
+  test::CapturedStderr captured;
+  warnWithoutToken(env, "");
+  warnWithoutToken(env, "a-token");
+  env.localWorldSize = 2;  // both ranks on this host
+  warnWithoutToken(env, "");
+  const std::string log = captured.restore();
+  INFO(log);
+  CHECK(std::count(log.begin(), log.end(), '\n') == 1);
+  CHECK(log.find("has no token") != std::string::npos);
+  CHECK(log.find("HINT:") != std::string::npos);
+}
+
+TEST_CASE("the launcher holds the store's port until rank 0 serves on its socket", "[multiprocess][store]") {
+  int fd = -1;
+  const int port = listenForStore("127.0.0.1", 0, &fd);
+  REQUIRE(fd >= 0);
+  // Held: no other process can take the port before rank 0 serves it.
+  CHECK_THROWS_AS(checkPortFree("127.0.0.1", port), UsageError);
+  TCPStoreOptions options;
+  options.host = "127.0.0.1";
+  options.port = static_cast<uint16_t>(port);
+  options.isServer = true;
+  options.token = "t";
+  options.listenFd = ::dup(fd);  // the launcher keeps its own
+  {
+    TCPStore server(options);
+    CHECK(server.port() == port);
+    TCPStoreOptions client = options;
+    client.isServer = false;
+    client.listenFd = -1;
+    TCPStore other(client);
+    other.setString("k", "v");
+    CHECK(server.getString("k") == "v");
+  }
+  ::close(fd);
+  // A descriptor that is no listening socket is left alone; the port is bound as usual.
+  int pipeFds[2];
+  REQUIRE(::pipe(pipeFds) == 0);
+  options.port = 0;
+  options.listenFd = pipeFds[0];
+  {
+    TCPStore server(options);
+    CHECK(server.port() != 0);
+  }
+  CHECK(::fcntl(pipeFds[0], F_GETFD) >= 0);  // still open
+  ::close(pipeFds[0]);
+  ::close(pipeFds[1]);
+}
+
+TEST_CASE("ddp-run hands rank 0 the store socket it bound", "[multiprocess][store]") {
+  const test::ProgramOutcome o = test::runDdpRun("--nproc-per-node 2 --demo", "DDP_LOG_LEVEL=info");
+  INFO(o.output);
+  CHECK(o.exitCode == 0);
+  CHECK(o.output.find("TCPStore: serving on the socket the launcher bound") != std::string::npos);
+}
+
+TEST_CASE("two launchers on one host share its cores among all their ranks", "[multiprocess][rendezvous]") {
+  // Two "nodes" started by hand on this one host: each launcher alone would
+  // give its ranks all the cores.
+  const int port = pickFreePort("127.0.0.1");
+  const std::string common =
+      fmt::format("--nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port {} --demo", port);
+  // Node 1 writes to a file: the test reads it once both launchers are done.
+  const std::string dir = test::tempDir();
+  const std::string log = dir + "/node1.log";
+  SpawnOptions second;
+  second.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" > " + log + " 2>&1", test::ddpRunPath()};
+  for (auto& word : test::splitWords(common + " --node-rank 1")) second.argv.push_back(word);
+  EnvMap env = currentEnvironment();
+  for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS"}) {
+    env.erase(name);
+  }
+  env["DDP_STORE_TOKEN"] = "two-launchers";
+  second.environment = env;
+  const ChildProcess child = spawnProcess(second);
+  test::ScopedEnv threads("OMP_NUM_THREADS", nullptr);
+  const test::ProgramOutcome first = test::runDdpRun(common + " --node-rank 0", "DDP_STORE_TOKEN=two-launchers");
+  int status = 0;
+  ::waitpid(child.pid, &status, 0);
+  std::ifstream in(log);
+  const std::string output((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::filesystem::remove_all(dir);
+  INFO("node 0:\n" << first.output << "\nnode 1:\n" << output);
+  CHECK(first.exitCode == 0);
+  INFO("node 1 ended: " << describeExitStatus(status));
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(first.output.find("ddp-run: 2 ranks of this job share this host") != std::string::npos);
+  CHECK(output.find("ddp-run: 2 ranks of this job share this host") != std::string::npos);
 }
 
 TEST_CASE("a wrong master address fails with a clear error", "[multiprocess][errors]") {

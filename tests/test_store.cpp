@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -25,7 +26,10 @@
 #include "framework/store/file_store.hpp"
 #include "framework/store/hash_store.hpp"
 #include "framework/store/prefix_store.hpp"
+#include "framework/store/tcp/auth.hpp"
+#include "framework/store/tcp/wire.hpp"
 #include "framework/store/tcp_store.hpp"
+#include "tests/test_support.hpp"
 
 using namespace ddp;
 using Catch::Matchers::Contains;
@@ -185,13 +189,44 @@ std::pair<bool, std::string> readUntilClosed(int fd, milliseconds limit) {
   return {false, received};
 }
 
-// A handshake frame as framework/store/tcp/wire.hpp describes it.
-std::string handshakeFrame(const std::string& token) {
-  std::string payload = "DDPSTORE";
-  payload.push_back('\x01');
-  payload += token;
-  const uint32_t len = htonl(static_cast<uint32_t>(payload.size()));
-  return std::string(reinterpret_cast<const char*>(&len), 4) + payload;
+// One frame's payload, read within `limit` ("" when none came).
+std::string readFrame(int fd, milliseconds limit) {
+  std::string got;
+  const auto deadline = Clock::now() + limit;
+  auto want = [&](size_t n) {
+    while (got.size() < n && Clock::now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      char buf[4096];
+      const ssize_t r = ::recv(fd, buf, std::min(sizeof buf, n - got.size()), 0);
+      if (r <= 0) return false;
+      got.append(buf, static_cast<size_t>(r));
+    }
+    return got.size() >= n;
+  };
+  if (!want(4)) return "";
+  const uint32_t len = ntohl(*reinterpret_cast<const uint32_t*>(got.data()));
+  if (len > (1u << 20) || !want(4 + len)) return "";
+  return got.substr(4);
+}
+
+// The client's side of the handshake (framework/store/tcp/wire.hpp) by hand,
+// proving `token`; the server's last reply is left unread.
+void rawHandshake(int fd, const std::string& token) {
+  const std::string clientNonce = tcpstore::makeNonce();
+  sendRaw(fd, tcpstore::helloFrame(clientNonce));
+  const std::string challenge = readFrame(fd, milliseconds(5000));
+  REQUIRE(challenge.size() == 1 + tcpstore::kNonceBytes + tcpstore::kProofBytes);
+  const std::string serverNonce = challenge.substr(1, tcpstore::kNonceBytes);
+  sendRaw(fd, tcpstore::frame(tcpstore::clientProof(token, clientNonce, serverNonce)));
+}
+
+// The server's count of refused connections once it reaches `n` (or after
+// 5 s): a client may leave before the server has read its last frame.
+int64_t refusalsReaching(const TCPStore& server, int64_t n) {
+  const auto deadline = Clock::now() + milliseconds(5000);
+  while (server.refusedConnections() < n && Clock::now() < deadline) std::this_thread::sleep_for(milliseconds(10));
+  return server.refusedConnections();
 }
 
 // A local port with nobody listening on it.
@@ -205,6 +240,48 @@ uint16_t closedPort() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+
+// Resident memory of this process, in bytes.
+size_t residentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// Open file descriptors of this process.
+size_t openFds() {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)entry;
+    ++n;
+  }
+  return n;
+}
+
+// Sends up to `bytes` zero bytes, until the peer closes or `limit` passes;
+// returns how many it accepted.
+size_t sendZeros(int fd, size_t bytes, milliseconds limit) {
+  const std::string chunk(1 << 20, '\0');
+  const auto deadline = Clock::now() + limit;
+  size_t sent = 0;
+  while (sent < bytes && Clock::now() < deadline) {
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    if (p.revents & (POLLERR | POLLHUP)) break;
+    const ssize_t n = ::send(fd, chunk.data(), std::min(chunk.size(), bytes - sent), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  return sent;
+}
+
+std::string lengthPrefix(uint32_t len) {
+  const uint32_t be = htonl(len);
+  return std::string(reinterpret_cast<const char*>(&be), 4);
 }
 
 }  // namespace
@@ -452,9 +529,11 @@ TEST_CASE("TCPStore: a client with the wrong token is refused with a hint", "[st
   options.token = "some-other-job";
   auto [took, message] = expectStoreError([&] { TCPStore client(options); });
   CHECK(took < milliseconds(2000));  // a refusal is final, not retried
-  CHECK_THAT(message, Contains("refused by the store server at 127.0.0.1:" + std::to_string(server.port())) &&
-                          Contains("wrong job token") && Contains("HINT:") && Contains(kStoreTokenEnv));
-  CHECK(server.refusedConnections() == 1);
+  // The server proves the token first, so the client finds the mismatch.
+  CHECK_THAT(message, Contains("store server at 127.0.0.1:" + std::to_string(server.port())) &&
+                          Contains("does not know this job's token") && Contains("HINT:") &&
+                          Contains(kStoreTokenEnv));
+  CHECK(refusalsReaching(server, 1) == 1);  // and the server logs it as a wrong token
 }
 
 TEST_CASE("TCPStore: the token comes from DDP_STORE_TOKEN unless given", "[store][tcp]") {
@@ -475,7 +554,7 @@ TEST_CASE("TCPStore: the token comes from DDP_STORE_TOKEN unless given", "[store
   ignoringEnv.token.clear();
   ignoringEnv.tokenFromEnvironment = false;  // token "" != "from-env"
   expectStoreError([&] { TCPStore rejected(ignoringEnv); });
-  CHECK(server.refusedConnections() == 1);
+  CHECK(refusalsReaching(server, 1) == 1);
 
   if (saved) {
     ::setenv(kStoreTokenEnv, savedValue.c_str(), 1);
@@ -504,7 +583,7 @@ TEST_CASE("TCPStore: rogue peers are refused and the others keep working", "[sto
   sendRaw(stalled, std::string("\0\0", 2));
 
   const int wrongToken = connectRaw(port);
-  sendRaw(wrongToken, handshakeFrame("guessed-token"));
+  rawHandshake(wrongToken, "guessed-token");
   auto [closed1, reply1] = readUntilClosed(wrongToken, milliseconds(5000));
   ::close(wrongToken);
   CHECK(closed1);
@@ -526,7 +605,8 @@ TEST_CASE("TCPStore: rogue peers are refused and the others keep working", "[sto
 
   // The right token, then a request claiming 2^32-1 keys: refused after the handshake.
   const int malformed = connectRaw(port);
-  sendRaw(malformed, handshakeFrame(kToken) + std::string("\0\0\0\x05\x02\xff\xff\xff\xff", 9));
+  rawHandshake(malformed, kToken);
+  sendRaw(malformed, std::string("\0\0\0\x05\x02\xff\xff\xff\xff", 9));
   auto [closed4, reply4] = readUntilClosed(malformed, milliseconds(5000));
   ::close(malformed);
   CHECK(closed4);
@@ -543,6 +623,130 @@ TEST_CASE("TCPStore: rogue peers are refused and the others keep working", "[sto
   CHECK(client.add("n", 2) == 2);
   CHECK(server.add("n", 3) == 5);
   ::close(stalled);
+}
+
+TEST_CASE("TCPStore: a huge frame before the handshake is refused without being buffered", "[store][tcp]") {
+  TCPStore server(serverOptions());
+  const uint16_t port = server.port();
+  const size_t before = residentBytes();
+  // Just under 1 GiB announced, then 64 MiB of it sent: the server must
+  // close at the length, not buffer what follows.
+  const int rogue = connectRaw(port);
+  sendRaw(rogue, lengthPrefix((1u << 30) - 16));
+  sendZeros(rogue, 64u << 20, milliseconds(5000));
+  auto [closed, reply] = readUntilClosed(rogue, milliseconds(5000));
+  ::close(rogue);
+  CHECK(closed);
+  CHECK_THAT(reply, Contains("handshake frame") && Contains("exceeds"));
+  const size_t grown = residentBytes() - std::min(before, residentBytes());
+  INFO("resident memory grew by " << grown << " bytes");
+  CHECK(grown < (16u << 20));
+  // The store still serves.
+  TCPStore client(clientOptions(port));
+  client.setString("k", "v");
+  CHECK(server.getString("k") == "v");
+  CHECK(server.refusedConnections() == 1);
+}
+
+TEST_CASE("TCPStore: after the handshake, a frame over the request limit is refused", "[store][tcp]") {
+  TCPStore server(serverOptions());
+  const uint16_t port = server.port();
+  const int rogue = connectRaw(port);
+  rawHandshake(rogue, kToken);
+  sendRaw(rogue, lengthPrefix(512u << 20));
+  auto [closed, reply] = readUntilClosed(rogue, milliseconds(5000));
+  ::close(rogue);
+  CHECK(closed);
+  CHECK_THAT(reply, Contains("exceeds") && Contains(std::to_string(64u << 20)));
+  TCPStore client(clientOptions(port));
+  client.setString("k", "v");
+  CHECK(client.getString("k") == "v");
+}
+
+TEST_CASE("TCPStore: connections that never shake hands are capped, oldest closed first", "[store][tcp]") {
+  ddp::test::CapturedStderr captured;
+  auto server = std::make_unique<TCPStore>(serverOptions());
+  const uint16_t port = server->port();
+  const size_t before = openFds();
+  std::vector<int> idle;
+  for (int i = 0; i < 200; ++i) idle.push_back(connectRaw(port));
+  // A real client still gets in, and once it has, the server has accepted every idle one.
+  TCPStore client(clientOptions(port));
+  client.setString("k", "v");
+  CHECK(server->getString("k") == "v");
+  const size_t used = openFds() - before;
+  // Ours: 200 idle sockets and the client's; the server's: at most 64
+  // pending, the client's two and a few of its own.
+  INFO("descriptors opened: " << used);
+  CHECK(used <= 200 + 64 + 8);
+  int closedByServer = 0;
+  for (int fd : idle) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) {
+      char byte;
+      if (::recv(fd, &byte, 1, MSG_PEEK) >= 0) ++closedByServer;  // the refusal, or EOF
+    }
+  }
+  CHECK(closedByServer >= 200 - 64);
+  CHECK(server->refusedConnections() >= 200 - 64);
+  for (int fd : idle) ::close(fd);
+  server.reset();
+  const std::string log = captured.restore();
+  const auto lines = std::count(log.begin(), log.end(), '\n');
+  INFO(log);
+  CHECK(lines <= 8);
+  CHECK_THAT(log, Contains("more connection"));
+}
+
+TEST_CASE("TCPStore: a server that does not know the token gets neither token nor proof", "[store][tcp]") {
+  // A fake server on the port (one that took it first, say): it answers the
+  // hello with a made-up proof and records what the client sends.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const uint16_t port = ntohs(addr.sin_port);
+  std::string received;
+  std::thread fake([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    received = readFrame(fd, milliseconds(5000));
+    const std::string madeUp(tcpstore::kNonceBytes + tcpstore::kProofBytes, '\x5a');
+    const std::string reply = tcpstore::replyFrame(tcpstore::kOk, madeUp);
+    ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);  // no REQUIRE off the test's thread
+    received += readUntilClosed(fd, milliseconds(5000)).second;
+    ::close(fd);
+  });
+  auto [took, message] = expectStoreError([&] { TCPStore client(clientOptions(port)); });
+  fake.join();
+  ::close(listener);
+  CHECK_THAT(message, Contains("127.0.0.1:" + std::to_string(port)) && Contains("does not know this job's token") &&
+                          Contains("HINT:"));
+  CHECK(took < milliseconds(3000));
+  CHECK(received.find(kToken) == std::string::npos);  // the token never travels
+  // After the hello, only an empty frame: no proof to try guesses against.
+  CHECK(received.size() == 9 + tcpstore::kNonceBytes + 4);
+}
+
+TEST_CASE("TCPStore: SHA-256 and HMAC-SHA-256 match published test vectors", "[store][tcp]") {
+  auto hex = [](const std::string& bytes) {
+    std::string out;
+    for (unsigned char c : bytes) out += fmt::format("{:02x}", c);
+    return out;
+  };
+  CHECK(hex(tcpstore::sha256("abc")) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(hex(tcpstore::sha256("")) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(hex(tcpstore::sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")) ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // RFC 4231, test cases 1 and 2.
+  CHECK(hex(tcpstore::hmacSha256(std::string(20, '\x0b'), "Hi There")) ==
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  CHECK(hex(tcpstore::hmacSha256("Jefe", "what do ya want for nothing?")) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
 TEST_CASE("TCPStore: a blocked get fails, not hangs, when the server goes away", "[store][tcp]") {

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -156,5 +158,68 @@ inline ProgramOutcome runDdpRun(const std::string& args, const std::string& env 
 }
 
 }  // namespace
+
+// Collects what this process writes to stderr (fd 2) while it lives.
+class CapturedStderr {
+ public:
+  CapturedStderr() {
+    std::fflush(stderr);
+    saved_ = ::dup(STDERR_FILENO);
+    ::dup2(::fileno(file_), STDERR_FILENO);
+  }
+  ~CapturedStderr() {
+    restore();
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  CapturedStderr(const CapturedStderr&) = delete;
+  CapturedStderr& operator=(const CapturedStderr&) = delete;
+  std::string restore() {
+    if (saved_ >= 0) {
+      std::fflush(stderr);
+      ::dup2(saved_, STDERR_FILENO);
+      ::close(saved_);
+      saved_ = -1;
+      std::rewind(file_);
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, file_)) > 0) text_.append(buf, n);
+    }
+    return text_;
+  }
+
+ private:
+  std::FILE* file_ = std::tmpfile();
+  int saved_ = -1;
+  std::string text_;
+};
+
+// Sets (or, with nullptr, unsets) an environment variable for its lifetime,
+// then restores what was there: tests that need one path (DDP_GLOO_SHM=0 or
+// 1) choose it themselves, whatever the caller exported.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::string name, const char* value) : name_(std::move(name)) {
+    if (const char* old = std::getenv(name_.c_str())) saved_ = old, hadValue_ = true;
+    if (value != nullptr) {
+      ::setenv(name_.c_str(), value, 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+  ~ScopedEnv() {
+    if (hadValue_) {
+      ::setenv(name_.c_str(), saved_.c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::string saved_;
+  bool hadValue_ = false;
+};
 
 }  // namespace ddp::test

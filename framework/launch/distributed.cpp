@@ -3,9 +3,12 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 
 #include "framework/comm/backend_registry.hpp"
+#include "framework/launch/arrival.hpp"
+#include "framework/launch/store_token.hpp"
 #include "framework/store/hash_store.hpp"
 #include "framework/comm/single_process_group.hpp"
 #include "framework/core/log.hpp"
@@ -26,11 +29,31 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
     so.host = env.masterAddr;
     so.port = static_cast<uint16_t>(env.masterPort);
     so.isServer = env.rank == 0;
+    so.token = storeTokenFromEnvironment();
+    so.tokenFromEnvironment = false;  // read just now, the file included
+    warnWithoutToken(env, so.token);
+    // ddp-run's launcher has held the port since it chose it; rank 0 serves
+    // on that socket (launcher.cpp), so nobody else can take the port first.
+    if (so.isServer) {
+      if (const char* fd = std::getenv("DDP_STORE_LISTEN_FD"); fd != nullptr && *fd != '\0') {
+        char* end = nullptr;
+        const long value = std::strtol(fd, &end, 10);
+        if (*end == '\0' && value >= 0 && value < (1 << 20)) so.listenFd = static_cast<int>(value);
+        ::unsetenv("DDP_STORE_LISTEN_FD");  // adopted once: a restart in this process binds anew
+      }
+    }
     so.connectTimeout = options.connectTimeout;
     so.timeout = options.timeout;
     ctx.store = std::make_shared<TCPStore>(so);
   }
   ctx.store->setTimeout(options.timeout);
+  // Every rank announces itself before the group forms: a missing node is
+  // named every few seconds, and a disagreement on the world size at once,
+  // rather than a generic timeout minutes later.
+  ArrivalOptions ao;
+  ao.timeout = options.timeout;
+  ao.progressEvery = options.progressEvery;
+  ctx.ranksOnHost = awaitArrival(*ctx.store, env, ao).ranksOnHost;
   ProcessGroupOptions po;
   po.timeout = options.timeout;
   po.masterAddr = env.masterAddr;

@@ -16,15 +16,19 @@ struct DistributedOptions {
   std::string backend = "gloo";
   Milliseconds timeout{300000};       // collectives
   Milliseconds connectTimeout{60000};  // reaching the master
+  Milliseconds progressEvery{10000};   // a line on who is awaited, while ranks wait for each other
 };
 
 struct DistributedContext {
   RankEnv env;
   std::shared_ptr<Store> store;
   ProcessGroupPtr group;
+  int ranksOnHost = 1;  // ranks of the job on this host (all launchers), this one included
 };
 
-// World size 1 with no master needed uses an in-memory store. Names this
+// World size 1 with no master needed uses an in-memory store. Before the
+// group forms, ranks meet in the store (arrival.hpp): a missing rank is named
+// every `progressEvery`, ranks that disagree on the world size fail at once. Names this
 // rank in later log lines (setLogRank) and, at DDP_LOG_LEVEL=info, logs the
 // rendezvous: store address, world size, backend, and how long the group
 // took to form.

@@ -38,8 +38,10 @@ struct RankProcess {
   int status = 0;
 };
 
-// Binds a TCP socket to host:port; returns the bound port, or -errno.
-int tryBind(const std::string& host, int port) {
+// Binds a TCP socket to host:port; returns the bound port, or -errno. With
+// `listening`, the socket listens and stays open there (close-on-exec);
+// otherwise it is closed again.
+int tryBind(const std::string& host, int port, int* listening = nullptr) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -51,18 +53,22 @@ int tryBind(const std::string& host, int port) {
   }
   int result = -EADDRNOTAVAIL;
   for (addrinfo* ai = found; ai; ai = ai->ai_next) {
-    int fd = ::socket(ai->ai_family, ai->ai_socktype, 0);
+    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && (listening == nullptr || ::listen(fd, SOMAXCONN) == 0)) {
       sockaddr_storage bound{};
       socklen_t len = sizeof(bound);
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
       char serv[16] = {0};
       getnameinfo(reinterpret_cast<sockaddr*>(&bound), len, nullptr, 0, serv, sizeof(serv), NI_NUMERICSERV);
       result = std::atoi(serv);
-      ::close(fd);
+      if (listening != nullptr) {
+        *listening = fd;
+      } else {
+        ::close(fd);
+      }
       break;
     }
     result = -errno;
@@ -71,6 +77,11 @@ int tryBind(const std::string& host, int port) {
   freeaddrinfo(found);
   return result;
 }
+
+// The store's listening socket, bound by the launcher of node 0 and handed to
+// rank 0 (DDP_STORE_LISTEN_FD), so that the port is never free between the
+// launcher choosing it and rank 0 serving on it; -1 on other nodes.
+int gStoreListenFd = -1;
 
 pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::string& token, int* outputFd) {
   const int worldSize = o.nnodes * o.nprocPerNode;
@@ -89,6 +100,15 @@ pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::s
   if (!env.count("OMP_NUM_THREADS")) {
     unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     env["OMP_NUM_THREADS"] = std::to_string(std::max(1u, cores / static_cast<unsigned>(o.nprocPerNode)));
+    env["DDP_RUN_THREADS_AUTO"] = "1";  // ours to lower when more ranks share the host (apps/ddp_run.cpp)
+  }
+  // Rank 0 alone inherits the store's socket: the others get it close-on-exec.
+  const bool handSocket = rank == 0 && gStoreListenFd >= 0;
+  if (handSocket) {
+    env["DDP_STORE_LISTEN_FD"] = std::to_string(gStoreListenFd);
+    ::fcntl(gStoreListenFd, F_SETFD, 0);
+  } else {
+    env.erase("DDP_STORE_LISTEN_FD");
   }
   SpawnOptions spawn;
   spawn.argv = o.workerArgv;
@@ -99,7 +119,14 @@ pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::s
   // SIGTERM, not SIGKILL: a rank may end cleanly (a last checkpoint).
   spawn.dieWithParent = true;
   spawn.deathSignal = SIGTERM;
-  const ChildProcess child = spawnProcess(spawn);
+  ChildProcess child;
+  try {
+    child = spawnProcess(spawn);
+  } catch (...) {
+    if (handSocket) ::fcntl(gStoreListenFd, F_SETFD, FD_CLOEXEC);
+    throw;
+  }
+  if (handSocket) ::fcntl(gStoreListenFd, F_SETFD, FD_CLOEXEC);
   *outputFd = child.outputFd;
   return child.pid;
 }
@@ -296,6 +323,13 @@ void checkPortFree(const std::string& host, int port) {
   }
 }
 
+int listenForStore(const std::string& host, int port, int* fd) {
+  const int r = tryBind(host, port, fd);
+  if (r == -EADDRINUSE || (r < 0 && port != 0)) checkPortFree(host, port);  // the same words as before
+  if (r <= 0) fail<UsageError>("ddp-run: cannot listen on {}:{}: {}", host, port, errnoText(-r));
+  return r;
+}
+
 int pickFreePort(const std::string& host) {
   int r = tryBind(host, 0);
   if (r <= 0) fail<UsageError>("ddp-run: cannot find a free port on {}: {}", host, errnoText(-r));
@@ -308,11 +342,13 @@ int launchLocalRanks(LaunchOptions o) {
   if (o.nodeRank < 0 || o.nodeRank >= o.nnodes) {
     fail<UsageError>("ddp-run: --node-rank {} is outside [0, {})", o.nodeRank, o.nnodes);
   }
-  if (o.masterPort == 0) {
-    if (o.nnodes > 1) throw UsageError("ddp-run: a multi-node job needs --master-port (the same on every node)");
-    o.masterPort = pickFreePort(o.masterAddr);
-  } else if (o.nodeRank == 0) {
-    checkPortFree(o.masterAddr, o.masterPort);
+  if (o.masterPort == 0 && o.nnodes > 1) {
+    throw UsageError("ddp-run: a multi-node job needs --master-port (the same on every node)");
+  }
+  if (o.nodeRank == 0) {
+    // Bound and listening from now to the end of the job: rank 0 serves the
+    // store on this very socket, so no other process can take the port.
+    o.masterPort = listenForStore(o.masterAddr, o.masterPort, &gStoreListenFd);
   }
   std::string token;
   if (const char* t = std::getenv("DDP_STORE_TOKEN")) token = t;

@@ -57,6 +57,10 @@ int launchLocalRanks(LaunchOptions options);
 // Throws UsageError naming the port when host:port cannot be bound.
 void checkPortFree(const std::string& host, int port);
 
+// A socket bound to host:port (0: a free port) and listening, close-on-exec,
+// in *fd; returns its port. Throws UsageError as checkPortFree does.
+int listenForStore(const std::string& host, int port, int* fd);
+
 // A port that was free a moment ago on host.
 int pickFreePort(const std::string& host);
 

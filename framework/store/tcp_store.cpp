@@ -26,7 +26,7 @@ TCPStore::TCPStore(TCPStoreOptions options) : options_(std::move(options)) {
   }
   port_ = options_.port;
   if (options_.isServer) {
-    server_ = std::make_unique<Server>(options_.host, options_.port, token);
+    server_ = std::make_unique<Server>(options_.host, options_.port, token, options_.listenFd);
     port_ = server_->port();
   }
   // Connects now, so that a wrong address or token fails at construction,

@@ -35,6 +35,11 @@ struct TCPStoreOptions {
   bool tokenFromEnvironment = true;
   std::chrono::milliseconds connectTimeout{60000};
   std::chrono::milliseconds timeout{Store::kDefaultTimeout};
+  // Server only: a socket already bound and listening (the launcher's, see
+  // DDP_STORE_LISTEN_FD in docs/clusters.md), served instead of binding
+  // host:port anew. Adopted when it listens on `port`; otherwise left alone
+  // and host:port bound as usual.
+  int listenFd = -1;
 };
 
 // The environment variable that carries the job's store token.

@@ -9,6 +9,7 @@
 #include "framework/core/help_links.hpp"
 #include "framework/core/log.hpp"
 #include "framework/store/store_util.hpp"
+#include "framework/store/tcp/auth.hpp"
 #include "framework/store/tcp/socket.hpp"
 #include "framework/store/tcp/wire.hpp"
 #include "framework/store/tcp_store.hpp"  // kStoreTokenEnv
@@ -17,12 +18,16 @@ namespace ddp::tcpstore {
 
 namespace {
 
+constexpr std::chrono::seconds kConnectProgressEvery{10};
+
 // Reads one reply frame; returns its status and puts its body in *body.
-Status recvReply(int fd, std::string* body, Clock::time_point deadline) {
+// `limit` bounds what a server may make us allocate (a small one before it
+// has proven the token).
+Status recvReply(int fd, std::string* body, Clock::time_point deadline, uint32_t limit = kMaxFrame) {
   char header[4];
   recvAll(fd, header, 4, deadline);
   const uint32_t len = frameLength(header);
-  if (len < 1 || len > kMaxFrame) throw ConnectionLost{"malformed reply from the server"};
+  if (len < 1 || len > limit) throw ConnectionLost{"malformed reply from the server"};
   std::string payload(len, '\0');
   recvAll(fd, &payload[0], len, deadline);
   Status status = kError;
@@ -55,6 +60,9 @@ Client::Connected Client::connect() {
   auto backoff = std::chrono::milliseconds(10);
   std::string lastError = "no attempt finished";
   int attempts = 0;
+  // A node started long before rank 0's says so now and then, not only at the end.
+  const auto start = Clock::now();
+  auto nextProgress = start + kConnectProgressEvery;
   while (true) {
     ++attempts;
     AddrInfoList addrs;
@@ -68,11 +76,22 @@ Client::Connected Client::connect() {
 
       std::string body;
       Status status;
+      bool serverKnowsToken = true;
       try {
         // The handshake gets its own allowance: connecting may have used up the deadline.
         const auto handshakeDeadline = std::max(deadline, Clock::now() + std::chrono::seconds(5));
-        sendAll(fd, helloFrame(token_), handshakeDeadline);
-        status = recvReply(fd, &body, handshakeDeadline);
+        const std::string clientNonce = makeNonce();
+        sendAll(fd, helloFrame(clientNonce), handshakeDeadline);
+        status = recvReply(fd, &body, handshakeDeadline, kMaxHandshakeFrame);
+        if (status == kOk) {
+          if (body.size() != kNonceBytes + kProofBytes) throw ConnectionLost{"malformed handshake reply"};
+          const std::string serverNonce = body.substr(0, kNonceBytes);
+          // The server proves first: one that does not know the token learns nothing from us.
+          serverKnowsToken = sameBytes(body.substr(kNonceBytes), serverProof(token_, clientNonce, serverNonce));
+          sendAll(fd, frame(serverKnowsToken ? clientProof(token_, clientNonce, serverNonce) : std::string()),
+                  handshakeDeadline);
+          if (serverKnowsToken) status = recvReply(fd, &body, handshakeDeadline, kMaxHandshakeFrame);
+        }
       } catch (const IoTimeout&) {
         lastError = "no reply to the handshake";
         ::close(fd);
@@ -81,6 +100,15 @@ Client::Connected Client::connect() {
         lastError = fmt::format("handshake failed: {}", e.reason);
         ::close(fd);
         continue;
+      }
+      if (!serverKnowsToken) {
+        ::close(fd);
+        // Final: another job's store, or a process that took the port.
+        fail<StoreError>(
+            "TCPStore: the store server at {} does not know this job's token: it is another job's store, a process "
+            "that took the port, or rank 0 runs with another {}. HINT: all ranks must share {} (ddp-run sets it for "
+            "the ranks it spawns); check MASTER_ADDR/MASTER_PORT",
+            hostPort(), kStoreTokenEnv, kStoreTokenEnv);
       }
       if (status == kOk) return {fd, attempts};
       ::close(fd);
@@ -97,6 +125,11 @@ Client::Connected Client::connect() {
     }
     const auto now = Clock::now();
     if (now >= deadline) break;
+    if (now >= nextProgress) {
+      logWarn("TCPStore: still waiting for the store server at {} after {} s ({}); rank 0 serves it", hostPort(),
+              std::chrono::duration_cast<std::chrono::seconds>(now - start).count(), lastError);
+      nextProgress += kConnectProgressEvery;
+    }
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(250));
   }

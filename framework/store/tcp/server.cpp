@@ -19,6 +19,7 @@
 #include "framework/core/log.hpp"
 #include "framework/core/system.hpp"
 #include "framework/store/store_util.hpp"
+#include "framework/store/tcp/auth.hpp"
 #include "framework/store/tcp/socket.hpp"
 #include "framework/store/tcp/wire.hpp"
 
@@ -27,14 +28,23 @@ namespace ddp::tcpstore {
 namespace {
 
 // A peer that connects but sends no handshake is dropped after this long, so
-// port scanners and stuck half-open connections do not pile up.
-constexpr std::chrono::seconds kHandshakeTimeout{10};
+// port scanners and stuck half-open connections do not pile up. A real
+// client sends its handshake as soon as it has connected.
+constexpr std::chrono::seconds kHandshakeTimeout{5};
+// At most this many connections may await their handshake; a new one beyond
+// it closes the oldest, so a flood of idle connections cannot use up the
+// process's file descriptors (which the job needs for checkpoints).
+constexpr size_t kMaxPending = 64;
+// The first refusals are logged one line each; after that one summary line
+// per interval says how many more there were.
+constexpr int kRefusalsLoggedInFull = 5;
+constexpr std::chrono::seconds kRefusalSummaryEvery{10};
 
 }  // namespace
 
 class Server::Impl {
  public:
-  Impl(const std::string& host, uint16_t port, std::string token);
+  Impl(const std::string& host, uint16_t port, std::string token, int listenFd);
   ~Impl();
 
   uint16_t port() const { return port_; }
@@ -42,9 +52,13 @@ class Server::Impl {
 
  private:
   struct Connection {
+    uint64_t id = 0;
     int fd = -1;
     std::string peer;
     bool authenticated = false;
+    bool helloSeen = false;   // the server's proof went out; the client's is due
+    std::string clientNonce;  // the handshake's nonces (auth.hpp)
+    std::string serverNonce;
     bool closed = false;  // swept (fd closed, entry erased) at the end of a loop turn
     std::string in;       // received bytes not yet parsed into frames
     std::string out;      // reply bytes not yet accepted by the socket
@@ -70,6 +84,9 @@ class Server::Impl {
   void refuse(Connection& c, const std::string& reason);
   void drop(Connection& c);
   void send(Connection& c, const std::string& bytes);
+  void loopTurn(std::vector<pollfd>& fds, std::vector<uint64_t>& ids, bool* stop);
+  void evictOldestPending();
+  void logRefusalSummary(bool force);
 
   uint16_t port_ = 0;
   std::string token_;
@@ -87,16 +104,38 @@ class Server::Impl {
   std::unordered_map<std::string, Bytes> data_;
   std::map<uint64_t, Waiter> waiters_;
   std::unordered_map<std::string, std::vector<uint64_t>> waitersByKey_;
+  std::set<uint64_t> pending_;  // connections awaiting their handshake, oldest first
+  // Rate limit of the refusal log (refuse(), logRefusalSummary()).
+  int refusalsLogged_ = 0;
+  int64_t refusalsNotLogged_ = 0;
+  std::string lastRefusal_;
+  Clock::time_point nextRefusalSummary_{};
 };
 
-Server::Server(const std::string& host, uint16_t port, std::string token)
-    : impl_(std::make_unique<Impl>(host, port, std::move(token))) {}
+Server::Server(const std::string& host, uint16_t port, std::string token, int listenFd)
+    : impl_(std::make_unique<Impl>(host, port, std::move(token), listenFd)) {}
 Server::~Server() = default;
 uint16_t Server::port() const { return impl_->port(); }
 int64_t Server::refused() const { return impl_->refused(); }
 
-Server::Impl::Impl(const std::string& host, uint16_t port, std::string token) : token_(std::move(token)) {
+Server::Impl::Impl(const std::string& host, uint16_t port, std::string token, int listenFd)
+    : token_(std::move(token)) {
   const std::string where = formatHostPort(host, port);
+  if (listenFd >= 0) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (::getsockopt(listenFd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening != 0 &&
+        (port == 0 || boundPort(listenFd) == port)) {
+      ::fcntl(listenFd, F_SETFD, FD_CLOEXEC);
+      ::fcntl(listenFd, F_SETFL, ::fcntl(listenFd, F_GETFL) | O_NONBLOCK);
+      listener_ = listenFd;
+      logInfo("TCPStore: serving on the socket the launcher bound (descriptor {})", listenFd);
+    } else {
+      // Not ours to close: it may be anything this process inherited.
+      logWarn("TCPStore: descriptor {} is not a socket listening on port {}; binding {} instead", listenFd, port,
+              where);
+    }
+  }
   AddrInfoList addrs;
   const std::string resolveError = resolve(host, port, /*passive=*/true, &addrs);
   if (!resolveError.empty()) {
@@ -104,7 +143,7 @@ Server::Impl::Impl(const std::string& host, uint16_t port, std::string token) : 
                      resolveError);
   }
   std::string lastError = "no usable address";
-  for (addrinfo* a = addrs.list; a != nullptr && listener_ < 0; a = a->ai_next) {
+  for (addrinfo* a = listener_ >= 0 ? nullptr : addrs.list; a != nullptr && listener_ < 0; a = a->ai_next) {
     int err = 0;
     listener_ = listenOn(*a, &err);
     if (listener_ >= 0) break;
@@ -139,6 +178,7 @@ Server::Impl::~Impl() {
   while (::write(wakeWrite_, &byte, 1) < 0 && errno == EINTR) {
   }
   thread_.join();
+  logRefusalSummary(true);
   for (auto& entry : connections_) closeFd(entry.second.fd);
   closeFd(listener_);
   closeFd(wakeRead_);
@@ -148,60 +188,92 @@ Server::Impl::~Impl() {
 void Server::Impl::run() {
   std::vector<pollfd> fds;
   std::vector<uint64_t> ids;  // ids[i] is the connection behind fds[i + 2]
-  while (true) {
-    fds.assign({{wakeRead_, POLLIN, 0}, {listener_, POLLIN, 0}});
-    ids.clear();
-    auto nextDeadline = Clock::time_point::max();
-    for (const auto& [id, c] : connections_) {
-      fds.push_back({c.fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
-      ids.push_back(id);
-      if (!c.authenticated) nextDeadline = std::min(nextDeadline, c.handshakeDeadline);
+  bool stop = false;
+  int failuresLogged = 0;
+  while (!stop) {
+    // Nothing may escape this thread (an exception here would end the
+    // process): a failure in one connection's work closes that connection
+    // (see loopTurn); one outside any connection is logged and the loop goes on.
+    try {
+      loopTurn(fds, ids, &stop);
+    } catch (const std::exception& e) {
+      if (failuresLogged++ < kRefusalsLoggedInFull) logWarn("store server: {}; serving on", e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } catch (...) {
+      if (failuresLogged++ < kRefusalsLoggedInFull) logWarn("store server: unknown failure; serving on");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    int timeoutMs = -1;
-    if (nextDeadline != Clock::time_point::max()) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(nextDeadline - Clock::now());
-      timeoutMs = static_cast<int>(std::max<int64_t>(0, left.count()));
-    }
-    const int rc = ::poll(fds.data(), fds.size(), timeoutMs);
-    if (rc < 0) {
-      if (errno == EINTR) continue;
-      logWarn("store server: poll failed: {}", errnoText(errno));
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // do not spin on a persistent error
-      continue;
-    }
-    if (fds[0].revents != 0) return;  // the destructor asked us to stop
-    if (fds[1].revents != 0) acceptClients();
+  }
+}
 
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const short revents = fds[i + 2].revents;
-      auto it = connections_.find(ids[i]);
-      if (revents == 0 || it == connections_.end() || it->second.closed) continue;
+void Server::Impl::loopTurn(std::vector<pollfd>& fds, std::vector<uint64_t>& ids, bool* stop) {
+  fds.assign({{wakeRead_, POLLIN, 0}, {listener_, POLLIN, 0}});
+  ids.clear();
+  auto nextDeadline = Clock::time_point::max();
+  for (const auto& [id, c] : connections_) {
+    // A connection holding a whole frame it may not process yet (behind a
+    // pending GET/WAIT) is not read further: its buffer stays bounded.
+    const size_t limit = 4 + static_cast<size_t>(c.authenticated ? kMaxFrame : kMaxHandshakeFrame);
+    const short in = c.in.size() < limit ? POLLIN : 0;
+    fds.push_back({c.fd, static_cast<short>(in | (c.out.empty() ? 0 : POLLOUT)), 0});
+    ids.push_back(id);
+    if (!c.authenticated) nextDeadline = std::min(nextDeadline, c.handshakeDeadline);
+  }
+  if (refusalsNotLogged_ > 0) nextDeadline = std::min(nextDeadline, nextRefusalSummary_);
+  int timeoutMs = -1;
+  if (nextDeadline != Clock::time_point::max()) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(nextDeadline - Clock::now());
+    timeoutMs = static_cast<int>(std::max<int64_t>(0, left.count()));
+  }
+  const int rc = ::poll(fds.data(), fds.size(), timeoutMs);
+  if (rc < 0) {
+    if (errno == EINTR) return;
+    logWarn("store server: poll failed: {}", errnoText(errno));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // do not spin on a persistent error
+    return;
+  }
+  if (fds[0].revents != 0) {  // the destructor asked us to stop
+    *stop = true;
+    return;
+  }
+  if (fds[1].revents != 0) acceptClients();
+
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const short revents = fds[i + 2].revents;
+    auto it = connections_.find(ids[i]);
+    if (revents == 0 || it == connections_.end() || it->second.closed) continue;
+    try {
       if (revents & (POLLIN | POLLHUP | POLLERR)) {
         readFrom(it->second);
         runnable_.push_back(ids[i]);
       }
       if ((revents & POLLOUT) && !it->second.closed) flush(it->second);
-    }
-    while (!runnable_.empty()) {
-      const uint64_t id = runnable_.front();
-      runnable_.pop_front();
-      processFrames(id);
-    }
-
-    const auto now = Clock::now();
-    for (auto it = connections_.begin(); it != connections_.end();) {
-      Connection& c = it->second;
-      if (!c.closed && !c.authenticated && now >= c.handshakeDeadline) {
-        refuse(c, fmt::format("no handshake within {} s", kHandshakeTimeout.count()));
-      }
-      if (c.closed) {
-        closeFd(c.fd);
-        it = connections_.erase(it);
-      } else {
-        ++it;
-      }
+    } catch (const std::exception& e) {
+      // E.g. bad_alloc: lose this connection, keep serving the rest.
+      refuse(it->second, fmt::format("the server failed on this connection: {}", e.what()));
     }
   }
+  while (!runnable_.empty()) {
+    const uint64_t id = runnable_.front();
+    runnable_.pop_front();
+    processFrames(id);
+  }
+
+  const auto now = Clock::now();
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    Connection& c = it->second;
+    if (!c.closed && !c.authenticated && now >= c.handshakeDeadline) {
+      refuse(c, fmt::format("no handshake within {} s", kHandshakeTimeout.count()));
+    }
+    if (c.closed) {
+      closeFd(c.fd);
+      pending_.erase(it->first);
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  logRefusalSummary(false);
 }
 
 void Server::Impl::acceptClients() {
@@ -219,12 +291,26 @@ void Server::Impl::acceptClients() {
       return;  // EAGAIN: nothing more to accept
     }
     setNoDelay(fd);
+    if (pending_.size() >= kMaxPending) evictOldestPending();
     Connection c;
+    c.id = nextConnection_++;
     c.fd = fd;
     c.peer = peerName(addr, len);
     c.handshakeDeadline = Clock::now() + kHandshakeTimeout;
-    connections_.emplace(nextConnection_++, std::move(c));
+    pending_.insert(c.id);
+    connections_.emplace(c.id, std::move(c));
   }
+}
+
+void Server::Impl::evictOldestPending() {
+  const uint64_t oldest = *pending_.begin();
+  pending_.erase(pending_.begin());
+  auto it = connections_.find(oldest);
+  if (it == connections_.end()) return;
+  refuse(it->second, fmt::format("more than {} connections await their handshake; closing the oldest", kMaxPending));
+  // Closed now, not at the end of the loop turn: the descriptor is what we are short of.
+  closeFd(it->second.fd);
+  connections_.erase(it);
 }
 
 void Server::Impl::readFrom(Connection& c) {
@@ -269,15 +355,18 @@ void Server::Impl::processFrames(uint64_t id) {
   // Replies go out in request order: frames behind an unanswered GET/WAIT stay buffered.
   while (!c.closed && c.pendingWaiter == 0 && c.in.size() >= 4) {
     const uint32_t len = frameLength(c.in.data());
-    if (len > kMaxFrame) {
-      // Checked before the body arrives, so garbage cannot make us buffer a gigabyte.
-      refuse(c, fmt::format("frame of {} bytes exceeds the {}-byte limit (not a ddp store client?)", len, kMaxFrame));
+    // Checked before the body arrives, so a peer cannot make us buffer more
+    // than the handshake needs before it has shown the token.
+    const uint32_t limit = c.authenticated ? kMaxFrame : kMaxHandshakeFrame;
+    if (len > limit) {
+      refuse(c, fmt::format("{} of {} bytes exceeds the {}-byte limit (not a ddp store client?)",
+                            c.authenticated ? "frame" : "handshake frame", len, limit));
       return;
     }
     if (c.in.size() < 4 + static_cast<size_t>(len)) return;
-    const std::string payload = c.in.substr(4, len);
-    c.in.erase(0, 4 + static_cast<size_t>(len));
     try {
+      const std::string payload = c.in.substr(4, len);
+      c.in.erase(0, 4 + static_cast<size_t>(len));
       if (!c.authenticated) {
         handleHandshake(c, payload);
       } else {
@@ -291,12 +380,27 @@ void Server::Impl::processFrames(uint64_t id) {
 }
 
 void Server::Impl::handleHandshake(Connection& c, const std::string& payload) {
-  const std::string refusal = checkHello(payload, token_);
-  if (!refusal.empty()) {
-    refuse(c, refusal);
+  if (!c.helloSeen) {
+    const std::string refusal = checkHello(payload, &c.clientNonce);
+    if (!refusal.empty()) {
+      refuse(c, refusal);
+      return;
+    }
+    c.helloSeen = true;
+    c.serverNonce = makeNonce();
+    send(c, replyFrame(kOk, c.serverNonce + serverProof(token_, c.clientNonce, c.serverNonce)));
+    return;
+  }
+  if (payload.empty()) {
+    refuse(c, "wrong job token (the client found that this server does not know its token)");
+    return;
+  }
+  if (!sameBytes(payload, clientProof(token_, c.clientNonce, c.serverNonce))) {
+    refuse(c, "wrong job token");
     return;
   }
   c.authenticated = true;
+  pending_.erase(c.id);
   send(c, replyFrame(kOk, ""));
 }
 
@@ -388,7 +492,18 @@ void Server::Impl::completeWaiter(uint64_t waiterId) {
 
 void Server::Impl::refuse(Connection& c, const std::string& reason) {
   refused_.fetch_add(1);
-  logWarn("store server: refused connection from {}: {}", c.peer, reason);
+  // Rate-limited: a flood of rogue connections must not flood the log.
+  if (refusalsLogged_ < kRefusalsLoggedInFull) {
+    ++refusalsLogged_;
+    logWarn("store server: refused connection from {}: {}{}", c.peer, reason,
+            refusalsLogged_ == kRefusalsLoggedInFull
+                ? fmt::format(" (further refusals are summed up every {} s)", kRefusalSummaryEvery.count())
+                : "");
+    nextRefusalSummary_ = Clock::now() + kRefusalSummaryEvery;
+  } else {
+    ++refusalsNotLogged_;
+    lastRefusal_ = fmt::format("{}: {}", c.peer, reason);
+  }
   // Best effort: the reply is tiny and the socket buffer empty, so a single
   // non-blocking send almost always takes it; we never wait for a rogue peer.
   c.out = replyFrame(kRefused, reason);
@@ -396,9 +511,18 @@ void Server::Impl::refuse(Connection& c, const std::string& reason) {
   drop(c);
 }
 
+void Server::Impl::logRefusalSummary(bool force) {
+  if (refusalsNotLogged_ == 0 || (!force && Clock::now() < nextRefusalSummary_)) return;
+  logWarn("store server: refused {} more connection{} in the last {} s (the last from {})", refusalsNotLogged_,
+          refusalsNotLogged_ == 1 ? "" : "s", kRefusalSummaryEvery.count(), lastRefusal_);
+  refusalsNotLogged_ = 0;
+  nextRefusalSummary_ = Clock::now() + kRefusalSummaryEvery;
+}
+
 void Server::Impl::drop(Connection& c) {
   if (c.closed) return;
   c.closed = true;
+  pending_.erase(c.id);
   c.in.clear();
   c.out.clear();
   if (c.pendingWaiter != 0) {

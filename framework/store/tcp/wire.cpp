@@ -1,5 +1,7 @@
 #include "framework/store/tcp/wire.hpp"
 
+#include "framework/store/tcp/auth.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -49,19 +51,6 @@ class Reader {
   size_t pos_ = 0;
 };
 
-// Time independent of where the tokens differ, so that a peer cannot learn
-// the token a byte at a time from reply latency.
-bool tokensEqual(const std::string& a, const std::string& b) {
-  unsigned diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned x = i < a.size() ? static_cast<uint8_t>(a[i]) : 0;
-    const unsigned y = i < b.size() ? static_cast<uint8_t>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
-
 }  // namespace
 
 const char* commandName(uint8_t command) {
@@ -85,14 +74,14 @@ std::string frame(const std::string& payload) {
   return out;
 }
 
-std::string helloFrame(const std::string& token) {
+std::string helloFrame(const std::string& clientNonce) {
   std::string hello(kMagic, sizeof kMagic);
   hello.push_back(static_cast<char>(kProtocolVersion));
-  hello += token;
+  hello += clientNonce;
   return frame(hello);
 }
 
-std::string checkHello(const std::string& payload, const std::string& token) {
+std::string checkHello(const std::string& payload, std::string* clientNonce) {
   Reader r(payload);
   std::string magic;
   uint8_t version = 0;
@@ -102,9 +91,8 @@ std::string checkHello(const std::string& payload, const std::string& token) {
   if (version != kProtocolVersion) {
     return fmt::format("store protocol version {}, expected {}", version, kProtocolVersion);
   }
-  std::string theirs;
-  r.bytes(r.left(), &theirs);
-  if (!tokensEqual(theirs, token)) return "wrong job token";
+  if (r.left() != kNonceBytes) return "malformed handshake (not a ddp store client?)";
+  r.bytes(kNonceBytes, clientNonce);
   return "";
 }
 

@@ -2,9 +2,19 @@
 // out as bytes. Both ends encode and decode through here; no sockets.
 //
 // Everything travels in frames: a 4-byte big-endian payload length, then the
-// payload. Frames over kMaxFrame are refused.
-// - Handshake (client -> server, the first frame of a connection):
-//     "DDPSTORE" (8 bytes) | version (1 byte) | token (the rest)
+// payload. Until a connection has passed its handshake the server accepts a
+// frame of at most kMaxHandshakeFrame bytes (the handshake needs no more), so
+// an unauthenticated peer cannot make it buffer more than that. After it,
+// frames over kMaxFrame are refused: a key or value (a run folder's path, a
+// backend's address list, a shared-memory segment name) is far smaller. Both
+// limits are checked on the 4-byte length, before any payload is buffered.
+// - Handshake: each side proves that it knows the job's token without
+//   sending it (auth.hpp), the server first, so that a client never talks to
+//   a server that does not know the token:
+//     client -> server  "DDPSTORE" (8 bytes) | version (1 byte) | client nonce (16 bytes)
+//     server -> client  kOk | server nonce (16 bytes) | server proof (32 bytes)
+//     client -> server  client proof (32 bytes; empty when the server's proof was wrong)
+//     server -> client  kOk (empty), or kRefused "wrong job token"
 // - Request (client -> server, one at a time per connection):
 //     command (1 byte) | key count (u32) | per key: length (u32), bytes |
 //     value length (u32) | value bytes
@@ -27,8 +37,9 @@
 
 namespace ddp::tcpstore {
 
-constexpr uint32_t kMaxFrame = 1u << 30;  // 1 GiB: far above any real value, far below garbage lengths
-constexpr uint8_t kProtocolVersion = 1;
+constexpr uint32_t kMaxFrame = 64u << 20;        // 64 MiB: a request after the handshake
+constexpr uint32_t kMaxHandshakeFrame = 256;      // a handshake frame (25 or 32 bytes)
+constexpr uint8_t kProtocolVersion = 2;
 
 enum Command : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5 };
 enum Status : uint8_t { kOk = 0, kError = 1, kRefused = 2 };
@@ -42,10 +53,10 @@ uint32_t frameLength(const char* header);
 std::string frame(const std::string& payload);
 
 // The client's first frame.
-std::string helloFrame(const std::string& token);
-// The server's verdict on a handshake payload: "" to accept, else the reason
-// to refuse. Tokens compare in time independent of where they differ.
-std::string checkHello(const std::string& payload, const std::string& token);
+std::string helloFrame(const std::string& clientNonce);
+// The server's verdict on a first frame: "" to go on (with *clientNonce
+// set), else the reason to refuse.
+std::string checkHello(const std::string& payload, std::string* clientNonce);
 
 struct Request {
   uint8_t command = 0;
