@@ -93,6 +93,20 @@ TEST_CASE("resume rules: only the settings listed as safe may change", "[resume]
     CHECK(changes[2].key == "training.epochs");
     CHECK(changes[2].allowed);
   }
+  SECTION("every training and distributed setting has a rule of its own, not the refusal of unlisted keys") {
+    // A key added to the config without a resume rule fails here, so that
+    // whoever adds it decides whether a resumed run may change it.
+    for (const char* section : {"training", "distributed"}) {
+      for (auto it = saved[section].begin(); it != saved[section].end(); ++it) {
+        Json changed = saved;
+        changed[section][it.key()] = Json("another value");
+        const auto changes = compareForResume(saved, changed);
+        REQUIRE(changes.size() == 1);
+        INFO(changes[0].key << ": " << changes[0].reason);
+        CHECK(changes[0].reason != "not known to be safe to change on resume");
+      }
+    }
+  }
   SECTION("another optimizer: its name is the one change reported") {
     const auto changes = compareForResume(saved, wine({"optimizer.name=sgd"}).resolved);
     REQUIRE(changes.size() == 1);

@@ -34,6 +34,7 @@ const Rule kRules[] = {
     {"training.eval_every", true, "applies from the next epoch"},
     {"training.threads", true, "applies at once"},
     {"training.checkpoint_on_signal", true, "applies at once"},
+    {"training.on_nonfinite_loss", true, "applies from the next step"},
     {"training.seed", false, "the seed draws the train/test split and the sample order"},
     {"training.batch_size", false, "the checkpoint's step count and sample position assume the old batch size"},
     {"training.accumulate_grad_batches", false, "the checkpoint's step count assumes the old accumulation"},

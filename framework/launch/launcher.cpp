@@ -181,6 +181,26 @@ struct AttemptResult {
   int stopSignal = 0;  // a signal to the launcher stopped the attempt
 };
 
+// How long the launcher waits, after a rank fails, before it stops the
+// others. A rank that finds a mistake in the job (exit code 2) ends, and its
+// peers then fail too ("lost the connection to the store"), sometimes
+// before the first one has finished exiting; in this window both are
+// reaped, and the cause is told from the consequence.
+constexpr std::chrono::milliseconds kFailureWindow{500};
+
+// Of the ranks that failed on their own, in the order they were reaped: the
+// first that reported a mistake in the job (exit code 2) or a non-finite
+// loss (3), as its peers fail only because it ended; else the first.
+int causeRank(const std::vector<RankProcess>& procs, const std::vector<int>& failed) {
+  for (const int code : {2, 3}) {
+    for (const int i : failed) {
+      const int status = procs[static_cast<size_t>(i)].status;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == code) return i;
+    }
+  }
+  return failed.front();
+}
+
 // One attempt of the whole job on this node.
 AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& token, StopSignals& signals) {
   std::vector<RankProcess> procs(o.nprocPerNode);
@@ -199,8 +219,11 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
   }
   const size_t keep = static_cast<size_t>(o.lastLinesKept);
   int firstFailure = -1;
+  std::vector<int> failedOnTheirOwn;  // local ranks, in the order they were reaped
+  bool stopping = false;              // the others have been told to stop after a failure
   int stopSignal = 0;
   const Clock::time_point noDeadline = Clock::time_point::max();
+  Clock::time_point stopAt = noDeadline;  // when the others get SIGTERM after a failure
   Clock::time_point killDeadline = noDeadline;  // set once the ranks are being stopped
   Clock::time_point stopStart{};
   int killedHard = 0;  // ranks that SIGKILL ended
@@ -254,14 +277,21 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
         p.exited = true;
         p.status = status;
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        if (failed && firstFailure < 0 && stopSignal == 0) {
-          firstFailure = p.rank - o.nodeRank * o.nprocPerNode;
-          stopAll(SIGTERM);
-          killDeadline = Clock::now() + o.killGrace;
+        if (failed && stopSignal == 0 && !stopping) {
+          // The cause is chosen among the ranks that fail on their own
+          // before the others are stopped (causeRank).
+          failedOnTheirOwn.push_back(p.rank - o.nodeRank * o.nprocPerNode);
+          if (stopAt == noDeadline) stopAt = Clock::now() + kFailureWindow;
         }
       } else {
         allExited = false;
       }
+    }
+    if (!stopping && stopAt != noDeadline && (Clock::now() >= stopAt || allExited)) {
+      stopping = true;
+      firstFailure = causeRank(procs, failedOnTheirOwn);
+      stopAll(SIGTERM);
+      killDeadline = Clock::now() + o.killGrace;
     }
     if (!allExited && killedHard == 0 && Clock::now() >= killDeadline) killSurvivors();
     if (allExited) {

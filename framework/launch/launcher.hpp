@@ -10,8 +10,12 @@
 // - Forwards each rank's output line by line (ranks other than 0 prefixed
 //   "[rank r]") and keeps its last lines.
 // - Fail-fast: when a rank exits non-zero or dies by a signal, the others get
-//   SIGTERM, then SIGKILL after a grace period; the launcher prints which
-//   rank failed first, how, and that rank's last lines, and returns non-zero.
+//   SIGTERM half a second later, then SIGKILL after a grace period; the
+//   launcher prints which rank failed first, how, and that rank's last
+//   lines, and returns its exit code. Of the ranks that failed in that half
+//   second, one that exited with code 2 (a mistake in the job) or 3 (a
+//   non-finite loss) is named as the cause: its peers failed because it
+//   ended.
 // - With maxRestarts > 0, a failed job is started again (all ranks, with
 //   DDP_RESTART=<attempt>) until it succeeds or the restarts are used up.
 //   Exit codes that a restart would only repeat end the job at once: 2 (a
