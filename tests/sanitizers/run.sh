@@ -32,7 +32,9 @@ cmake --build "$build" -j "${DDP_SANITIZE_JOBS:-$(nproc)}" --target ddp_tests dd
 echo "sanitizers: $kind build took $(( $(date +%s) - start )) s"
 
 # halt_on_error: the first report fails the process (and so the test).
-export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=0:exitcode=86:detect_stack_use_after_return=0:${ASAN_OPTIONS:-}"
+# allocator_may_return_null: an allocation too big to make fails as it would
+# without ASan (std::bad_alloc), which the out-of-memory tests expect.
+export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:allocator_may_return_null=1:abort_on_error=0:exitcode=86:detect_stack_use_after_return=0:${ASAN_OPTIONS:-}"
 export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0:${LSAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$here/ubsan.supp:${UBSAN_OPTIONS:-}"
 export TSAN_OPTIONS="halt_on_error=1:exitcode=86:second_deadlock_stack=1:suppressions=$here/tsan.supp:${TSAN_OPTIONS:-}"
