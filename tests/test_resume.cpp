@@ -75,6 +75,20 @@ class RaiseAtStep : public TrainerCallback {
   int signal_;
 };
 
+// Wine for 6 epochs (checkpoints every 2) in `whole`, and the same run
+// stopped after 4 epochs in `parts`; `ro` is left pointing at `parts`.
+TrainResult uninterruptedAndFirstPart(const std::vector<std::string>& base, const TempDir& whole,
+                                      const TempDir& parts, const ddp::DistributedContext& ctx, RunOptions& ro) {
+  ro.quiet = true;
+  ro.runDir = whole.path;
+  TrainResult uninterrupted = runTraining(wine(base), ctx, ro, builtinPlugins());
+  ro.runDir = parts.path;
+  auto firstPart = base;
+  firstPart.push_back("training.epochs=4");
+  runTraining(wine(firstPart), ctx, ro, builtinPlugins());
+  return uninterrupted;
+}
+
 }  // namespace
 
 TEST_CASE("resume rules: only the settings listed as safe may change", "[resume]") {
@@ -161,13 +175,7 @@ TEST_CASE("resume with more epochs and another lr is allowed, logged and applied
   const std::vector<std::string> base = {"training.epochs=6", "training.save_every=2", "model.dropout=0.1"};
   auto ctx = ddp::test::singleProcessContext();
   RunOptions ro;
-  ro.quiet = true;
-  ro.runDir = whole.path;
-  const auto uninterrupted = runTraining(wine(base), ctx, ro, builtinPlugins());
-  ro.runDir = parts.path;
-  auto firstPart = base;
-  firstPart.push_back("training.epochs=4");
-  runTraining(wine(firstPart), ctx, ro, builtinPlugins());
+  const auto uninterrupted = uninterruptedAndFirstPart(base, whole, parts, ctx, ro);
   ro.resume = true;
   const auto resumed = runTraining(wine(base), ctx, ro, builtinPlugins());
   CHECK(maxDifference(resumed.finalParameters, uninterrupted.finalParameters) == 0.0);
@@ -192,13 +200,7 @@ TEST_CASE("resume falls back to the newest checkpoint that can be read", "[resum
   const std::vector<std::string> base = {"training.epochs=6", "training.save_every=2", "model.dropout=0.1"};
   auto ctx = ddp::test::singleProcessContext();
   RunOptions ro;
-  ro.quiet = true;
-  ro.runDir = whole.path;
-  const auto uninterrupted = runTraining(wine(base), ctx, ro, builtinPlugins());
-  ro.runDir = parts.path;
-  auto firstPart = base;
-  firstPart.push_back("training.epochs=4");
-  runTraining(wine(firstPart), ctx, ro, builtinPlugins());
+  const auto uninterrupted = uninterruptedAndFirstPart(base, whole, parts, ctx, ro);
   const std::string newest = parts.path + "/checkpoints/epoch_000004.pt";
   const std::string older = parts.path + "/checkpoints/epoch_000002.pt";
   std::filesystem::resize_file(newest, std::filesystem::file_size(newest) / 2);
