@@ -85,16 +85,11 @@ DatasetSplits splitAndScale(const at::Tensor& features, const at::Tensor& target
     test = (test - mean) / stddev;
   }
 
-  DatasetSplits splits;
-  splits.trainFeatures = train.to(torch::kFloat32).contiguous();
-  splits.testFeatures = test.to(torch::kFloat32).contiguous();
   const auto targetType = numClasses > 0 ? torch::kInt64 : torch::kFloat32;
-  splits.trainTargets = targets.index_select(0, trainIndex).to(targetType).contiguous();
-  splits.testTargets = targets.index_select(0, testIndex).to(targetType).contiguous();
-  splits.numFeatures = features.size(1);
-  splits.numClasses = numClasses;
-  splits.sampleShape = {features.size(1)};  // a table: one row of F values
-  return splits;
+  return tensorSplits(train.to(torch::kFloat32).contiguous(),
+                      targets.index_select(0, trainIndex).to(targetType).contiguous(),
+                      test.to(torch::kFloat32).contiguous(),
+                      targets.index_select(0, testIndex).to(targetType).contiguous(), numClasses);
 }
 
 // ---- reading files ----------------------------------------------------------------

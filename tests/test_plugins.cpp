@@ -27,6 +27,7 @@
 #include "tests/test_support.hpp"
 
 using namespace ddp;
+using ddp::test::tensors;
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 
@@ -209,42 +210,42 @@ TEST_CASE("dataset wine: 178 rows split 80/20, standardized on the training rows
   auto wine = loadDataset("wine");
   CHECK(wine.numFeatures == 13);
   CHECK(wine.numClasses == 3);
-  CHECK(wine.trainFeatures.sizes() == at::IntArrayRef{142, 13});
-  CHECK(wine.testFeatures.sizes() == at::IntArrayRef{36, 13});
-  CHECK(wine.trainFeatures.size(0) + wine.testFeatures.size(0) == 178);
-  CHECK(wine.trainTargets.sizes() == at::IntArrayRef{142});
-  CHECK(wine.testTargets.sizes() == at::IntArrayRef{36});
-  CHECK(wine.trainFeatures.scalar_type() == torch::kFloat32);
-  CHECK(wine.trainTargets.scalar_type() == torch::kInt64);
+  CHECK(tensors(wine.train).inputs().sizes() == at::IntArrayRef{142, 13});
+  CHECK(tensors(wine.test).inputs().sizes() == at::IntArrayRef{36, 13});
+  CHECK(tensors(wine.train).inputs().size(0) + tensors(wine.test).inputs().size(0) == 178);
+  CHECK(tensors(wine.train).targets().sizes() == at::IntArrayRef{142});
+  CHECK(tensors(wine.test).targets().sizes() == at::IntArrayRef{36});
+  CHECK(tensors(wine.train).inputs().scalar_type() == torch::kFloat32);
+  CHECK(tensors(wine.train).targets().scalar_type() == torch::kInt64);
   // All 59 + 71 + 48 rows arrive, once each.
-  auto counts = torch::bincount(torch::cat({wine.trainTargets, wine.testTargets}));
+  auto counts = torch::bincount(torch::cat({tensors(wine.train).targets(), tensors(wine.test).targets()}));
   CHECK(counts.equal(torch::tensor({59, 71, 48}, torch::kInt64)));
 
-  auto trainMean = wine.trainFeatures.mean(0);
-  auto trainStd = (wine.trainFeatures - trainMean).pow(2).mean(0).sqrt();
+  auto trainMean = tensors(wine.train).inputs().mean(0);
+  auto trainStd = (tensors(wine.train).inputs() - trainMean).pow(2).mean(0).sqrt();
   CHECK(trainMean.abs().max().item<double>() < 1e-5);
   CHECK((trainStd - 1).abs().max().item<double>() < 1e-4);
   // The test rows are scaled with the training statistics, so theirs differ.
-  CHECK(wine.testFeatures.mean(0).abs().max().item<double>() > 1e-3);
+  CHECK(tensors(wine.test).inputs().mean(0).abs().max().item<double>() > 1e-3);
 
   SECTION("the split depends on the seed only") {
     auto again = loadDataset("wine");
-    CHECK(again.trainFeatures.equal(wine.trainFeatures));
-    CHECK(again.testTargets.equal(wine.testTargets));
+    CHECK(tensors(again.train).inputs().equal(tensors(wine.train).inputs()));
+    CHECK(tensors(again.test).targets().equal(tensors(wine.test).targets()));
     auto other = loadDataset("wine", Json::object(), /*seed=*/1);
-    CHECK_FALSE(other.testFeatures.equal(wine.testFeatures));
-    CHECK(other.testFeatures.size(0) == 36);
+    CHECK_FALSE(tensors(other.test).inputs().equal(tensors(wine.test).inputs()));
+    CHECK(tensors(other.test).inputs().size(0) == 36);
   }
   SECTION("without standardizing, the file's values come through") {
     auto raw = loadDataset("wine", {{"standardize", false}});
     // Proline (last feature) is in the hundreds; magnesium (5th) 70..162.
-    CHECK(raw.trainFeatures.select(1, 12).min().item<double>() >= 278);
-    CHECK(raw.trainFeatures.select(1, 4).max().item<double>() <= 162);
+    CHECK(tensors(raw.train).inputs().select(1, 12).min().item<double>() >= 278);
+    CHECK(tensors(raw.train).inputs().select(1, 4).max().item<double>() <= 162);
   }
   SECTION("test_fraction sets the split") {
     auto half = loadDataset("wine", {{"test_fraction", 0.5}});
-    CHECK(half.trainFeatures.size(0) == 89);
-    CHECK(half.testFeatures.size(0) == 89);
+    CHECK(tensors(half.train).inputs().size(0) == 89);
+    CHECK(tensors(half.test).inputs().size(0) == 89);
     CHECK_THAT(usageErrorOf([] {
                  loadDataset("wine", {{"test_fraction", 1.0}});
                }),
@@ -258,7 +259,7 @@ TEST_CASE("dataset wine: 178 rows split 80/20, standardized on the training rows
     dir.write("data/wine.csv", rows);
     auto tiny = loadDataset("wine", {{"test_fraction", 0.34}, {"standardize", false}}, 0, dir.path());
     CHECK(tiny.numFeatures == 2);
-    CHECK(tiny.trainFeatures.size(0) + tiny.testFeatures.size(0) == 3);
+    CHECK(tensors(tiny.train).inputs().size(0) + tensors(tiny.test).inputs().size(0) == 3);
     CHECK_THAT(usageErrorOf([] {
                  loadDataset("wine", {{"path", "no/such/wine.csv"}});
                }),
@@ -278,22 +279,22 @@ TEST_CASE("dataset csv: reads a numeric table", "[plugins]") {
   auto data = loadDataset("csv", {{"path", path}, {"standardize", false}, {"test_fraction", 0.25}});
   CHECK(data.numFeatures == 3);
   CHECK(data.numClasses == 3);
-  CHECK(data.trainFeatures.size(0) == 15);
-  CHECK(data.testFeatures.size(0) == 5);
+  CHECK(tensors(data.train).inputs().size(0) == 15);
+  CHECK(tensors(data.test).inputs().size(0) == 5);
   // Every row keeps its own target: f1 is the row number, the label f1 % 3.
-  auto all = torch::cat({data.trainFeatures, data.testFeatures});
-  auto labels = torch::cat({data.trainTargets, data.testTargets});
+  auto all = torch::cat({tensors(data.train).inputs(), tensors(data.test).inputs()});
+  auto labels = torch::cat({tensors(data.train).targets(), tensors(data.test).targets()});
   CHECK(all.select(1, 0).to(torch::kInt64).remainder(3).equal(labels));
   CHECK(all.select(1, 1).sub(all.select(1, 0) * 2).eq(0.5).all().item<bool>());
 
   SECTION("target column from the front, regression, no header") {
     auto first = loadDataset("csv", {{"path", path}, {"target_column", 0}, {"task", "regression"}});
     CHECK(first.numClasses == 0);
-    CHECK(first.trainTargets.scalar_type() == torch::kFloat32);
-    CHECK(first.trainTargets.dim() == 1);
+    CHECK(tensors(first.train).targets().scalar_type() == torch::kFloat32);
+    CHECK(tensors(first.train).targets().dim() == 1);
     const std::string bare = dir.write("bare.csv", "1,2,3\n4,5,6\n7,8,9\n10,11,12\n");
     auto noHeader = loadDataset("csv", {{"path", bare}, {"header", false}, {"task", "regression"}});
-    CHECK(noHeader.trainFeatures.size(0) + noHeader.testFeatures.size(0) == 4);
+    CHECK(tensors(noHeader.train).inputs().size(0) + tensors(noHeader.test).inputs().size(0) == 4);
     CHECK_THAT(usageErrorOf([&] {
                  loadDataset("csv", {{"path", path}, {"target_column", 4}});
                }),
@@ -338,32 +339,32 @@ TEST_CASE("dataset csv: bad files fail naming file and line", "[plugins]") {
 
 TEST_CASE("dataset synthetic: shapes, determinism, learnable", "[plugins]") {
   auto data = loadDataset("synthetic", {{"samples", 100}, {"features", 5}, {"classes", 3}}, 7);
-  CHECK(data.trainFeatures.sizes() == at::IntArrayRef{80, 5});
-  CHECK(data.testFeatures.sizes() == at::IntArrayRef{20, 5});
+  CHECK(tensors(data.train).inputs().sizes() == at::IntArrayRef{80, 5});
+  CHECK(tensors(data.test).inputs().sizes() == at::IntArrayRef{20, 5});
   CHECK(data.numFeatures == 5);
   CHECK(data.numClasses == 3);
-  CHECK(torch::cat({data.trainTargets, data.testTargets}).max().item<int64_t>() == 2);
-  CHECK(torch::isfinite(data.trainFeatures).all().item<bool>());
+  CHECK(torch::cat({tensors(data.train).targets(), tensors(data.test).targets()}).max().item<int64_t>() == 2);
+  CHECK(torch::isfinite(tensors(data.train).inputs()).all().item<bool>());
 
   auto again = loadDataset("synthetic", {{"samples", 100}, {"features", 5}, {"classes", 3}}, 7);
-  CHECK(again.trainFeatures.equal(data.trainFeatures));
-  CHECK(again.testTargets.equal(data.testTargets));
+  CHECK(tensors(again.train).inputs().equal(tensors(data.train).inputs()));
+  CHECK(tensors(again.test).targets().equal(tensors(data.test).targets()));
   auto other = loadDataset("synthetic", {{"samples", 100}, {"features", 5}, {"classes", 3}}, 8);
-  CHECK_FALSE(other.trainFeatures.equal(data.trainFeatures));
+  CHECK_FALSE(tensors(other.train).inputs().equal(tensors(data.train).inputs()));
 
   // The defaults make an easy problem: a few full-batch Adam steps solve it.
   torch::manual_seed(0);
   auto blobs = loadDataset("synthetic");
-  CHECK(blobs.trainFeatures.sizes() == at::IntArrayRef{819, 16});
+  CHECK(tensors(blobs.train).inputs().sizes() == at::IntArrayRef{819, 16});
   auto model = makeModel({{"layers", {0, 32, 0}}}, blobs.numFeatures, blobs.numClasses);
   auto optimizer = makeOptimizer("adam", model->parameters(), {{"lr", 0.01}});
   for (int step = 0; step < 100; ++step) {
     optimizer->zero_grad();
-    torch::cross_entropy_loss(model->forward(blobs.trainFeatures), blobs.trainTargets).backward();
+    torch::cross_entropy_loss(model->forward(tensors(blobs.train).inputs()), tensors(blobs.train).targets()).backward();
     optimizer->step();
   }
   torch::NoGradGuard noGrad;
-  auto accuracy = model->forward(blobs.testFeatures).argmax(1).eq(blobs.testTargets).to(torch::kFloat).mean();
+  auto accuracy = model->forward(tensors(blobs.test).inputs()).argmax(1).eq(tensors(blobs.test).targets()).to(torch::kFloat).mean();
   CHECK(accuracy.item<double>() > 0.95);
 }
 
@@ -684,13 +685,13 @@ TEST_CASE("training wine with the built-ins is fast and accurate", "[plugins]") 
       optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(0.01));
     }
     auto loss = builtin(PluginKind::Loss, "cross_entropy").loss(Params(Json{{"label_smoothing", 0.0}}));
-    const int64_t n = wine.trainFeatures.size(0);
+    const int64_t n = tensors(wine.train).inputs().size(0);
     auto start = std::chrono::steady_clock::now();
     for (int64_t step = 0, offset = 0; step < 500; ++step) {
       if (offset >= n) offset = 0;
       const int64_t end = std::min(offset + 32, n);
       optimizer->zero_grad();
-      loss(model->forward(wine.trainFeatures.slice(0, offset, end)), wine.trainTargets.slice(0, offset, end))
+      loss(model->forward(tensors(wine.train).inputs().slice(0, offset, end)), tensors(wine.train).targets().slice(0, offset, end))
           .backward();
       optimizer->step();
       offset = end;
@@ -698,7 +699,7 @@ TEST_CASE("training wine with the built-ins is fast and accurate", "[plugins]") 
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     torch::NoGradGuard noGrad;
     double accuracy =
-        model->forward(wine.testFeatures).argmax(1).eq(wine.testTargets).to(torch::kFloat).mean().item<double>();
+        model->forward(tensors(wine.test).inputs()).argmax(1).eq(tensors(wine.test).targets()).to(torch::kFloat).mean().item<double>();
     return std::make_pair(seconds, accuracy);
   };
   auto [ourSeconds, ourAccuracy] = trainOnce(true);
@@ -830,17 +831,17 @@ TEST_CASE("plugin libraries: the example loads, bad ones fail clearly", "[plugin
   const std::string wrongVersion = DDP_WRONG_VERSION_PLUGIN_PATH;
   CHECK(usageErrorOf([&] { loadPluginLibrary(wrongVersion, registry); }) ==
         "plugin library '" + wrongVersion +
-            "' was built for plugin API version 999; this ddp has plugin API version 1. HINT: rebuild it against "
+            "' was built for plugin API version 999; this ddp has plugin API version 2. HINT: rebuild it against "
             "this ddp's headers");
   const std::string unversioned = DDP_UNVERSIONED_PLUGIN_PATH;
   CHECK(usageErrorOf([&] { loadPluginLibrary(unversioned, registry); }) ==
         "plugin library '" + unversioned +
-            "' has no plugin API version (no ddp_plugin_api_version symbol); this ddp has plugin API version 1. "
+            "' has no plugin API version (no ddp_plugin_api_version symbol); this ddp has plugin API version 2. "
             "HINT: rebuild it against this ddp, with DDP_EXPORT_PLUGIN_API_VERSION(); in one of its sources");
   CHECK_FALSE(registry.has(PluginKind::Model, "refused_model"));
   // Refused, not remembered: a second try is refused again.
   CHECK_THAT(usageErrorOf([&] { loadPluginLibrary(wrongVersion, registry); }), Contains("version 999"));
-  CHECK(DDP_PLUGIN_API_VERSION == 1);
+  CHECK(DDP_PLUGIN_API_VERSION == 2);
 
   const std::string notElf =
       dir.write("libtext.so", std::string(20, '#') + " not a shared library, just long enough for an ELF header\n" +
@@ -948,11 +949,15 @@ TEST_CASE("each built-in dataset's sample shape reaches the model context throug
     Json params = section;
     params.erase("name");
     const DatasetSplits data = spec.dataset(paramsFor(spec, params), DatasetContext{0, ""});
-    const auto sizes = data.trainFeatures.sizes();
+    const auto sizes = data.train->range(0, 1).inputs.sizes();
     CHECK(data.sampleShape == std::vector<int64_t>(sizes.begin() + 1, sizes.end()));
     CHECK(data.numFeatures ==
           std::accumulate(data.sampleShape.begin(), data.sampleShape.end(), int64_t{1}, std::multiplies<>()));
-    CHECK(data.vocabSize == 0);  // no built-in dataset holds tokens
+    if (data.task == Task::NextToken) {
+      CHECK(data.vocabSize == data.numClasses);
+    } else {
+      CHECK(data.vocabSize == 0);
+    }
 
     seen.reset();
     Json experiment = {{"dataset", section},
@@ -971,7 +976,7 @@ TEST_CASE("each built-in dataset's sample shape reaches the model context throug
 
 TEST_CASE("modelContextFor carries shape and vocabulary, and fills a missing shape from the tensors", "[plugins]") {
   DatasetSplits images;
-  images.trainFeatures = torch::zeros({5, 1, 8, 8});
+  images.train = std::make_shared<TensorDataset>(torch::zeros({5, 1, 8, 8}), torch::zeros({5}, torch::kInt64));
   images.numFeatures = 64;
   images.numClasses = 10;
   ModelContext context = modelContextFor(images);  // sampleShape left empty by the dataset
@@ -980,7 +985,7 @@ TEST_CASE("modelContextFor carries shape and vocabulary, and fills a missing sha
   CHECK(context.numClasses == 10);
 
   DatasetSplits tokens;
-  tokens.trainFeatures = torch::zeros({5, 16}, torch::kInt64);
+  tokens.train = std::make_shared<TensorDataset>(torch::zeros({5, 16}, torch::kInt64), torch::zeros({5, 16}, torch::kInt64));
   tokens.sampleShape = {16};
   tokens.vocabSize = 100;
   context = modelContextFor(tokens);
@@ -1034,7 +1039,7 @@ TEST_CASE("ddp-run refuses a plugin library built for another plugin API version
   INFO(o.output);
   CHECK(o.exitCode == 2);
   CHECK_THAT(o.output, Contains("plugins[0]: plugin library '"));
-  CHECK_THAT(o.output, Contains("was built for plugin API version 999; this ddp has plugin API version 1. HINT: "));
+  CHECK_THAT(o.output, Contains("was built for plugin API version 999; this ddp has plugin API version 2. HINT: "));
   CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
   CHECK_FALSE(std::filesystem::exists(runDir));
 }

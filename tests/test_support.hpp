@@ -22,6 +22,7 @@
 #include "backends/builtin.hpp"
 #include "ddp/config.hpp"
 #include "framework/comm/backend_registry.hpp"
+#include "framework/data/dataset.hpp"
 #if DDP_HAVE_NCCL
 #include "backends/nccl/process_group_nccl.hpp"
 #endif
@@ -221,5 +222,13 @@ class ScopedEnv {
   std::string saved_;
   bool hadValue_ = false;
 };
+
+// The tensors of an in-memory split (a TensorDataset, as the table datasets
+// return); fails the test with a message for any other kind.
+inline const TensorDataset& tensors(const DatasetPtr& split) {
+  const auto* t = dynamic_cast<const TensorDataset*>(split.get());
+  if (t == nullptr) throw std::runtime_error("tensors(): the split is not a TensorDataset");
+  return *t;
+}
 
 }  // namespace ddp::test

@@ -28,6 +28,7 @@
 #include "tests/test_support.hpp"
 
 using namespace ddp;
+using ddp::test::tensors;
 using ddp::test::runDdpRun;
 using ddp::test::tempDir;
 
@@ -174,14 +175,14 @@ TEST_CASE("the trainer's steps equal a plain loop with zero_grad(), unused param
   ModelPtr model = registry.get(PluginKind::Model, "sometimes").model(config.model.params, {13, 3});
   auto optimizer = registry.get(PluginKind::Optimizer, "adam").optimizer(model->parameters(), config.optimizer.params);
   LossFn loss = registry.get(PluginKind::Loss, "cross_entropy").loss(config.loss.params);
-  const int64_t n = data.trainFeatures.size(0);
+  const int64_t n = tensors(data.train).inputs().size(0);
   DistributedSampler sampler(n, 0, 1, 3);
   for (int epoch = 0; epoch < 4; ++epoch) {
     std::vector<int64_t> order = sampler.nextEpoch();
     at::Tensor index = torch::tensor(order, at::kLong);
     for (int64_t begin = 0; begin < n; begin += 32) {
       at::Tensor rows = index.narrow(0, begin, std::min<int64_t>(32, n - begin));
-      loss(model->forward(data.trainFeatures.index_select(0, rows)), data.trainTargets.index_select(0, rows)).backward();
+      loss(model->forward(tensors(data.train).inputs().index_select(0, rows)), tensors(data.train).targets().index_select(0, rows)).backward();
       optimizer->step();
       zeroGradients(*optimizer);
     }

@@ -44,6 +44,7 @@ struct TrainingConfig {
   int64_t evalEvery = 1;   // epochs between evaluations; 0 = only the last
   int64_t maxSteps = 0;    // optimizer steps; 0 = no limit
   int64_t accumulateGradBatches = 1;
+  int64_t evalBatchSize = 512;
   int64_t threads = 0;     // intra-op threads per rank; 0 = leave as set (ddp-run: cores / ranks)
   bool dropLast = false;
   bool stopOnNonfiniteLoss = true;  // training.on_nonfinite_loss: "stop" or "continue"

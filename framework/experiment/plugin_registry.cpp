@@ -172,14 +172,41 @@ std::unique_ptr<LrScheduler> PluginSpec::scheduler(const Params& values) const {
 
 LossFn PluginSpec::loss(const Params& values) const { return factoryOf<LossFactory>(*this, PluginKind::Loss)(values); }
 
+const char* taskName(Task task) {
+  switch (task) {
+    case Task::Classification: return "classification";
+    case Task::Regression: return "regression";
+    case Task::NextToken: return "next_token";
+  }
+  return "?";
+}
+
+DatasetSplits tensorSplits(at::Tensor trainFeatures, at::Tensor trainTargets, at::Tensor testFeatures,
+                           at::Tensor testTargets, int64_t numClasses) {
+  DatasetSplits splits;
+  const auto sizes = trainFeatures.sizes();
+  splits.sampleShape.assign(sizes.begin() + 1, sizes.end());
+  splits.numFeatures = 1;
+  for (int64_t d : splits.sampleShape) splits.numFeatures *= d;
+  splits.numClasses = numClasses;
+  splits.task = numClasses > 0 ? Task::Classification : Task::Regression;
+  splits.train = std::make_shared<TensorDataset>(std::move(trainFeatures), std::move(trainTargets));
+  splits.test = std::make_shared<TensorDataset>(std::move(testFeatures), std::move(testTargets));
+  return splits;
+}
+
 ModelContext modelContextFor(const DatasetSplits& data) {
   ModelContext context;
   context.numFeatures = data.numFeatures;
   context.numClasses = data.numClasses;
   context.sampleShape = data.sampleShape;
-  if (context.sampleShape.empty() && data.trainFeatures.defined() && data.trainFeatures.dim() >= 1) {
-    const auto sizes = data.trainFeatures.sizes();
-    context.sampleShape.assign(sizes.begin() + 1, sizes.end());
+  if (context.sampleShape.empty() && data.train && data.train->size() > 0) {
+    const at::Tensor first = data.train->range(0, 1).inputs;
+    context.sampleShape.assign(first.sizes().begin() + 1, first.sizes().end());
+  }
+  if (context.numFeatures == 0 && !context.sampleShape.empty()) {
+    context.numFeatures = 1;
+    for (int64_t d : context.sampleShape) context.numFeatures *= d;
   }
   context.vocabSize = data.vocabSize;
   return context;

@@ -34,13 +34,14 @@
 #include <variant>
 #include <vector>
 
+#include "framework/data/dataset.hpp"
 #include "framework/experiment/param.hpp"
 
 // The version of the plugin interface below (PluginSpec, the factories and
 // what they produce, PluginRegistry). A plugin library built against other
 // headers is refused by loadPluginLibrary; it is raised whenever a change
 // here would break a compiled plugin.
-#define DDP_PLUGIN_API_VERSION 1
+#define DDP_PLUGIN_API_VERSION 2
 
 // Written once, at namespace scope, in a plugin library's source:
 //   DDP_EXPORT_PLUGIN_API_VERSION();
@@ -60,19 +61,34 @@ std::optional<PluginKind> pluginKindFromName(const std::string& name);
 
 // ---- what each kind of plugin produces -----------------------------------------
 
-// Labelled samples split into train and test sets, held in memory.
+// What a model learns to do, which decides the metrics of an evaluation:
+// accuracy (classification), RMSE (regression), loss per token, perplexity
+// and accuracy per token (next-token prediction).
+enum class Task { Classification, Regression, NextToken };
+const char* taskName(Task task);  // "classification", "regression", "next_token"
+
+// Labelled samples split into train and test sets (framework/data/dataset.hpp:
+// a size and batches by index, so nothing need be held whole in memory).
 struct DatasetSplits {
-  at::Tensor trainFeatures;  // [N, *sampleShape]: float32, or int64 token ids
-  at::Tensor trainTargets;   // [N] int64 for classification, [N] or [N, T] float32 for regression
-  at::Tensor testFeatures;
-  at::Tensor testTargets;
+  DatasetPtr train;
+  DatasetPtr test;
+  Task task = Task::Classification;
   int64_t numFeatures = 0;  // values per sample (the product of sampleShape), for flat models
-  int64_t numClasses = 0;   // 0 for regression
+  int64_t numClasses = 0;   // classes (the vocabulary for next-token data); 0 for regression
   // One sample's shape: [F] for a table, [C, H, W] for images (e.g. [1, 8, 8]),
   // [T] for windows of T tokens.
   std::vector<int64_t> sampleShape;
   int64_t vocabSize = 0;  // token data: ids lie in [0, vocabSize); 0 otherwise
+  // Files rank 0 writes into the run folder (name -> contents), e.g. the
+  // vocabulary of a text dataset, so a trained model can be used later.
+  std::map<std::string, std::string> runFiles;
 };
+
+// In-memory splits of a table: features [N, F...], targets [N]; the task
+// is classification when numClasses > 0, regression otherwise, and the
+// sample shape is the features' shape after the first dimension.
+DatasetSplits tensorSplits(at::Tensor trainFeatures, at::Tensor trainTargets, at::Tensor testFeatures,
+                           at::Tensor testTargets, int64_t numClasses);
 
 // What a dataset factory may use besides its parameters.
 struct DatasetContext {
@@ -96,7 +112,7 @@ struct ModelContext {
 };
 
 // The context a model of `data` is built with. A dataset that leaves
-// sampleShape empty gets its features' shape after the batch dimension.
+// sampleShape empty gets the shape of its first training sample's inputs.
 ModelContext modelContextFor(const DatasetSplits& data);
 
 // Learning rate as a function of the epoch, applied at each epoch start.

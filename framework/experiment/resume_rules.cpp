@@ -32,6 +32,7 @@ const Rule kRules[] = {
     {"training.max_steps", true, "the run stops at the new count"},
     {"training.save_every", true, "applies from the next epoch"},
     {"training.eval_every", true, "applies from the next epoch"},
+    {"training.eval_batch_size", true, "changes only how evaluation is batched"},
     {"training.threads", true, "applies at once"},
     {"training.checkpoint_on_signal", true, "applies at once"},
     {"training.on_nonfinite_loss", true, "applies from the next step"},

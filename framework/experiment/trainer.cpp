@@ -38,45 +38,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One epoch's sample order, and batches of rows taken from it. A CPU
-// tensor that is contiguous is gathered with one memcpy per row into a fresh
-// tensor: cheaper, for a small batch, than an index tensor and index_select.
-// Anything else (another device, other strides) goes through index_select
-// with the epoch's order uploaded once.
-class BatchGather {
- public:
-  explicit BatchGather(std::vector<int64_t> order) : order_(std::move(order)) {}
-
-  int64_t size() const { return static_cast<int64_t>(order_.size()); }
-
-  at::Tensor rows(const at::Tensor& src, int64_t begin, int64_t n) {
-    if (src.device().is_cpu() && src.layout() == at::kStrided && src.is_contiguous() && !src.requires_grad() &&
-        src.dim() >= 1) {
-      std::vector<int64_t> shape(src.sizes().begin(), src.sizes().end());
-      shape[0] = n;
-      at::Tensor out = at::empty(shape, src.options());
-      const size_t rowBytes = static_cast<size_t>(src.stride(0)) * src.element_size();
-      const auto* from = static_cast<const char*>(src.data_ptr());
-      auto* to = static_cast<char*>(out.data_ptr());
-      const int64_t available = src.size(0);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t row = order_[static_cast<size_t>(begin + i)];
-        TORCH_CHECK(row >= 0 && row < available, "sample index ", row, " out of range for ", available, " rows");
-        std::memcpy(to + static_cast<size_t>(i) * rowBytes, from + static_cast<size_t>(row) * rowBytes, rowBytes);
-      }
-      return out;
-    }
-    if (!uploaded_.defined() || uploaded_.device() != src.device()) {
-      uploaded_ = at::from_blob(order_.data(), {size()}, at::kLong).clone().to(src.device());
-    }
-    return src.index_select(0, uploaded_.narrow(0, begin, n));
-  }
-
- private:
-  std::vector<int64_t> order_;
-  at::Tensor uploaded_;
-};
-
 // A plugin's factory run with its errors made one line that names it:
 // running out of memory (std::bad_alloc, LibTorch's "can't allocate") is
 // the experiment's size, a UsageError; any other LibTorch error loses its
@@ -118,13 +79,15 @@ std::string shapeOf(const at::Tensor& t) {
 // an output width that is not the target's) fail here, as one line naming
 // the three with the shapes, not in the first step with a folder left
 // behind. It runs once; eval mode, so that it draws no random numbers.
-void checkPluginsFit(const ExperimentConfig& config, const DatasetSplits& data, Model& model, const LossFn& lossFn) {
-  const int64_t rows = std::min<int64_t>(2, data.trainFeatures.size(0));
-  if (rows == 0) return;
-  const at::Tensor x = data.trainFeatures.narrow(0, 0, rows);
-  const at::Tensor y = data.trainTargets.narrow(0, 0, rows);
-  const std::string task = data.numClasses > 0 ? fmt::format("classification, {} classes", data.numClasses)
-                                                : std::string("regression");
+void checkPluginsFit(const ExperimentConfig& config, const DatasetSplits& data, Model& model, const LossFn& lossFn,
+                     const torch::Device& device) {
+  if (data.train->size() == 0) return;
+  const Batch first = data.train->range(0, 2);
+  const at::Tensor x = first.inputs.to(device);
+  const at::Tensor y = first.targets.to(device);
+  const std::string task = data.task == Task::Regression
+                               ? std::string("regression")
+                               : fmt::format("{}, {} classes", taskName(data.task), data.numClasses);
   torch::NoGradGuard noGrad;
   const bool training = model.is_training();
   model.eval();
@@ -264,7 +227,8 @@ const char* const kStartKey = "ddp-trainer/start";
 // folder changes before every check has passed; config.json is written last.
 std::string prepareRunFolder(const ExperimentConfig& config, const RunOptions& options, torch::nn::Module& model,
                              torch::optim::Optimizer& optimizer, std::vector<std::string>* notes,
-                             CheckpointState* state, std::unique_ptr<RunFolderLock>* lock) {
+                             CheckpointState* state, std::unique_ptr<RunFolderLock>* lock,
+                             const std::map<std::string, std::string>& runFiles) {
   const std::string& runDir = options.runDir;
   const std::string configPath = runDir + "/config.json";
   std::error_code ec;
@@ -321,6 +285,8 @@ std::string prepareRunFolder(const ExperimentConfig& config, const RunOptions& o
   }
   checkWritable(runDir);
   if (config.training.saveEvery > 0 || config.training.checkpointOnSignal) checkWritable(runDir + "/checkpoints");
+  // What the dataset leaves for later use of the run (a vocabulary).
+  for (const auto& [name, contents] : runFiles) writeFileAtomically(runDir + "/" + name, contents);
   if (!config.resolved.is_null()) writeFileAtomically(configPath, config.resolved.dump(2) + "\n");
   return chosen;
 }
@@ -339,7 +305,7 @@ struct Trainer::Impl {
   std::vector<double> baseLrs;
   std::unique_ptr<RunLog> log;
   std::unique_ptr<DistributedSampler> sampler;
-  at::Tensor testX, testY;  // this rank's shard of the test split
+  std::vector<int64_t> testRows;  // this rank's shard of the test split
   int64_t startEpoch = 0;
   int64_t steps = 0;
   bool stop = false;  // training.max_steps reached, or a signal
@@ -365,6 +331,7 @@ Trainer::~Trainer() = default;
 int Trainer::rank() const { return dist_.group->rank(); }
 int Trainer::worldSize() const { return dist_.group->size(); }
 int64_t Trainer::startEpoch() const { return impl_->startEpoch; }
+Task Trainer::task() const { return impl_->data.task; }
 int64_t Trainer::steps() const { return impl_->steps; }
 
 ParallelStrategy& Trainer::strategy() {
@@ -425,13 +392,10 @@ void Trainer::build() {
   model = building("model", config.model.name, [&] {
     return registry.get(PluginKind::Model, config.model.name).model(config.model.params, modelContextFor(data));
   });
-  if (s.device.is_cuda()) {
-    model->to(s.device);
-    data.trainFeatures = data.trainFeatures.to(s.device);
-    data.trainTargets = data.trainTargets.to(s.device);
-    data.testFeatures = data.testFeatures.to(s.device);
-    data.testTargets = data.testTargets.to(s.device);
+  if (!data.train || !data.test) {
+    fail<std::runtime_error>("dataset {}: its factory returned no train or no test split", config.dataset.name);
   }
+  if (s.device.is_cuda()) model->to(s.device);
   auto optimizer = building("optimizer", config.optimizer.name, [&] {
     return registry.get(PluginKind::Optimizer, config.optimizer.name)
         .optimizer(model->parameters(), config.optimizer.params);
@@ -443,7 +407,7 @@ void Trainer::build() {
   }
   s.lossFn = building("loss", config.loss.name,
                       [&] { return registry.get(PluginKind::Loss, config.loss.name).loss(config.loss.params); });
-  checkPluginsFit(config, data, *model, s.lossFn);
+  checkPluginsFit(config, data, *model, s.lossFn, s.device);
   for (auto& g : optimizer->param_groups()) s.baseLrs.push_back(g.options().get_lr());
 
   // Rank 0 takes the run folder and decides what every rank resumes from;
@@ -456,7 +420,7 @@ void Trainer::build() {
       if (worldSize() > 1 && dist_.store) dist_.store->setString(kStartKey, value);
     };
     try {
-      resumeFrom = prepareRunFolder(config, options_, *model, *optimizer, &notes, &state, &s.lock);
+      resumeFrom = prepareRunFolder(config, options_, *model, *optimizer, &notes, &state, &s.lock, data.runFiles);
     } catch (const UsageError& e) {
       share(std::string("usage:") + e.what());
       throw;
@@ -496,15 +460,12 @@ void Trainer::build() {
   s.strategy = builtinStrategies().create(config.distributed.strategy, std::move(context));
 
   const int r = rank(), world = worldSize();
-  s.sampler = std::make_unique<DistributedSampler>(data.trainFeatures.size(0), r, world, tc.seed, /*shuffle=*/true,
+  s.sampler = std::make_unique<DistributedSampler>(data.train->size(), r, world, tc.seed, /*shuffle=*/true,
                                                    tc.dropLast);
   s.sampler->setEpoch(s.startEpoch);
 
-  // The test split, sharded: rank r evaluates rows r, r+w, ...; sums are reduced.
-  const int64_t testN = data.testFeatures.size(0);
-  at::Tensor testRows = at::arange(r, std::max<int64_t>(testN, r), world, at::kLong).to(s.device);
-  s.testX = data.testFeatures.index_select(0, testRows);
-  s.testY = data.testTargets.index_select(0, testRows);
+  // The test split, sharded: rank r evaluates samples r, r+w, ...; sums are reduced.
+  for (int64_t i = r; i < data.test->size(); i += world) s.testRows.push_back(i);
   s.built = true;
 }
 
@@ -519,8 +480,8 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
     auto& groups = strategy.optimizer().param_groups();
     for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(s.scheduler->lrAt(epoch, s.baseLrs[g]));
   }
-  BatchGather batch(s.sampler->nextEpoch());
-  const int64_t myN = batch.size();
+  const std::vector<int64_t> order = s.sampler->nextEpoch();
+  const auto myN = static_cast<int64_t>(order.size());
   double lossSum = 0;
   int64_t seen = 0;
   const int64_t batches = (myN + tc.batchSize - 1) / tc.batchSize;
@@ -536,8 +497,9 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
   s.partialEpoch = false;
   for (int64_t b = firstBatch; b < usable && !s.stop; ++b) {
     const int64_t begin = b * tc.batchSize, len = std::min(tc.batchSize, myN - begin);
-    at::Tensor x = batch.rows(data.trainFeatures, begin, len);
-    at::Tensor y = batch.rows(data.trainTargets, begin, len);
+    Batch batch = data.train->get(c10::ArrayRef<int64_t>(order.data() + begin, static_cast<size_t>(len)));
+    const at::Tensor x = batch.inputs.to(s.device, /*non_blocking=*/true);
+    const at::Tensor y = batch.targets.to(s.device, /*non_blocking=*/true);
     const bool stepNow = (++micro % tc.accumulateGradBatches == 0) || b == usable - 1;
     at::Tensor loss = s.lossFn(s.model->forward(x), y);
     strategy.backward(tc.accumulateGradBatches > 1 ? loss / double(tc.accumulateGradBatches) : loss, stepNow);
@@ -573,13 +535,37 @@ std::vector<double> Trainer::evaluate() {
   Impl& s = *impl_;
   torch::NoGradGuard noGrad;
   s.model->eval();
-  double testLoss = 0, correct = 0;
-  if (s.testX.size(0) > 0) {
-    at::Tensor out = s.model->forward(s.testX);
-    testLoss = s.lossFn(out, s.testY).item<double>() * s.testX.size(0);
-    if (s.data.numClasses > 0) correct = out.argmax(1).eq(s.testY).sum().item<double>();
+  // Loss sum (each batch's mean times its samples), correct predictions
+  // (classes or tokens), samples, squared error, and the units the last two
+  // count (tokens for next-token data, values for regression).
+  std::vector<double> sums(5, 0.0);
+  const auto n = static_cast<int64_t>(s.testRows.size());
+  const int64_t step = config_.training.evalBatchSize;
+  for (int64_t begin = 0; begin < n; begin += step) {
+    const int64_t len = std::min(step, n - begin);
+    const Batch batch =
+        s.data.test->get(c10::ArrayRef<int64_t>(s.testRows.data() + begin, static_cast<size_t>(len)));
+    const at::Tensor x = batch.inputs.to(s.device), y = batch.targets.to(s.device);
+    const at::Tensor out = s.model->forward(x);
+    sums[0] += s.lossFn(out, y).item<double>() * double(len);
+    sums[2] += double(len);
+    switch (s.data.task) {
+      case Task::Classification:
+        sums[1] += out.argmax(1).eq(y).sum().item<double>();
+        break;
+      case Task::NextToken:
+        sums[1] += out.argmax(-1).eq(y).sum().item<double>();
+        sums[4] += double(y.numel());
+        break;
+      case Task::Regression: {
+        const at::Tensor diff = out.to(at::kDouble).reshape(y.sizes()) - y.to(at::kDouble);
+        sums[3] += diff.pow(2).sum().item<double>();
+        sums[4] += double(y.numel());
+        break;
+      }
+    }
   }
-  return {testLoss, correct, double(s.testX.size(0))};
+  return sums;
 }
 
 void Trainer::saveCheckpoint(int64_t epoch) { writeCheckpoint(epoch, 0, {}); }
@@ -677,9 +663,8 @@ TrainResult Trainer::runStages() {
   Impl& s = *impl_;
   const auto& tc = config_.training;
   s.log->line(fmt::format("experiment {}: {} train / {} test samples, {} rank(s) x batch {}, {} epochs",
-                          config_.name.empty() ? std::string("(unnamed)") : config_.name,
-                          s.data.trainFeatures.size(0), s.data.testFeatures.size(0), worldSize(), tc.batchSize,
-                          tc.epochs));
+                          config_.name.empty() ? std::string("(unnamed)") : config_.name, s.data.train->size(),
+                          s.data.test->size(), worldSize(), tc.batchSize, tc.epochs));
   for (auto& callback : s.callbacks) callback->onTrainBegin(*this);
 
   TrainResult result;
@@ -726,9 +711,21 @@ TrainResult Trainer::runStages() {
                                "optimizer.lr, or set training.on_nonfinite_loss=\"continue\"",
                                epoch + 1, nonFiniteName(m.trainLoss), rank());
     }
+    // sums: train loss, train samples, then evaluate()'s five.
     if (evaluated && sums[4] > 0) {
       m.testLoss = sums[2] / sums[4];
-      if (s.data.numClasses > 0) m.testAccuracy = sums[3] / sums[4];
+      switch (s.data.task) {
+        case Task::Classification:
+          m.testAccuracy = sums[3] / sums[4];
+          break;
+        case Task::NextToken:
+          m.testPerplexity = std::exp(*m.testLoss);
+          if (sums[6] > 0) m.testAccuracy = sums[3] / sums[6];
+          break;
+        case Task::Regression:
+          if (sums[6] > 0) m.testRmse = std::sqrt(sums[5] / sums[6]);
+          break;
+      }
     }
     m.seconds = std::chrono::duration<double>(Clock::now() - epochStart).count();
 

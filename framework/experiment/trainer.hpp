@@ -93,7 +93,9 @@ struct EpochMetrics {
   int64_t epoch = 0;  // 1-based
   double trainLoss = 0;
   std::optional<double> testLoss;
-  std::optional<double> testAccuracy;
+  std::optional<double> testAccuracy;     // classes, or tokens for next-token data
+  std::optional<double> testPerplexity;   // next-token data: exp(test loss per token)
+  std::optional<double> testRmse;         // regression
   double seconds = 0;
   // Metrics that callbacks add (name, value), written to metrics.jsonl after
   // the standard ones.
@@ -151,6 +153,7 @@ class Trainer {
   int rank() const;
   int worldSize() const;
   bool isWriter() const { return rank() == 0; }
+  Task task() const;  // the dataset's, after build()
   ParallelStrategy& strategy();
   RunLog& log();
   int64_t startEpoch() const;  // epochs done before this call (resume)

@@ -22,7 +22,9 @@ void EpochLog::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   const EpochMetrics& m = end.metrics;
   std::string line = fmt::format("epoch {}/{}  train_loss {:.4f}", m.epoch, epochs, m.trainLoss);
   if (m.testLoss) line += "  test_loss " + shown(*m.testLoss);
+  if (m.testPerplexity) line += "  test_perplexity " + shown(*m.testPerplexity);
   if (m.testAccuracy) line += "  test_accuracy " + shown(*m.testAccuracy);
+  if (m.testRmse) line += "  test_rmse " + shown(*m.testRmse);
   line += fmt::format("  {:.3f}s", m.seconds);
   trainer.log().line(line);
 }

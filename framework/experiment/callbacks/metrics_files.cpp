@@ -17,7 +17,28 @@
 namespace ddp {
 namespace {
 
-const char* const kCsvHeader = "epoch,train_loss,test_loss,test_accuracy,seconds\n";
+// The task's columns between test_loss and seconds.
+std::vector<std::string> taskColumns(Task task) {
+  switch (task) {
+    case Task::Classification: return {"test_accuracy"};
+    case Task::NextToken: return {"test_perplexity", "test_accuracy"};
+    case Task::Regression: return {"test_rmse"};
+  }
+  return {};
+}
+
+std::string csvHeader(const std::vector<std::string>& columns) {
+  std::string header = "epoch,train_loss,test_loss";
+  for (const std::string& c : columns) header += "," + c;
+  return header + ",seconds\n";
+}
+
+std::optional<double> column(const EpochMetrics& m, const std::string& name) {
+  if (name == "test_accuracy") return m.testAccuracy;
+  if (name == "test_perplexity") return m.testPerplexity;
+  if (name == "test_rmse") return m.testRmse;
+  return std::nullopt;
+}
 
 // `v` as printf's `format` would print it, read back: the records keep the
 // precision they always had (%.8g for losses, %.6f for seconds).
@@ -45,9 +66,9 @@ std::string csvNumber(const std::optional<double>& v) {
 
 // The epoch of one metrics record, or -1 for a line that is not a whole
 // record (the header, or the torn last line of a crashed run).
-int64_t recordEpoch(const std::string& line, bool csv) {
+int64_t recordEpoch(const std::string& line, bool csv, size_t commas) {
   if (csv) {
-    if (std::count(line.begin(), line.end(), ',') != 4) return -1;
+    if (static_cast<size_t>(std::count(line.begin(), line.end(), ',')) != commas) return -1;
     char* end = nullptr;
     const long long epoch = std::strtoll(line.c_str(), &end, 10);
     return end != line.c_str() && *end == ',' ? epoch : -1;
@@ -57,14 +78,15 @@ int64_t recordEpoch(const std::string& line, bool csv) {
   return record["epoch"].get<int64_t>();
 }
 
-void dropMetricsAfter(const std::string& runDir, int64_t epoch) {
+void dropMetricsAfter(const std::string& runDir, int64_t epoch, const std::string& header) {
+  const auto commas = static_cast<size_t>(std::count(header.begin(), header.end(), ','));
   for (const bool csv : {false, true}) {
     const std::string path = runDir + (csv ? "/metrics.csv" : "/metrics.jsonl");
     std::ifstream in(path);
-    std::string kept = csv ? kCsvHeader : "";
+    std::string kept = csv ? header : "";
     std::string line;
     while (std::getline(in, line)) {
-      const int64_t e = recordEpoch(line, csv);
+      const int64_t e = recordEpoch(line, csv, commas);
       if (e >= 1 && e <= epoch) kept += line + "\n";
     }
     in.close();
@@ -76,12 +98,14 @@ void dropMetricsAfter(const std::string& runDir, int64_t epoch) {
 
 void MetricsFiles::onTrainBegin(Trainer& trainer) {
   const std::string& runDir = trainer.options().runDir;
+  columns_ = taskColumns(trainer.task());
+  const std::string header = csvHeader(columns_);
   if (trainer.options().resume) {
-    dropMetricsAfter(runDir, trainer.startEpoch());
+    dropMetricsAfter(runDir, trainer.startEpoch(), header);
   } else {
     jsonl_.open(runDir + "/metrics.jsonl", /*truncate=*/true);
     csv_.open(runDir + "/metrics.csv", /*truncate=*/true);
-    csv_.append(kCsvHeader);
+    csv_.append(header);
     return;
   }
   jsonl_.open(runDir + "/metrics.jsonl");
@@ -94,12 +118,15 @@ void MetricsFiles::onEpochEnd(Trainer&, EpochEnd& end) {
   record["epoch"] = m.epoch;
   record["train_loss"] = jsonNumber(m.trainLoss);
   record["test_loss"] = jsonNumber(m.testLoss);
-  record["test_accuracy"] = jsonNumber(m.testAccuracy);
+  std::string row = fmt::format("{},{},{}", m.epoch, csvNumber(m.trainLoss), csvNumber(m.testLoss));
+  for (const std::string& name : columns_) {
+    record[name] = jsonNumber(column(m, name));
+    row += "," + csvNumber(column(m, name));
+  }
   record["seconds"] = jsonNumber(m.seconds, "%.6f");
   for (const auto& [name, value] : m.extra) record[name] = jsonNumber(value);
   jsonl_.append(record.dump() + "\n");
-  csv_.append(fmt::format("{},{},{},{},{}\n", m.epoch, csvNumber(m.trainLoss), csvNumber(m.testLoss),
-                          csvNumber(m.testAccuracy), csvNumber(m.seconds)));
+  csv_.append(row + "," + csvNumber(m.seconds) + "\n");
 }
 
 }  // namespace ddp

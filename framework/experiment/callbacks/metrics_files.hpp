@@ -1,6 +1,10 @@
 // MetricsFiles: rank 0's metrics.jsonl and metrics.csv in the run folder,
-// one record per epoch: epoch, train_loss, test_loss, test_accuracy,
-// seconds, then in the JSON record any EpochMetrics::extra added by earlier
+// one record per epoch. The columns follow the dataset's task:
+//   classification  epoch, train_loss, test_loss, test_accuracy, seconds
+//   next_token      epoch, train_loss, test_loss, test_perplexity, test_accuracy, seconds
+//                   (losses per token; accuracy of the next-token guesses)
+//   regression      epoch, train_loss, test_loss, test_rmse, seconds
+// then, in the JSON record, any EpochMetrics::extra added by earlier
 // callbacks. A value an epoch does not have (no evaluation) or that is not a
 // finite number (a NaN loss) is JSON null and an empty CSV field: never nan
 // or inf, which JSON readers refuse.
@@ -15,7 +19,9 @@
 // whole records.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "framework/core/append_file.hpp"
 
@@ -30,6 +36,7 @@ class MetricsFiles : public TrainerCallback {
 
  private:
   AppendFile jsonl_, csv_;
+  std::vector<std::string> columns_;  // after epoch, train_loss, test_loss; before seconds
 };
 
 }  // namespace ddp
