@@ -14,6 +14,7 @@
 #include "framework/core/data_dirs.hpp"
 #include "framework/core/system.hpp"
 #include "plugins/common.hpp"
+#include "plugins/datasets/files.hpp"
 
 namespace ddp::plugins {
 
@@ -25,15 +26,6 @@ constexpr PluginKind kDataset = PluginKind::Dataset;
 // std::shuffle and std::*_distribution are implementation-defined; the
 // engine mt19937_64 is not, so everything random is derived from it by hand.
 
-// Uniform in [0, bound) without modulo bias: reject the short last block.
-uint64_t uniformBelow(std::mt19937_64& rng, uint64_t bound) {
-  const uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound
-  for (;;) {
-    uint64_t r = rng();
-    if (r >= threshold) return r % bound;
-  }
-}
-
 // Uniform in (0, 1], from the top 53 bits.
 double uniformOpenClosed(std::mt19937_64& rng) { return static_cast<double>((rng() >> 11) + 1) * 0x1.0p-53; }
 
@@ -41,17 +33,6 @@ double standardNormal(std::mt19937_64& rng) {
   // Box-Muller, one value per call: simple and stateless.
   const double radius = std::sqrt(-2.0 * std::log(uniformOpenClosed(rng)));
   return radius * std::cos(2.0 * M_PI * uniformOpenClosed(rng));
-}
-
-std::vector<int64_t> seededPermutation(int64_t n, uint64_t seed) {
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
-  std::mt19937_64 rng(seed);
-  for (int64_t i = n - 1; i > 0; --i) {
-    auto j = static_cast<int64_t>(uniformBelow(rng, static_cast<uint64_t>(i) + 1));
-    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
-  }
-  return order;
 }
 
 // ---- splitting and scaling --------------------------------------------------------
@@ -93,29 +74,6 @@ DatasetSplits splitAndScale(const at::Tensor& features, const at::Tensor& target
 }
 
 // ---- reading files ----------------------------------------------------------------
-
-// A relative path is looked up next to the config, then in the current
-// directory, then where data/ ships (the source tree, an installed
-// share/ddp: framework/core/data_dirs.hpp), so that experiments/*.json work
-// from any directory.
-std::string resolvePath(const std::string& path, const DatasetContext& context) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::path(path).is_absolute()) {
-    if (fs::exists(path, ec)) return path;
-    paramError(kDataset, "path", "file '{}' not found", path);
-  }
-  std::vector<fs::path> candidates;
-  if (!context.configDir.empty()) candidates.push_back(fs::path(context.configDir) / path);
-  candidates.push_back(fs::path(path));
-  for (const std::string& dir : dataSearchDirs()) candidates.push_back(fs::path(dir) / path);
-  std::string tried;
-  for (const auto& candidate : candidates) {
-    if (fs::is_regular_file(candidate, ec)) return candidate.string();
-    tried += (tried.empty() ? "" : ", ") + fs::absolute(candidate, ec).string();
-  }
-  paramError(kDataset, "path", "file '{}' not found (looked for {})", path, tried);
-}
 
 struct CsvRow {
   int64_t line = 0;
@@ -221,7 +179,7 @@ void checkClassLabels(const std::string& path, const std::vector<double>& target
 // scikit-learn's wine_data.csv: a first line "178,13,class_0,class_1,class_2"
 // (rows, features, class names), then 13 features and the class per row.
 DatasetSplits loadWine(const Params& params, const DatasetContext& context) {
-  const std::string path = resolvePath(params.getString("path"), context);
+  const std::string path = resolveDataPath("path", params.getString("path"), context);
   const auto rows = readCsvRows(path);
   const CsvRow& head = rows[0];
   if (head.fields.size() < 3) {
@@ -257,7 +215,7 @@ DatasetSplits loadWine(const Params& params, const DatasetContext& context) {
 // ---- csv --------------------------------------------------------------------------
 
 DatasetSplits loadCsv(const Params& params, const DatasetContext& context) {
-  const std::string path = resolvePath(params.getString("path"), context);
+  const std::string path = resolveDataPath("path", params.getString("path"), context);
   const bool classification = params.getString("task") == "classification";
   const auto rows = readCsvRows(path);
   const bool header = params.getBool("header");
