@@ -14,7 +14,9 @@
 #include "framework/core/data_dirs.hpp"
 #include "framework/core/system.hpp"
 #include "plugins/common.hpp"
+#include "plugins/datasets/digits.hpp"
 #include "plugins/datasets/files.hpp"
+#include "plugins/datasets/text.hpp"
 
 namespace ddp::plugins {
 
@@ -341,6 +343,32 @@ void registerDatasets(PluginRegistry& registry) {
                     testFractionParam(),
                 },
                 makeSynthetic});
+  registry.add({"digits",
+                "UCI handwritten digits: 1,797 images of 8x8 pixels as [1, 8, 8], 10 classes (data/digits.csv)",
+                {
+                    Param("path", ParamType::String, "data/digits.csv",
+                          "64 pixels 0..16 and the digit per line; relative to the config, the current or the source "
+                          "directory")
+                        .file(),
+                    testFractionParam(),
+                },
+                loadDigits});
+  registry.add({"text",
+                "next-token prediction over a plain-text file: bytes as tokens, windows of block_size, split by "
+                "position",
+                {
+                    Param("path", ParamType::String, nullptr,
+                          "the text file, e.g. /usr/share/games/fortunes/computers (Debian's fortunes package)")
+                        .file(),
+                    Param("block_size", ParamType::Int, 64, "tokens per window (the model's context)").atLeast(1),
+                    Param("stride", ParamType::Int, 0, "tokens between window starts (0: block_size)").atLeast(0),
+                    Param("val_fraction", ParamType::Float, 0.1, "the last part of the text, held out, < 1")
+                        .above(0)
+                        .atMost(1),
+                    Param("max_bytes", ParamType::Int, 0, "read at most this many bytes of the file (0: all)")
+                        .atLeast(0),
+                },
+                loadText});
 }
 
 }  // namespace ddp::plugins

@@ -83,12 +83,18 @@ at::Tensor crossEntropyNode(const at::Tensor& logits, const at::Tensor& target) 
 LossFn makeCrossEntropy(const Params& params) {
   const double labelSmoothing = params.getDouble("label_smoothing");
   requireBelow(kLoss, "label_smoothing", labelSmoothing, 1.0);
-  return [labelSmoothing](const at::Tensor& output, const at::Tensor& target) {
+  return [labelSmoothing](const at::Tensor& rawOutput, const at::Tensor& rawTarget) {
+    // A language model's logits [B, T, V] against next tokens [B, T]: the
+    // mean over all B*T tokens, as [B*T, V] against [B*T].
+    const bool perToken = rawOutput.dim() == 3 && rawTarget.dim() == 2 &&
+                          rawOutput.size(0) == rawTarget.size(0) && rawOutput.size(1) == rawTarget.size(1);
+    const at::Tensor output = perToken ? rawOutput.reshape({-1, rawOutput.size(2)}) : rawOutput;
+    const at::Tensor target = perToken ? rawTarget.reshape({-1}) : rawTarget;
     if (output.dim() != 2 || target.dim() != 1 || target.size(0) != output.size(0)) {
       fail<UsageError>(
-          "loss cross_entropy: expected output [N, C] and class indices [N], got {} and {}. HINT: use the mse loss "
-          "for regression",
-          c10::str(output.sizes()), c10::str(target.sizes()));
+          "loss cross_entropy: expected output [N, C] and class indices [N] (or [B, T, V] and [B, T] tokens), got {} "
+          "and {}. HINT: use the mse loss for regression",
+          c10::str(rawOutput.sizes()), c10::str(rawTarget.sizes()));
     }
     if (target.scalar_type() != at::kLong) {
       fail<UsageError>(
@@ -131,7 +137,7 @@ LossFn makeMse(const Params&) {
 
 void registerLosses(PluginRegistry& registry) {
   registry.add({"cross_entropy",
-                "softmax cross-entropy against class indices",
+                "softmax cross-entropy against class indices; [B, T, V] logits against [B, T] tokens: mean per token",
                 {
                     Param("label_smoothing", ParamType::Float, 0.0,
                           "mix of the uniform distribution into the targets, < 1")

@@ -136,7 +136,7 @@ TEST_CASE("plugin registry: kinds, types and closest names", "[plugins]") {
 
 TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]") {
   const auto& registry = builtinPlugins();
-  CHECK(registry.names(PluginKind::Dataset) == std::vector<std::string>{"csv", "synthetic", "wine"});
+  CHECK(registry.names(PluginKind::Dataset) == std::vector<std::string>{"csv", "digits", "synthetic", "text", "wine"});
   CHECK(registry.names(PluginKind::Model) == std::vector<std::string>{"mlp"});
   CHECK(registry.names(PluginKind::Optimizer) == std::vector<std::string>{"adam", "adamw", "sgd"});
   CHECK(registry.names(PluginKind::Scheduler) == std::vector<std::string>{"cosine", "step"});
@@ -169,7 +169,7 @@ TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]"
   CHECK_THAT(typo, Contains("known optimizers: adam, adamw, sgd"));
   const std::string noKind = usageErrorOf([&] { registry.describe("adam"); });
   CHECK_THAT(noKind, StartsWith("cannot describe 'adam': expected KIND.NAME; did you mean 'optimizer.adam'? known "
-                                "plugins: dataset.csv, dataset.synthetic, dataset.wine, model.mlp, optimizer.adam,"));
+                                "plugins: dataset.csv, dataset.digits, dataset.synthetic, dataset.text, dataset.wine, model.mlp, optimizer.adam,"));
   CHECK_THAT(usageErrorOf([&] { registry.describe("zzz"); }),
              StartsWith("cannot describe 'zzz': expected KIND.NAME; known plugins: dataset.csv,"));
   CHECK_THAT(noKind, Contains("optimizer.adam"));
@@ -910,15 +910,20 @@ TrainResult trainText(const std::string& experiment, PluginRegistry& registry, c
   return runTraining(config, ctx, ro, registry);
 }
 
-// A Linear model that records the context the trainer built it with.
+// A Linear model that records the context the trainer built it with; on
+// token windows, one Linear from each token id to the vocabulary's logits.
 class ProbeModel : public Model {
  public:
-  explicit ProbeModel(const ModelContext& context) {
-    linear_ = register_module("linear", torch::nn::Linear(context.numFeatures, std::max<int64_t>(1, context.numClasses)));
+  explicit ProbeModel(const ModelContext& context) : tokens_(context.vocabSize > 0) {
+    linear_ = register_module("linear", torch::nn::Linear(tokens_ ? 1 : context.numFeatures,
+                                                          std::max<int64_t>(1, context.numClasses)));
   }
-  at::Tensor forward(const at::Tensor& input) override { return linear_->forward(input.flatten(1)); }
+  at::Tensor forward(const at::Tensor& input) override {
+    return tokens_ ? linear_->forward(input.to(at::kFloat).unsqueeze(-1)) : linear_->forward(input.flatten(1));
+  }
 
  private:
+  bool tokens_;
   torch::nn::Linear linear_{nullptr};
 };
 
@@ -939,6 +944,8 @@ TEST_CASE("each built-in dataset's sample shape reaches the model context throug
       {"wine", {{"name", "wine"}}},
       {"csv", {{"name", "csv"}, {"path", csv}}},
       {"synthetic", {{"name", "synthetic"}, {"samples", 40}, {"features", 6}, {"classes", 3}}},
+      {"digits", {{"name", "digits"}}},
+      {"text", {{"name", "text"}, {"path", dir.write("corpus.txt", std::string(200, 'a') + "bcd\n")}, {"block_size", 8}}},
   };
   for (const auto& name : registry.names(PluginKind::Dataset)) {
     INFO("dataset " << name);
