@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "apps/sample.hpp"
 #include "plugins/builtin.hpp"
 #include "backends/builtin.hpp"
 #include "framework/comm/backend_registry.hpp"
@@ -45,6 +46,7 @@ struct Args {
   double killGrace = 3.0;
   bool demo = false;
   std::string demoBackend = "gloo";
+  ddp::apps::SampleOptions sample;
 };
 
 void shareCoresAmongHostRanks(const ddp::RankEnv& env, int ranksOnHost);
@@ -195,6 +197,15 @@ int main(int argc, char** argv) {
                  "SIGTERM or SIGHUP that the launcher received and passed on; after such a signal ddp-run exits "
                  "with 128 + its number and does not restart (default 3)")
       ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--sample", args.sample.runDir,
+                 "print text from the language model trained in RUN_DIR (see --prompt, --tokens, --temperature, "
+                 "--top-k, --seed)");
+  app.add_option("--prompt", args.sample.prompt, "with --sample: the text to continue (default: a line break)");
+  app.add_option("--tokens", args.sample.tokens, "with --sample: tokens to generate (default 200)");
+  app.add_option("--temperature", args.sample.temperature,
+                 "with --sample: divides the logits; 0 takes the most likely token (default 1)");
+  app.add_option("--top-k", args.sample.topK, "with --sample: draw among the k most likely tokens (default 0: all)");
+  app.add_option("--seed", args.sample.seed, "with --sample: seeds the draws (default 0)");
   app.add_flag("--demo", args.demo, "run a collective demo instead of an experiment");
   app.add_option("--demo-backend", args.demoBackend, "backend of the collective demo (gloo, nccl)");
   app.footer(
@@ -252,6 +263,10 @@ int main(int argc, char** argv) {
     }
     if (!args.describe.empty()) {
       std::cout << registry.describe(args.describe);
+      return 0;
+    }
+    if (!args.sample.runDir.empty()) {
+      ddp::apps::sampleText(args.sample, registry, std::cout);
       return 0;
     }
     const auto env = ddp::rankEnvFromEnvironment(ddp::currentEnvironment());

@@ -16,6 +16,8 @@
 #include "framework/experiment/plugin_registry.hpp"
 #include "framework/experiment/trainer.hpp"
 #include "plugins/builtin.hpp"
+#include "apps/sample.hpp"
+#include "framework/experiment/trained_model.hpp"
 #include "plugins/datasets/text.hpp"
 #include "tests/test_support.hpp"
 
@@ -61,6 +63,21 @@ std::string readFile(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// A token model for these tests: logits from a table row per token.
+struct Bigram : Model {
+  explicit Bigram(int64_t vocab) { table = register_module("table", torch::nn::Embedding(vocab, vocab)); }
+  at::Tensor forward(const at::Tensor& input) override { return table->forward(input); }
+  torch::nn::Embedding table{nullptr};
+};
+
+// The built-ins and test_bigram; not builtinPlugins(), whose models other
+// tests list.
+void registerWithBigram(PluginRegistry& registry) {
+  registerBuiltinPlugins(registry);
+  registry.add({"test_bigram", "logits from a table per token", {},
+                [](const Params&, const ModelContext& c) -> ModelPtr { return std::make_shared<Bigram>(c.vocabSize); }});
 }
 
 // Trains `experiment` on one rank in a fresh run folder; returns the folder.
@@ -211,15 +228,8 @@ TEST_CASE("metrics follow the task: perplexity for tokens, RMSE for regression, 
   while (corpus.size() < 2000) corpus += "abcabd abcabd\n";
   const std::string path = writeFile(dir, "corpus.txt", corpus);
   // A tiny token model: embeddings straight to logits.
-  PluginRegistry registry;  // not builtinPlugins(): other tests list its models
-  registerBuiltinPlugins(registry);
-  struct Bigram : Model {
-    explicit Bigram(int64_t vocab) { table = register_module("table", torch::nn::Embedding(vocab, vocab)); }
-    at::Tensor forward(const at::Tensor& input) override { return table->forward(input); }
-    torch::nn::Embedding table{nullptr};
-  };
-  registry.add({"test_bigram", "logits from a table per token", {},
-                [](const Params&, const ModelContext& c) -> ModelPtr { return std::make_shared<Bigram>(c.vocabSize); }});
+  PluginRegistry registry;
+  registerWithBigram(registry);
   const std::string run = train({{"dataset", {{"name", "text"}, {"path", path}, {"block_size", 16}}},
                                  {"model", {{"name", "test_bigram"}}},
                                  {"optimizer", {{"name", "adam"}, {"lr", 0.1}}},
@@ -270,4 +280,61 @@ TEST_CASE("metrics follow the task: perplexity for tokens, RMSE for regression, 
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(std::filesystem::path(run).parent_path());
   std::filesystem::remove_all(std::filesystem::path(reg).parent_path());
+}
+
+// ---- sampling from a trained run -------------------------------------------------------------------
+
+TEST_CASE("--sample: greedy text is the argmax chain of the loaded model; draws are seeded; errors name the run",
+          "[datasets][training]") {
+  const std::string dir = ddp::test::tempDir();
+  std::string corpus;
+  while (corpus.size() < 3000) corpus += "hello world. ";
+  const std::string path = writeFile(dir, "corpus.txt", corpus);
+  PluginRegistry registry;
+  registerWithBigram(registry);
+  const std::string run = train({{"dataset", {{"name", "text"}, {"path", path}, {"block_size", 8}}},
+                                 {"model", {{"name", "test_bigram"}}},
+                                 {"optimizer", {{"name", "adam"}, {"lr", 0.1}}},
+                                 {"loss", {{"name", "cross_entropy"}}},
+                                 {"training", {{"epochs", 2}, {"batch_size", 16}, {"save_every", 1}}}},
+                                registry);
+  apps::SampleOptions options;
+  options.runDir = run;
+  options.prompt = "he";
+  options.tokens = 12;
+  options.temperature = 0;
+  std::ostringstream printed;
+  const std::string greedy = apps::sampleText(options, registry, printed);
+  CHECK(printed.str() == "he" + greedy + "\n");
+  // The reference: the loaded model's argmax, token by token, by hand.
+  const TrainedModel trained = loadTrainedModel(run, registry);
+  const auto vocab = ByteVocabulary::fromJson(readFile(run + "/vocab.json"), "vocab.json");
+  std::vector<int64_t> ids = vocab.encode("he");
+  std::string expected;
+  torch::NoGradGuard noGrad;
+  for (int i = 0; i < 12; ++i) {
+    const at::Tensor logits = trained.model->forward(at::tensor(ids, at::kLong).unsqueeze(0))[0][-1];
+    ids.push_back(logits.argmax().item<int64_t>());
+    expected += vocab.decode({ids.back()});
+  }
+  CHECK(greedy == expected);
+  CHECK(greedy[0] == 'l');  // in "hello world. ", an e is always followed by an l
+  options.topK = 1;
+  options.temperature = 1.0;
+  CHECK(apps::sampleText(options, registry, printed) == greedy);  // top-1 is greedy
+  options.topK = 0;
+  options.temperature = 5.0;  // flat enough that seeds differ
+  options.seed = 1;
+  const std::string a = apps::sampleText(options, registry, printed);
+  CHECK(apps::sampleText(options, registry, printed) == a);
+  options.seed = 2;
+  CHECK(apps::sampleText(options, registry, printed) != a);
+  options.prompt = "Q";
+  CHECK_THAT(usageErrorOf([&] { apps::sampleText(options, registry, printed); }),
+             Contains("byte 81 ('Q') at offset 0 is not in the vocabulary"));
+  options.runDir = dir;
+  CHECK_THAT(usageErrorOf([&] { apps::sampleText(options, registry, printed); }),
+             Contains(dir + "/config.json cannot be read"));
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(std::filesystem::path(run).parent_path());
 }

@@ -29,6 +29,7 @@
 #include "framework/experiment/resume_rules.hpp"
 #include "framework/experiment/run_folder.hpp"
 #include "framework/experiment/run_log.hpp"
+#include "framework/experiment/trained_model.hpp"
 #include "framework/core/append_file.hpp"
 #include "framework/parallel/sampler.hpp"
 #include "framework/parallel/strategy.hpp"
@@ -389,9 +390,12 @@ void Trainer::build() {
     return registry.get(PluginKind::Dataset, config.dataset.name).dataset(config.dataset.params, dctx);
   });
   ModelPtr& model = s.model;
+  const ModelContext modelContext = modelContextFor(data);
   model = building("model", config.model.name, [&] {
-    return registry.get(PluginKind::Model, config.model.name).model(config.model.params, modelContextFor(data));
+    return registry.get(PluginKind::Model, config.model.name).model(config.model.params, modelContext);
   });
+  // So the trained model can be rebuilt without its data (trained_model.hpp).
+  data.runFiles["model_context.json"] = modelContextJson(modelContext, data.task);
   if (!data.train || !data.test) {
     fail<std::runtime_error>("dataset {}: its factory returned no train or no test split", config.dataset.name);
   }

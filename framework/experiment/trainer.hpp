@@ -33,7 +33,9 @@
 //   scheduler and loss are built, so a mistake they find leaves no folder
 //   behind; it locks the folder for the job (RunFolderLock, run_folder.hpp),
 //   checks that the folder, and checkpoints/ when the run saves any, can be
-//   written, and writes config.json last. The other ranks learn through the
+//   written, writes model_context.json (trained_model.hpp) and the files the
+//   dataset asks for (DatasetSplits::runFiles, e.g. a vocabulary), and
+//   config.json last. The other ranks learn through the
 //   store (key "ddp-trainer/start") which checkpoint to load, or that rank 0
 //   refused, and fail with it.
 // - Every training.save_every epochs, and after the last epoch, rank 0

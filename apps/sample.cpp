@@ -1,0 +1,66 @@
+#include "apps/sample.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "framework/core/errors.hpp"
+#include "framework/experiment/trained_model.hpp"
+#include "plugins/datasets/text.hpp"
+
+namespace ddp::apps {
+
+std::string sampleText(const SampleOptions& options, PluginRegistry& registry, std::ostream& out) {
+  if (options.tokens < 0) fail<UsageError>("--tokens {}: expected 0 or more", options.tokens);
+  if (!(options.temperature >= 0)) fail<UsageError>("--temperature {}: expected 0 or more", options.temperature);
+  if (options.topK < 0) fail<UsageError>("--top-k {}: expected 0 (all) or more", options.topK);
+  const TrainedModel trained = loadTrainedModel(options.runDir, registry);
+  const std::string vocabPath = options.runDir + "/vocab.json";
+  std::ifstream vocabFile(vocabPath);
+  if (trained.context.vocabSize == 0 || trained.context.sampleShape.size() != 1 || !vocabFile) {
+    fail<UsageError>("--sample: {} did not train a language model (no token vocabulary, {}). HINT: a run of "
+                     "experiments/char_gpt.json, or any run on the text dataset",
+                     options.runDir, vocabFile ? "vocab_size 0" : "no vocab.json");
+  }
+  std::stringstream json;
+  json << vocabFile.rdbuf();
+  const auto vocab = plugins::ByteVocabulary::fromJson(json.str(), vocabPath);
+  if (vocab.size() != trained.context.vocabSize) {
+    fail<UsageError>("{}: {} tokens, but the model was trained on {}", vocabPath, vocab.size(),
+                     trained.context.vocabSize);
+  }
+  if (options.prompt.empty()) fail<UsageError>("--prompt: empty; the model needs at least one token to continue");
+  std::vector<int64_t> ids = vocab.encode(options.prompt);
+  const int64_t block = trained.context.sampleShape[0];
+
+  torch::NoGradGuard noGrad;
+  at::Generator generator = at::detail::createCPUGenerator(options.seed);
+  out << options.prompt << std::flush;
+  std::vector<int64_t> generated;
+  for (int64_t i = 0; i < options.tokens; ++i) {
+    const auto start = static_cast<int64_t>(ids.size()) > block ? static_cast<int64_t>(ids.size()) - block : 0;
+    const std::vector<int64_t> window(ids.begin() + start, ids.end());
+    const at::Tensor input = at::tensor(window, at::kLong).unsqueeze(0);
+    const at::Tensor logits = trained.model->forward(input).select(0, 0).select(0, -1).to(at::kDouble);
+    int64_t next = 0;
+    if (options.temperature == 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      at::Tensor scaled = logits / options.temperature;
+      if (options.topK > 0 && options.topK < scaled.size(0)) {
+        const at::Tensor kth = std::get<0>(scaled.topk(options.topK)).select(0, -1);
+        scaled = scaled.masked_fill(scaled < kth, -std::numeric_limits<double>::infinity());
+      }
+      next = at::multinomial(at::softmax(scaled, 0), 1, /*replacement=*/false, generator).item<int64_t>();
+    }
+    ids.push_back(next);
+    generated.push_back(next);
+    out << vocab.decode({next}) << std::flush;
+  }
+  out << "\n";
+  return vocab.decode(generated);
+}
+
+}  // namespace ddp::apps

@@ -1,0 +1,87 @@
+#include "framework/experiment/trained_model.hpp"
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "framework/core/errors.hpp"
+#include "framework/experiment/run_folder.hpp"
+
+namespace ddp {
+
+namespace {
+
+// `what`: what the file holds, for the error.
+std::string readWhole(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    fail<UsageError>("{} cannot be read ({}), so no trained model there. HINT: the --out folder of a run that trained",
+                     path, what);
+  }
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+std::string modelContextJson(const ModelContext& context, Task task) {
+  nlohmann::ordered_json doc;
+  doc["task"] = taskName(task);
+  doc["sample_shape"] = context.sampleShape;
+  doc["num_features"] = context.numFeatures;
+  doc["num_classes"] = context.numClasses;
+  doc["vocab_size"] = context.vocabSize;
+  return doc.dump(2) + "\n";
+}
+
+ModelContext modelContextFromJson(const std::string& json, const std::string& where) {
+  const Json doc = Json::parse(json, nullptr, /*allow_exceptions=*/false);
+  ModelContext context;
+  try {
+    if (!doc.is_object()) throw std::runtime_error("not a JSON object");
+    context.sampleShape = doc.at("sample_shape").get<std::vector<int64_t>>();
+    context.numFeatures = doc.at("num_features").get<int64_t>();
+    context.numClasses = doc.at("num_classes").get<int64_t>();
+    context.vocabSize = doc.at("vocab_size").get<int64_t>();
+  } catch (const std::exception& e) {
+    fail<UsageError>("{}: not a model context as training writes it ({})", where, e.what());
+  }
+  return context;
+}
+
+TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registry) {
+  TrainedModel trained;
+  const std::string configPath = runDir + "/config.json";
+  trained.config = Json::parse(readWhole(configPath, "the run's experiment"), nullptr, /*allow_exceptions=*/false);
+  if (!trained.config.is_object() || !trained.config.contains("model") || !trained.config["model"].is_object() ||
+      !trained.config["model"].contains("name")) {
+    fail<UsageError>("{}: no model section with a name", configPath);
+  }
+  const std::string contextPath = runDir + "/model_context.json";
+  trained.context = modelContextFromJson(readWhole(contextPath, "the model's shapes"), contextPath);
+  Json params = trained.config["model"];
+  const std::string name = params["name"].get<std::string>();
+  params.erase("name");
+  trained.checkpoint = newestCheckpoint(runDir);
+  if (trained.checkpoint.empty()) {
+    fail<UsageError>("{} holds no checkpoint to load the model from. HINT: train with training.save_every > 0", runDir);
+  }
+  trained.model = registry.get(PluginKind::Model, name).model(Params(params), trained.context);
+  try {
+    torch::serialize::InputArchive archive, modelArchive;
+    archive.load_from(trained.checkpoint);
+    archive.read("model", modelArchive);
+    trained.model->load(modelArchive);
+  } catch (const c10::Error& e) {
+    std::string why = e.what_without_backtrace();
+    why = why.substr(0, why.find('\n'));
+    fail<UsageError>("checkpoint {} does not fit model {} of {}: {}", trained.checkpoint, name, configPath, why);
+  }
+  trained.model->eval();
+  return trained;
+}
+
+}  // namespace ddp
