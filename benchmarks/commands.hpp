@@ -26,4 +26,8 @@ void registerWineCommand(CLI::App& app);
 // under DistributedDataParallel vs PyTorch DDP.
 void registerTrainStepCommand(CLI::App& app);
 
+// `ddp-bench lm`: validation loss of a language model experiment trained by
+// ddp-run against the same training in PyTorch (Python).
+void registerLmCommand(CLI::App& app);
+
 }  // namespace ddp::bench

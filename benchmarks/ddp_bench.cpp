@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   ddp::bench::registerCollectivesCommand(app);
   ddp::bench::registerWineCommand(app);
   ddp::bench::registerTrainStepCommand(app);
+  ddp::bench::registerLmCommand(app);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,134 @@
+// `ddp-bench lm`: the quality of a language model trained by this framework
+// against the same training in PyTorch's Python, in one invocation.
+//
+// Ours: `ddp-run EXPERIMENT` (default experiments/char_gpt.json, 2 ranks)
+// into a temporary run folder; its last metrics record gives the validation
+// loss per token. Theirs: reference/char_gpt_torch.py, given that run's
+// resolved config.json, trains the same model on the same split with
+// PyTorch's DDP and evaluates on the same validation windows. The two draw
+// windows in different orders (each from its own generator), so their
+// losses agree to within run-to-run noise; the target is 5%.
+//
+// Also printed: parameters, optimizer steps, and each side's wall time of
+// its epoch loop (ours: the sum of the epochs' seconds in metrics.jsonl).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "benchmarks/bench_python.hpp"
+#include "benchmarks/bench_util.hpp"
+#include "benchmarks/commands.hpp"
+#include "ddp/config.hpp"
+
+namespace ddp::bench {
+namespace {
+
+using nlohmann::json;
+
+struct Options {
+  std::string experiment = std::string(DDP_SOURCE_DIR) + "/experiments/char_gpt.json";
+  std::vector<std::string> overrides;
+  std::string jsonPath;
+  double tolerance = 0.05;
+};
+
+json lastRecord(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  double seconds = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    last = line;
+    seconds += json::parse(line).value("seconds", 0.0);
+  }
+  if (last.empty()) throw BenchError(fmt::format("{} holds no record", path));
+  json record = json::parse(last);
+  record["loop_seconds"] = seconds;
+  return record;
+}
+
+void runLm(const Options& o) {
+  TempDir dir("ddp-bench-lm-");
+  const std::string runDir = dir.path() + "/ours";
+  std::string command = shellQuote(DDP_RUN_PATH) + " " + shellQuote(o.experiment) + " --out " + shellQuote(runDir);
+  for (const std::string& set : o.overrides) command += " --set " + shellQuote(set);
+  const std::string log = dir.path() + "/ours.log";
+  std::cerr << "ddp-bench lm: training ours: " << command << "\n";
+  if (std::system((command + " > " + shellQuote(log) + " 2>&1").c_str()) != 0) {
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    throw BenchError(fmt::format("ddp-run failed:\n{}", text.str()));
+  }
+  const json config = readJsonFile(runDir + "/config.json");
+  const json ours = lastRecord(runDir + "/metrics.jsonl");
+  json records = json::array();
+  records.push_back({{"impl", "ddp"},
+                     {"world_size", config["distributed"]["nproc_per_node"]},
+                     {"val_loss", ours.at("test_loss")},
+                     {"seconds", ours["loop_seconds"]}});
+
+  if (auto why = pythonTorchUnavailable()) {
+    std::cout << "skipping torch-python: " << *why << "\n";
+  } else {
+    std::cerr << "ddp-bench lm: training the PyTorch reference\n";
+    const auto lines =
+        runJsonLines(pythonCommand() + " " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/char_gpt_torch.py") +
+                     " --config " + shellQuote(runDir + "/config.json"));
+    if (lines.empty()) throw BenchError("char_gpt_torch.py printed no JSON line");
+    records.push_back(lines.back());
+    records[0]["params"] = lines.back().value("params", 0);
+    records[0]["steps"] = lines.back().value("steps", 0);
+  }
+
+  Table table({"impl", "ranks", "params", "steps", "val_loss", "val_ppl", "seconds"});
+  for (const json& r : records) {
+    const double loss = r.at("val_loss").get<double>();
+    table.addRow({r["impl"].get<std::string>(), std::to_string(r.value("world_size", 0)),
+                  std::to_string(r.value("params", 0)), std::to_string(r.value("steps", 0)), formatFixed(loss, 4),
+                  formatFixed(std::exp(loss), 3), formatFixed(r.value("seconds", 0.0), 1)});
+  }
+  std::cout << table.render();
+  if (records.size() == 2) {
+    const double ratio = records[0]["val_loss"].get<double>() / records[1]["val_loss"].get<double>();
+    const bool within = std::abs(ratio - 1) <= o.tolerance;
+    std::cout << fmt::format("val loss ddp/torch-python: {:.4f} ({} the {:.0f}% target); wall time {:.2f}x\n", ratio,
+                             within ? "within" : "OUTSIDE", o.tolerance * 100,
+                             records[0]["seconds"].get<double>() / records[1]["seconds"].get<double>());
+    for (json& r : records) r["val_loss_ratio"] = ratio;
+  }
+  if (!o.jsonPath.empty()) {
+    writeJsonFile(o.jsonPath, records);
+    std::cerr << "wrote " << o.jsonPath << "\n";
+  }
+}
+
+}  // namespace
+
+void registerLmCommand(CLI::App& app) {
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "lm", "Train a language model experiment with ddp-run and the same in PyTorch; compare validation loss");
+  cmd->add_option("--experiment", options->experiment, "the experiment (a gpt on the text dataset)")
+      ->capture_default_str();
+  cmd->add_option("--set", options->overrides, "override a setting of the experiment, for both sides (repeatable)");
+  cmd->add_option("--tolerance", options->tolerance, "the relative difference of validation loss allowed")
+      ->capture_default_str();
+  cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->callback([options] {
+    try {
+      runLm(*options);
+    } catch (const std::exception& e) {
+      std::cerr << "ddp-bench lm: error: " << e.what() << "\n";
+      throw CLI::RuntimeError(1);
+    }
+  });
+}
+
+}  // namespace ddp::bench

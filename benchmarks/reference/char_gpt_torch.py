@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Reference for `ddp-bench lm`: the char_gpt experiment in PyTorch's Python.
+
+Reads the resolved experiment that our run wrote (RUN_DIR/config.json) and
+trains the same thing with torch.nn.parallel.DistributedDataParallel over
+gloo, one process per rank, one intra-op thread each:
+
+- data: the text file's bytes (at most max_bytes), the vocabulary its
+  distinct bytes in byte order; the first 1 - val_fraction of the tokens
+  train, the rest validate; sample k is the window at k * stride (stride 0:
+  block_size), targets shifted by one;
+- model: a pre-norm decoder-only transformer as plugins/models/gpt.hpp
+  describes it (token and position embeddings, n_layer blocks of causal
+  self-attention and a 4x GELU MLP, final layer norm, a head tied to the
+  token embedding when tie_weights), GPT-2's initialisation;
+- training: DistributedSampler shards (shuffled per epoch, seeded),
+  batch_size windows per rank, the optimizer and lr of the experiment,
+  `epochs` epochs (or max_steps steps), cross-entropy per token;
+- evaluation: the mean loss per token over every validation window, after
+  the last epoch, sharded over the ranks and summed.
+
+The order in which windows are drawn comes from PyTorch's own generator, so
+it is not ours: the two runs see the same data in different orders, and
+their final losses agree to within run-to-run noise, not bit for bit.
+
+Prints one JSON record: {impl, world_size, params, steps, val_loss,
+seconds} where seconds is the epoch loop on rank 0 (after building).
+"""
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def layer_norm(n, bias):
+    ln = nn.LayerNorm(n)
+    if not bias:
+        ln.register_parameter("bias", None)
+    return ln
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd, n_head, dropout, bias):
+        super().__init__()
+        self.n_head = n_head
+        self.ln1 = layer_norm(n_embd, bias)
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.attn_drop = nn.Dropout(dropout)
+        self.resid_drop = nn.Dropout(dropout)
+        self.ln2 = layer_norm(n_embd, bias)
+        self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.fc_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.mlp_drop = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.n_head)
+        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        att = self.attn_drop(att.masked_fill(mask, float("-inf")).softmax(-1))
+        y = (att @ v).transpose(1, 2).reshape(b, t, c)
+        x = x + self.resid_drop(self.proj(y))
+        return x + self.mlp_drop(self.fc_proj(F.gelu(self.fc(self.ln2(x)))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, block, n_layer, n_head, n_embd, dropout, bias, tie):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, n_embd)
+        self.pos = nn.Embedding(block, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
+        self.ln_f = layer_norm(n_embd, bias)
+        self.head = nn.Linear(n_embd, vocab, bias=False)
+        if tie:
+            self.head.weight = self.tok.weight
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif "ln" in name:
+                nn.init.ones_(p)
+            elif name.endswith("proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+            else:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(t)))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+class Windows(torch.utils.data.Dataset):
+    def __init__(self, ids, begin, end, block, stride):
+        self.ids, self.begin, self.block, self.stride = ids, begin, block, stride
+        tokens = end - begin
+        self.n = 0 if tokens < block + 1 else (tokens - block - 1) // stride + 1
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, k):
+        start = self.begin + k * self.stride
+        w = self.ids[start:start + self.block + 1]
+        return w[:-1], w[1:]
+
+
+def load(cfg):
+    d = cfg["dataset"]
+    data = open(d["path"], "rb").read()
+    if d.get("max_bytes", 0) > 0:
+        data = data[:d["max_bytes"]]
+    vocab = sorted(set(data))
+    index = {b: i for i, b in enumerate(vocab)}
+    ids = torch.tensor([index[b] for b in data], dtype=torch.long)
+    n = len(ids)
+    cut = n - int(n * d["val_fraction"])
+    block = d["block_size"]
+    stride = d.get("stride", 0) or block
+    return len(vocab), Windows(ids, 0, cut, block, stride), Windows(ids, cut, n, block, stride)
+
+
+def worker(rank, world, port, cfg, out):
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    tc, m, o = cfg["training"], cfg["model"], cfg["optimizer"]
+    torch.manual_seed(tc["seed"])
+    vocab, train, val = load(cfg)
+    model = GPT(vocab, cfg["dataset"]["block_size"], m["n_layer"], m["n_head"], m["n_embd"], m["dropout"],
+                m.get("bias", True), m.get("tie_weights", True))
+    params = sum(p.numel() for p in model.parameters())
+    ddp = nn.parallel.DistributedDataParallel(model)
+    betas = (o.get("beta1", 0.9), o.get("beta2", 0.999))
+    if o["name"] == "adamw":
+        opt = torch.optim.AdamW(ddp.parameters(), lr=o["lr"], betas=betas, eps=o.get("eps", 1e-8),
+                                weight_decay=o.get("weight_decay", 0.01))
+    elif o["name"] == "adam":
+        opt = torch.optim.Adam(ddp.parameters(), lr=o["lr"], betas=betas, eps=o.get("eps", 1e-8),
+                               weight_decay=o.get("weight_decay", 0.0))
+    else:
+        raise SystemExit(f"char_gpt_torch.py: optimizer {o['name']} not supported here")
+    sampler = torch.utils.data.distributed.DistributedSampler(train, world, rank, shuffle=True, seed=tc["seed"],
+                                                              drop_last=tc.get("drop_last", False))
+    loader = torch.utils.data.DataLoader(train, batch_size=tc["batch_size"], sampler=sampler)
+    max_steps = tc.get("max_steps", 0)
+    steps = 0
+    dist.barrier()
+    start = time.perf_counter()
+    for epoch in range(tc["epochs"]):
+        sampler.set_epoch(epoch)
+        ddp.train()
+        for x, y in loader:
+            opt.zero_grad(set_to_none=True)
+            logits = ddp(x)
+            F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1)).backward()
+            opt.step()
+            steps += 1
+            if max_steps and steps >= max_steps:
+                break
+        if max_steps and steps >= max_steps:
+            break
+    # The validation windows r, r + w, ...: loss sum and windows, summed.
+    model.eval()
+    sums = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        rows = list(range(rank, len(val), world))
+        for i in range(0, len(rows), 256):
+            xs, ys = zip(*(val[k] for k in rows[i:i + 256]))
+            x, y = torch.stack(xs), torch.stack(ys)
+            loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
+            sums += torch.tensor([loss.item() * len(xs), len(xs)], dtype=torch.float64)
+    dist.all_reduce(sums)
+    seconds = time.perf_counter() - start
+    if rank == 0:
+        out.put({"impl": "torch-python", "world_size": world, "params": params, "steps": steps,
+                 "val_loss": (sums[0] / sums[1]).item(), "seconds": seconds})
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True, help="a resolved experiment (RUN_DIR/config.json)")
+    p.add_argument("--port", type=int, default=29561)
+    args = p.parse_args()
+    cfg = json.load(open(args.config))
+    world = cfg["distributed"]["nproc_per_node"]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    mp.start_processes(worker, args=(world, args.port, cfg, out), nprocs=world, start_method="spawn")
+    print(json.dumps(out.get()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
