@@ -199,12 +199,15 @@ TEST_CASE("models cnn and gpt: usage errors name the problem and the fix", "[mod
   CHECK_THAT(tooSmall, StartsWith("model.pool: block 1 gets a 1x4 map, which 2x2 pooling would make empty"));
   CHECK_THAT(tooSmall, Contains("HINT:"));
   CHECK_NOTHROW(makeCnn({{"channels", {4, 4}}, {"pool", "none"}}, {1, 2, 8}, 3));
-  CHECK_THAT(usageErrorOf([] { makeCnn({{"kernel_size", 4}}, {1, 8, 8}, 3); }),
+  CHECK_THAT(usageErrorOf([] {
+               makeCnn({{"kernel_size", 4}}, {1, 8, 8}, 3);
+             }),
              StartsWith("model.kernel_size: 4 is even"));
   CHECK_THAT(usageErrorOf([] { makeCnn({{"dropout", 1.0}}, {1, 8, 8}, 3); }), StartsWith("model.dropout: must be < 1"));
   auto cnn = makeCnn(Json::object(), {1, 8, 8}, 10);
-  CHECK(usageErrorOf([&] { cnn->forward(torch::randn({2, 64})); }) ==
-        "cnn: expected input [batch, 1, 8, 8], got [2, 64]");
+  CHECK(usageErrorOf([&] {
+          cnn->forward(torch::randn({2, 64}));
+        }) == "cnn: expected input [batch, 1, 8, 8], got [2, 64]");
 
   // gpt
   const std::string noVocab = usageErrorOf([] {
@@ -215,17 +218,25 @@ TEST_CASE("models cnn and gpt: usage errors name the problem and the fix", "[mod
   });
   CHECK_THAT(noVocab, StartsWith("model gpt: predicts tokens, but the dataset has no vocabulary (vocab size 0)"));
   CHECK_THAT(noVocab, Contains("HINT: use a token dataset such as \"text\""));
-  CHECK_THAT(usageErrorOf([] { makeGpt({{"n_embd", 30}, {"n_head", 4}}, 11, 8); }),
+  CHECK_THAT(usageErrorOf([] {
+               makeGpt({{"n_embd", 30}, {"n_head", 4}}, 11, 8);
+             }),
              StartsWith("model.n_embd: 30 is not a multiple of n_head 4"));
-  CHECK_THAT(usageErrorOf([] { makeGpt({{"block_size", 4}}, 11, 8); }),
+  CHECK_THAT(usageErrorOf([] {
+               makeGpt({{"block_size", 4}}, 11, 8);
+             }),
              StartsWith("model.block_size: 4 is shorter than the dataset's windows of 8 tokens"));
   auto gpt = makeGpt({{"n_layer", 1}, {"n_head", 2}, {"n_embd", 8}}, 11, 8);
   const std::string tooLong = usageErrorOf([&] { gpt->forward(tokens(2, 9, 11, 0)); });
   CHECK_THAT(tooLong, StartsWith("gpt: the input has T = 9 tokens per sample, more than block_size 8"));
   CHECK_THAT(tooLong, Contains("HINT:"));
-  CHECK_THAT(usageErrorOf([&] { gpt->forward(torch::zeros({2, 8})); }),
+  CHECK_THAT(usageErrorOf([&] {
+               gpt->forward(torch::zeros({2, 8}));
+             }),
              StartsWith("gpt: expected int64 token ids [batch, T] with 1 <= T <= 8, got Float [2, 8]"));
-  CHECK_THAT(usageErrorOf([&] { gpt->forward(torch::full({1, 3}, 11, torch::kLong)); }),
+  CHECK_THAT(usageErrorOf([&] {
+               gpt->forward(torch::full({1, 3}, 11, torch::kLong));
+             }),
              StartsWith("gpt: token ids must lie in [0, 11)"));
 }
 
@@ -261,15 +272,14 @@ void writeCase(const fs::path& folder, const std::string& kind, const Json& conf
     std::ofstream out(folder / (name + ".bin"), std::ios::binary);
     out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
     REQUIRE(out.good());
-    tensors.push_back({{"name", name},
-                       {"dtype", t.scalar_type() == torch::kLong ? "int64" : "float32"},
-                       {"shape", t.sizes().vec()}});
+    tensors.push_back(
+        {{"name", name}, {"dtype", t.scalar_type() == torch::kLong ? "int64" : "float32"}, {"shape", t.sizes().vec()}});
   };
   for (const auto& item : model.named_parameters()) write(item.key(), item.value().detach());
   for (const auto& item : model.named_buffers()) write(item.key(), item.value());
   write("input", input);
-  std::ofstream(folder / "manifest.json") << Json{{"model", kind}, {"config", config}, {"tensors", tensors},
-                                                  {"outputs", modes}}.dump(1);
+  std::ofstream(folder / "manifest.json")
+      << Json{{"model", kind}, {"config", config}, {"tensors", tensors}, {"outputs", modes}}.dump(1);
 }
 
 at::Tensor readOutput(const fs::path& file, at::IntArrayRef shape) {
@@ -332,12 +342,12 @@ TEST_CASE("models cnn and gpt: the forward pass matches a plain PyTorch model", 
   // gpt: tied with biases, and untied without; dropout 0 (the reference
   // runs eval mode only, where dropout is off anyway).
   const Json gptTied = {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 16}, {"dropout", 0.0}};
-  const Json gptUntied = {{"n_layer", 1},     {"n_head", 4},          {"n_embd", 8},
-                          {"bias", false},    {"tie_weights", false}, {"dropout", 0.0}};
+  const Json gptUntied = {{"n_layer", 1},  {"n_head", 4},          {"n_embd", 8},
+                          {"bias", false}, {"tie_weights", false}, {"dropout", 0.0}};
   // cnn: batch norm (running statistics in eval, batch statistics in train
   // mode) with max pooling; and without batch norm, avg pooling, a hidden layer.
   const Json cnnBn = {{"channels", {3, 5}}, {"activation", "gelu"}};
-  const Json cnnPlain = {{"channels", {4, 6, 8}}, {"kernel_size", 5}, {"batch_norm", false},
+  const Json cnnPlain = {{"channels", {4, 6, 8}}, {"kernel_size", 5},     {"batch_norm", false},
                          {"pool", "avg"},         {"activation", "tanh"}, {"hidden", 12}};
   std::vector<std::pair<std::string, Json>> configs;
   auto addGpt = [&](const std::string& name, const Json& values, int64_t V, int64_t T, uint64_t seed) {
@@ -397,7 +407,9 @@ TEST_CASE("models cnn and gpt: the forward pass matches a plain PyTorch model", 
 
 namespace {
 
-ProcessGroupPtr borrow(ProcessGroup& group) { return ProcessGroupPtr(&group, [](ProcessGroup*) {}); }
+ProcessGroupPtr borrow(ProcessGroup& group) {
+  return ProcessGroupPtr(&group, [](ProcessGroup*) {});
+}
 
 std::vector<at::Tensor> cloneAll(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> out;
@@ -490,8 +502,7 @@ TEST_CASE("DDP: a parameter registered under two names is synced once; a tied gp
     for (int step = 0; step < 3; ++step) {
       const at::Tensor ids = at::randint(11, {4, 8}, gen, at::kLong);
       adam.zero_grad();
-      torch::nn::functional::cross_entropy(gpt->forward(ids).view({-1, 11}), ids.roll(-1, 1).reshape({-1}))
-          .backward();
+      torch::nn::functional::cross_entropy(gpt->forward(ids).view({-1, 11}), ids.roll(-1, 1).reshape({-1})).backward();
       gptDdp.finishGradientSync();
       adam.step();
     }
@@ -515,8 +526,8 @@ TEST_CASE("models cnn and gpt: --describe lists their parameters", "[models]") {
     CHECK_THAT(cnn, Contains(expected));
   }
   const std::string gpt = registry.describe("model.gpt");
-  for (const char* expected : {"n_layer", "n_head", "n_embd", "128", "block_size", "dropout", "0.1", "bias",
-                               "tie_weights"}) {
+  for (const char* expected :
+       {"n_layer", "n_head", "n_embd", "128", "block_size", "dropout", "0.1", "bias", "tie_weights"}) {
     CHECK_THAT(gpt, Contains(expected));
   }
   const auto run = ddp::test::runDdpRun("--describe model.gpt");

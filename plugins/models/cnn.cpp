@@ -25,9 +25,9 @@ class ConvBlockImpl : public torch::nn::Module {
   ConvBlockImpl(int64_t inChannels, int64_t outChannels, int64_t kernelSize, bool batchNorm, std::string activation,
                 Pool pool)
       : activation_(std::move(activation)), pool_(pool) {
-    conv_ = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(inChannels, outChannels, kernelSize)
-                                                          .padding(kernelSize / 2)
-                                                          .bias(!batchNorm)));
+    const auto options =
+        torch::nn::Conv2dOptions(inChannels, outChannels, kernelSize).padding(kernelSize / 2).bias(!batchNorm);
+    conv_ = register_module("conv", torch::nn::Conv2d(options));
     if (batchNorm) bn_ = register_module("bn", torch::nn::BatchNorm2d(outChannels));
   }
 
