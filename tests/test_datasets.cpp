@@ -19,23 +19,16 @@
 #include "apps/sample.hpp"
 #include "framework/experiment/trained_model.hpp"
 #include "plugins/datasets/text.hpp"
+#include "tests/plugin_params.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
+using ddp::test::paramsFor;
 using ddp::test::tensors;
 using ddp::plugins::ByteVocabulary;
 using Catch::Matchers::Contains;
 
 namespace {
-
-Params paramsFor(const PluginSpec& spec, const Json& values) {
-  Json all = Json::object();
-  for (const auto& p : spec.params) {
-    if (!p.defaultValue.is_null()) all[p.name] = p.defaultValue;
-  }
-  for (const auto& [key, value] : values.items()) all[key] = value;
-  return Params(all);
-}
 
 DatasetSplits load(const std::string& name, const Json& values = Json::object(), uint64_t seed = 0) {
   const auto& spec = builtinPlugins().get(PluginKind::Dataset, name);

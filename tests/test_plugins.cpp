@@ -24,25 +24,16 @@
 #include "framework/experiment/trainer.hpp"
 #include "framework/store/hash_store.hpp"
 #include "plugins/builtin.hpp"
+#include "tests/plugin_params.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
 using ddp::test::tensors;
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
+using ddp::test::paramsFor;
 
 namespace {
-
-// What experiment validation hands a factory: every declared parameter, the
-// defaults filled in, overridden by `values`.
-Params paramsFor(const PluginSpec& spec, const Json& values = Json::object()) {
-  Json all = Json::object();
-  for (const auto& p : spec.params) {
-    if (!p.defaultValue.is_null()) all[p.name] = p.defaultValue;
-  }
-  for (const auto& [key, value] : values.items()) all[key] = value;
-  return Params(all);
-}
 
 const PluginSpec& builtin(PluginKind kind, const std::string& name) { return builtinPlugins().get(kind, name); }
 
@@ -128,6 +119,8 @@ TEST_CASE("plugin registry: kinds, types and closest names", "[plugins]") {
   CHECK(std::string(paramTypeName(ParamType::Float)) == "float");
 
   CHECK(closestName("mpl", {"mlp"}) == "mlp");
+  // A swap of adjacent letters is one edit: nearer than two substitutions.
+  CHECK(closestName("mpl", {"cnn", "gpt", "mlp"}) == "mlp");
   CHECK(closestName("adma", {"adam", "adamw", "sgd"}) == "adam");
   CHECK(closestName("cross_entropi", {"cross_entropy", "mse"}) == "cross_entropy");
   CHECK(closestName("transformer", {"mlp"}).empty());
@@ -137,7 +130,7 @@ TEST_CASE("plugin registry: kinds, types and closest names", "[plugins]") {
 TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]") {
   const auto& registry = builtinPlugins();
   CHECK(registry.names(PluginKind::Dataset) == std::vector<std::string>{"csv", "digits", "synthetic", "text", "wine"});
-  CHECK(registry.names(PluginKind::Model) == std::vector<std::string>{"mlp"});
+  CHECK(registry.names(PluginKind::Model) == std::vector<std::string>{"cnn", "gpt", "mlp"});
   CHECK(registry.names(PluginKind::Optimizer) == std::vector<std::string>{"adam", "adamw", "sgd"});
   CHECK(registry.names(PluginKind::Scheduler) == std::vector<std::string>{"cosine", "step"});
   CHECK(registry.names(PluginKind::Loss) == std::vector<std::string>{"cross_entropy", "mse"});
@@ -169,7 +162,8 @@ TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]"
   CHECK_THAT(typo, Contains("known optimizers: adam, adamw, sgd"));
   const std::string noKind = usageErrorOf([&] { registry.describe("adam"); });
   CHECK_THAT(noKind, StartsWith("cannot describe 'adam': expected KIND.NAME; did you mean 'optimizer.adam'? known "
-                                "plugins: dataset.csv, dataset.digits, dataset.synthetic, dataset.text, dataset.wine, model.mlp, optimizer.adam,"));
+                                "plugins: dataset.csv, dataset.digits, dataset.synthetic, dataset.text, dataset.wine, "
+                                "model.cnn, model.gpt, model.mlp, optimizer.adam,"));
   CHECK_THAT(usageErrorOf([&] { registry.describe("zzz"); }),
              StartsWith("cannot describe 'zzz': expected KIND.NAME; known plugins: dataset.csv,"));
   CHECK_THAT(noKind, Contains("optimizer.adam"));

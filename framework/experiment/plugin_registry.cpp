@@ -69,20 +69,25 @@ std::string pluralKindName(PluginKind kind) {
 }
 
 size_t editDistance(const std::string& a, const std::string& b) {
-  // One row of the Levenshtein table at a time: names are short.
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  // Optimal string alignment: insertions, deletions, substitutions and
+  // swaps of two adjacent letters, one edit each, so "mpl" is one edit from
+  // "mlp" (and nearer than "gpt", two substitutions away). Three rows of
+  // the table at a time: names are short.
+  std::vector<size_t> twoBack(b.size() + 1), previous(b.size() + 1), row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) previous[j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
     row[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
-      row[j] = std::min({above + 1, row[j - 1] + 1, substitute});
-      diagonal = above;
+      const size_t substitute = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      row[j] = std::min({previous[j] + 1, row[j - 1] + 1, substitute});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        row[j] = std::min(row[j], twoBack[j - 2] + 1);
+      }
     }
+    std::swap(twoBack, previous);
+    std::swap(previous, row);
   }
-  return row[b.size()];
+  return previous[b.size()];
 }
 
 }  // namespace
