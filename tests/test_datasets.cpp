@@ -277,7 +277,7 @@ TEST_CASE("metrics follow the task: perplexity for tokens, RMSE for regression, 
 
 // ---- sampling from a trained run -------------------------------------------------------------------
 
-TEST_CASE("--sample: greedy text is the argmax chain of the loaded model; draws are seeded; errors name the run",
+TEST_CASE("ddp-run --sample prints the argmax chain of the loaded model at temperature 0 and seeded draws otherwise",
           "[datasets][training]") {
   const std::string dir = ddp::test::tempDir();
   std::string corpus;

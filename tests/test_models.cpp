@@ -463,7 +463,7 @@ TEST_CASE("model cnn under DDP: every rank ends with rank 0's batch norm statist
   }
 }
 
-TEST_CASE("DDP: a parameter registered under two names is synced once; a tied gpt trains alike on every rank",
+TEST_CASE("DDP: a parameter registered under two names is synced once, a tied gpt trains alike on every rank",
           "[models]") {
   if (skipUnlessGloo()) return;
   constexpr int kWorld = 2;

@@ -495,7 +495,7 @@ TEST_CASE("spawned process: the death signal ends the child even where the paren
 
 // The launcher's guard for segments of a rank killed while setting one up:
 // names carry the creator's pid, and those of given pids are removed.
-TEST_CASE("shared-memory names carry the creator's pid; removeSharedMemoryOf removes those of given pids",
+TEST_CASE("shared-memory names carry the creator's pid, removeSharedMemoryOf removes those of given pids",
           "[launcher][shm]") {
   const std::string mine = sharedMemoryName("test-kind");
   CHECK(mine.rfind(fmt::format("/ddp-test-kind-{}-", ::getpid()), 0) == 0);

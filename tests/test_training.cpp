@@ -484,7 +484,7 @@ std::string fileText(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("a non-finite loss stops the run naming epoch and step; the records so far stay readable", "[training]") {
+TEST_CASE("a non-finite loss stops the run naming epoch and step, the records so far stay readable", "[training]") {
   // SGD at lr 30 diverges on wine after a few epochs (epoch 4 here).
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
   const std::string sets =
