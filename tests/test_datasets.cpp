@@ -24,6 +24,7 @@
 
 using namespace ddp;
 using ddp::test::paramsFor;
+using ddp::test::usageErrorOf;
 using ddp::test::tensors;
 using ddp::plugins::ByteVocabulary;
 using Catch::Matchers::Contains;
@@ -33,16 +34,6 @@ namespace {
 DatasetSplits load(const std::string& name, const Json& values = Json::object(), uint64_t seed = 0) {
   const auto& spec = builtinPlugins().get(PluginKind::Dataset, name);
   return spec.dataset(paramsFor(spec, values), DatasetContext{seed, ""});
-}
-
-template <typename Fn>
-std::string usageErrorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 std::string writeFile(const std::string& dir, const std::string& name, const std::string& content) {

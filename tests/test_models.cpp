@@ -27,6 +27,7 @@ using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 using ddp::test::joinErrors;
 using ddp::test::paramsFor;
+using ddp::test::usageErrorOf;
 using ddp::test::runRanks;
 
 namespace {
@@ -50,16 +51,6 @@ ModelPtr makeGpt(const Json& values, int64_t vocab, int64_t window) {
   context.numClasses = vocab;
   context.vocabSize = vocab;
   return modelSpec("gpt").model(paramsFor(modelSpec("gpt"), values), context);
-}
-
-template <typename Fn>
-std::string usageErrorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "(no UsageError)";
 }
 
 int64_t parameterCount(torch::nn::Module& model) {

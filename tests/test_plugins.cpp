@@ -32,6 +32,7 @@ using ddp::test::tensors;
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 using ddp::test::paramsFor;
+using ddp::test::usageErrorOf;
 
 namespace {
 
@@ -58,17 +59,6 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const std::string& name, 
                                                        const Json& values = Json::object()) {
   const auto& spec = builtin(PluginKind::Optimizer, name);
   return spec.optimizer(std::move(params), paramsFor(spec, values));
-}
-
-// The message of the UsageError that `fn` throws ("" when none).
-template <typename Fn>
-std::string usageErrorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // A directory of its own under /tmp, removed afterwards.
