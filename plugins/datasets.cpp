@@ -41,12 +41,7 @@ double standardNormal(std::mt19937_64& rng) {
 DatasetSplits splitAndScale(const at::Tensor& features, const at::Tensor& targets, int64_t numClasses,
                             double testFraction, bool standardize, uint64_t seed) {
   const int64_t n = features.size(0);
-  requireBelow(kDataset, "test_fraction", testFraction, 1.0);
-  const auto numTest = static_cast<int64_t>(std::llround(static_cast<double>(n) * testFraction));
-  if (numTest < 1 || numTest > n - 1) {
-    paramError(kDataset, "test_fraction", "{} of {} rows leaves {}", showNumber(testFraction), n,
-               numTest < 1 ? "no test rows" : "no training rows");
-  }
+  const int64_t numTest = testRowCount(n, testFraction);
   const auto order = seededPermutation(n, seed);
   auto index = torch::tensor(order, torch::kInt64);
   auto testIndex = index.slice(0, 0, numTest);
@@ -289,10 +284,6 @@ DatasetSplits makeSynthetic(const Params& params, const DatasetContext& context)
   auto x = torch::tensor(features, torch::kFloat64).view({samples, numFeatures});
   auto y = torch::tensor(targets, torch::kInt64);
   return splitAndScale(x, y, numClasses, params.getDouble("test_fraction"), /*standardize=*/false, context.seed);
-}
-
-ParamSpec testFractionParam() {
-  return Param("test_fraction", ParamType::Float, 0.2, "fraction of rows held out for testing, < 1").above(0).atMost(1);
 }
 
 ParamSpec standardizeParam() {
