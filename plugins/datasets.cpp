@@ -1,6 +1,7 @@
-// Datasets: the vendored UCI Wine table, any numeric CSV, and synthetic
-// Gaussian blobs. All split train/test with the same seeded shuffle, so every
-// rank (and every machine) that uses the same seed sees the same split.
+// Datasets: the vendored UCI Wine table, any numeric CSV, synthetic Gaussian
+// blobs, and NumPy .npy files (datasets/npy.hpp). All split train/test with
+// the same seeded shuffle, so every rank (and every machine) that uses the
+// same seed sees the same split.
 #include <torch/torch.h>
 
 #include <cerrno>
@@ -15,6 +16,7 @@
 #include "framework/core/system.hpp"
 #include "plugins/common.hpp"
 #include "plugins/datasets/files.hpp"
+#include "plugins/datasets/npy.hpp"
 
 namespace ddp::plugins {
 
@@ -332,6 +334,7 @@ void registerDatasets(PluginRegistry& registry) {
                     testFractionParam(),
                 },
                 makeSynthetic});
+  registry.add(npyDataset());
 }
 
 }  // namespace ddp::plugins
