@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -152,6 +153,12 @@ LabelScan checkClassLabels(const Pair& p, int64_t* numClasses, const std::string
   return s;
 }
 
+// The file a path parameter names, as resolveDataPath finds it, without
+// "./" or "a/../" in the messages that name it.
+std::string located(const std::string& param, const std::string& value, const DatasetContext& context) {
+  return std::filesystem::path(resolveDataPath(param, value, context)).lexically_normal().string();
+}
+
 // The split of n rows into test (first numTest of the permutation) and train.
 std::pair<std::shared_ptr<std::vector<int64_t>>, std::shared_ptr<std::vector<int64_t>>> splitRows(
     int64_t n, double testFraction, uint64_t seed) {
@@ -178,12 +185,12 @@ DatasetSplits loadNpy(const Params& params, const DatasetContext& context) {
                featuresGiven ? "test_features" : "test_labels");
   }
 
-  Pair train = readPair(resolveDataPath("features", params.getString("features"), context),
-                        resolveDataPath("labels", params.getString("labels"), context), classification);
+  Pair train = readPair(located("features", params.getString("features"), context),
+                        located("labels", params.getString("labels"), context), classification);
   std::optional<Pair> test;
   if (!testFeaturesParam.empty()) {
-    test = readPair(resolveDataPath("test_features", testFeaturesParam, context),
-                    resolveDataPath("test_labels", testLabelsParam, context), classification);
+    test = readPair(located("test_features", testFeaturesParam, context),
+                    located("test_labels", testLabelsParam, context), classification);
     const std::vector<int64_t> trainSample(train.features.shape.begin() + 1, train.features.shape.end());
     const std::vector<int64_t> testSample(test->features.shape.begin() + 1, test->features.shape.end());
     if (trainSample != testSample) {
