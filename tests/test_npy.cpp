@@ -463,7 +463,8 @@ np.save('targets_test.npy', np.arange(4, dtype=np.int32))
   }
 }
 
-TEST_CASE("two ranks train the mlp on an npy dataset of uint8 images and the loss falls", "[npy][launcher]") {
+TEST_CASE("two ranks train the mlp on an npy dataset of uint8 pixel rows scaled by 1/255, and the loss falls",
+          "[npy][launcher]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;
   // 4 classes of noisy uint8 "images" around 4 random patterns.
