@@ -1,6 +1,7 @@
-// Datasets: the vendored UCI Wine table, any numeric CSV, and synthetic
-// Gaussian blobs. All split train/test with the same seeded shuffle, so every
-// rank (and every machine) that uses the same seed sees the same split.
+// Datasets: the vendored UCI Wine table, any numeric CSV, synthetic Gaussian
+// blobs, and NumPy .npy files (datasets/npy.hpp). All split train/test with
+// the same seeded shuffle, so every rank (and every machine) that uses the
+// same seed sees the same split.
 #include <torch/torch.h>
 
 #include <cerrno>
@@ -16,6 +17,7 @@
 #include "plugins/common.hpp"
 #include "plugins/datasets/digits.hpp"
 #include "plugins/datasets/files.hpp"
+#include "plugins/datasets/npy.hpp"
 #include "plugins/datasets/text.hpp"
 
 namespace ddp::plugins {
@@ -43,12 +45,7 @@ double standardNormal(std::mt19937_64& rng) {
 DatasetSplits splitAndScale(const at::Tensor& features, const at::Tensor& targets, int64_t numClasses,
                             double testFraction, bool standardize, uint64_t seed) {
   const int64_t n = features.size(0);
-  requireBelow(kDataset, "test_fraction", testFraction, 1.0);
-  const auto numTest = static_cast<int64_t>(std::llround(static_cast<double>(n) * testFraction));
-  if (numTest < 1 || numTest > n - 1) {
-    paramError(kDataset, "test_fraction", "{} of {} rows leaves {}", showNumber(testFraction), n,
-               numTest < 1 ? "no test rows" : "no training rows");
-  }
+  const int64_t numTest = testRowCount(n, testFraction);
   const auto order = seededPermutation(n, seed);
   auto index = torch::tensor(order, torch::kInt64);
   auto testIndex = index.slice(0, 0, numTest);
@@ -293,10 +290,6 @@ DatasetSplits makeSynthetic(const Params& params, const DatasetContext& context)
   return splitAndScale(x, y, numClasses, params.getDouble("test_fraction"), /*standardize=*/false, context.seed);
 }
 
-ParamSpec testFractionParam() {
-  return Param("test_fraction", ParamType::Float, 0.2, "fraction of rows held out for testing, < 1").above(0).atMost(1);
-}
-
 ParamSpec standardizeParam() {
   return Param("standardize", ParamType::Bool, true,
                "scale each feature to mean 0, std 1 (fitted on the training rows)");
@@ -369,6 +362,7 @@ void registerDatasets(PluginRegistry& registry) {
                         .atLeast(0),
                 },
                 loadText});
+  registry.add(npyDataset());
 }
 
 }  // namespace ddp::plugins

@@ -18,6 +18,7 @@
 
 #include "backends/builtin.hpp"
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 #include "framework/experiment/experiment_config.hpp"
 #include "framework/experiment/param.hpp"
 #include "framework/experiment/plugin_registry.hpp"
@@ -119,7 +120,7 @@ TEST_CASE("plugin registry: kinds, types and closest names", "[plugins]") {
 
 TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]") {
   const auto& registry = builtinPlugins();
-  CHECK(registry.names(PluginKind::Dataset) == std::vector<std::string>{"csv", "digits", "synthetic", "text", "wine"});
+  CHECK(registry.names(PluginKind::Dataset) == std::vector<std::string>{"csv", "digits", "npy", "synthetic", "text", "wine"});
   CHECK(registry.names(PluginKind::Model) == std::vector<std::string>{"cnn", "gpt", "mlp"});
   CHECK(registry.names(PluginKind::Optimizer) == std::vector<std::string>{"adam", "adamw", "sgd"});
   CHECK(registry.names(PluginKind::Scheduler) == std::vector<std::string>{"cosine", "step"});
@@ -152,7 +153,7 @@ TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]"
   CHECK_THAT(typo, Contains("known optimizers: adam, adamw, sgd"));
   const std::string noKind = usageErrorOf([&] { registry.describe("adam"); });
   CHECK_THAT(noKind, StartsWith("cannot describe 'adam': expected KIND.NAME; did you mean 'optimizer.adam'? known "
-                                "plugins: dataset.csv, dataset.digits, dataset.synthetic, dataset.text, dataset.wine, "
+                                "plugins: dataset.csv, dataset.digits, dataset.npy, dataset.synthetic, dataset.text, dataset.wine, "
                                 "model.cnn, model.gpt, model.mlp, optimizer.adam,"));
   CHECK_THAT(usageErrorOf([&] { registry.describe("zzz"); }),
              StartsWith("cannot describe 'zzz': expected KIND.NAME; known plugins: dataset.csv,"));
@@ -911,6 +912,22 @@ class ProbeModel : public Model {
   torch::nn::Linear linear_{nullptr};
 };
 
+// A version 1.0 .npy file of `shape` holding `values`, as numpy.save writes
+// it (little-endian, C order, the header padded to 64 bytes).
+template <typename T>
+std::string npyBytes(const std::string& descr, const std::vector<int64_t>& shape, const std::vector<T>& values) {
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + joinNames(shape) +
+                       (shape.size() == 1 ? "," : "") + "), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>(header.size() >> 8);
+  out += header;
+  out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("each built-in dataset's sample shape reaches the model context through the trainer", "[plugins][training]") {
@@ -930,6 +947,10 @@ TEST_CASE("each built-in dataset's sample shape reaches the model context throug
       {"synthetic", {{"name", "synthetic"}, {"samples", 40}, {"features", 6}, {"classes", 3}}},
       {"digits", {{"name", "digits"}}},
       {"text", {{"name", "text"}, {"path", dir.write("corpus.txt", std::string(200, 'a') + "bcd\n")}, {"block_size", 8}}},
+      {"npy",
+       {{"name", "npy"},
+        {"features", dir.write("images.npy", npyBytes<float>("<f4", {6, 1, 2, 3}, std::vector<float>(36, 0.5f)))},
+        {"labels", dir.write("labels.npy", npyBytes<int64_t>("<i8", {6}, {0, 1, 0, 1, 0, 1}))}}},
   };
   for (const auto& name : registry.names(PluginKind::Dataset)) {
     INFO("dataset " << name);

@@ -70,13 +70,7 @@ DatasetSplits loadDigits(const Params& params, const DatasetContext& context) {
     if (perClass[static_cast<size_t>(c)] == 0) fail<UsageError>("{}: no image of the digit {}", path, c);
   }
   const auto n = static_cast<int64_t>(labels.size());
-  const double testFraction = params.getDouble("test_fraction");
-  requireBelow(PluginKind::Dataset, "test_fraction", testFraction, 1.0);
-  const auto numTest = static_cast<int64_t>(std::llround(static_cast<double>(n) * testFraction));
-  if (numTest < 1 || numTest > n - 1) {
-    paramError(PluginKind::Dataset, "test_fraction", "{} of {} images leaves {}", showNumber(testFraction), n,
-               numTest < 1 ? "no test images" : "no training images");
-  }
+  const int64_t numTest = testRowCount(n, params.getDouble("test_fraction"));
   const at::Tensor images = at::from_blob(pixels.data(), {n, 1, kSide, kSide}, at::kFloat);
   const at::Tensor targets = at::from_blob(labels.data(), {n}, at::kLong);
   std::vector<int64_t> order = seededPermutation(n, context.seed);

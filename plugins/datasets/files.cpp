@@ -1,5 +1,6 @@
 #include "plugins/datasets/files.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <random>
 
@@ -49,6 +50,20 @@ std::vector<int64_t> seededPermutation(int64_t n, uint64_t seed) {
     std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
   }
   return order;
+}
+
+ParamSpec testFractionParam() {
+  return Param("test_fraction", ParamType::Float, 0.2, "fraction of rows held out for testing, < 1").above(0).atMost(1);
+}
+
+int64_t testRowCount(int64_t n, double testFraction) {
+  requireBelow(PluginKind::Dataset, "test_fraction", testFraction, 1.0);
+  const auto numTest = static_cast<int64_t>(std::llround(static_cast<double>(n) * testFraction));
+  if (numTest < 1 || numTest > n - 1) {
+    paramError(PluginKind::Dataset, "test_fraction", "{} of {} rows leaves {}", showNumber(testFraction), n,
+               numTest < 1 ? "no test rows" : "no training rows");
+  }
+  return numTest;
 }
 
 }  // namespace ddp::plugins
