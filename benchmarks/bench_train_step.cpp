@@ -318,14 +318,26 @@ void runWorker(const Options& o) {
   const at::Tensor x = cpuX.to(device);
   const at::Tensor y = cpuY.to(device);
 
-  std::vector<double> times, syncTimes;
+  // Phases (CPU only; on a GPU they would time the queueing): zero_grad,
+  // forward and loss; backward and the gradient sync; the optimizer step.
+  std::vector<double> times, syncTimes, forwardTimes, backwardTimes, optimizerTimes;
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     const auto start = std::chrono::steady_clock::now();
     zeroGradients(*optimizer);  // in place on every LibTorch, keeping DDP's bucket views
     at::Tensor loss = work.loss(work.forward(x), y);
+    const double forwardEnd = since(start);
     loss.backward();
     if (ddpModel) ddpModel->finishGradientSync();
+    const double backwardEnd = since(start);
     optimizer->step();
+    if (i >= o.warmup) {
+      forwardTimes.push_back(forwardEnd);
+      backwardTimes.push_back(backwardEnd - forwardEnd);
+      optimizerTimes.push_back(since(start) - backwardEnd);
+    }
     // A GPU step has only been queued; the time is that of finishing it.
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
     if (i >= o.warmup) {
@@ -381,6 +393,9 @@ void runWorker(const Options& o) {
                        {"device", o.device},
                        {"backend", o.workerWorld > 1 && o.workerWrap ? backendFor(o) : "-"},
                        {"overlap", !o.noOverlap},
+                       {"forward_ms", median(forwardTimes) * 1e3},
+                       {"backward_ms", median(backwardTimes) * 1e3},
+                       {"optimizer_ms", median(optimizerTimes) * 1e3},
                        {"max_param_diff", gathered.slice(0, o.workerWorld).max().item<double>()}});
   }
 }

@@ -83,7 +83,7 @@ def worker(rank, world, port, args, out):
     model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[rank] if cuda else None)
     opt = make_optimizer(model.parameters(), opt_cfg)
     x, y = make_batch(args, rank, dev)
-    times = []
+    times, phases = [], []  # phases: (zero_grad + forward + loss, backward, optimizer step)
     for i in range(args.warmup + args.steps):
         start = time.perf_counter()
         opt.zero_grad()
@@ -92,12 +92,16 @@ def worker(rank, world, port, args, out):
             logits, target = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
         else:
             target = y
-        F.cross_entropy(logits, target).backward()
+        loss = F.cross_entropy(logits, target)
+        forward_end = time.perf_counter()
+        loss.backward()
+        backward_end = time.perf_counter()
         opt.step()
         if cuda:
             torch.cuda.synchronize(dev)
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
+            phases.append((forward_end - start, backward_end - forward_end, time.perf_counter() - backward_end))
     # Every rank must hold rank 0's parameters: the largest difference.
     with torch.no_grad():
         flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
@@ -110,7 +114,9 @@ def worker(rank, world, port, args, out):
         params = sum(p.numel() for p in net.parameters())
         out.put({"impl": "torch-ddp", "model": args.model, "world_size": world, "params": params,
                  "batch_per_rank": args.batch, "step_ms": step_ms, "samples_per_s": world * args.batch / (step_ms / 1000),
-                 "max_param_diff": diff.item()})
+                 "max_param_diff": diff.item(),
+                 **{name + "_ms": statistics.median(p[k] for p in phases) * 1000
+                    for k, name in enumerate(["forward", "backward", "optimizer"])}})
     dist.destroy_process_group()
 
 
