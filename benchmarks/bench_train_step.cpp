@@ -1,7 +1,20 @@
-// `ddp-bench train-step`: the time of one training step of an MLP
-// (256-1024-1024-1024-512-10, Adam, cross entropy, 64 samples per rank)
-// under DistributedDataParallel, per world size, against PyTorch DDP
-// (reference/train_step_torch_ddp.py).
+// `ddp-bench train-step`: the time of one training step under
+// DistributedDataParallel, per world size, against PyTorch DDP
+// (reference/train_step_torch_ddp.py) on the same model and batch, in the
+// same invocation. --model picks what is trained:
+// - mlp (default): Linear 256-1024-1024-1024-512-10 with ReLU, Adam lr 1e-3,
+//   cross entropy, 64 random samples per rank;
+// - cnn, gpt: the models of experiments/digits_cnn.json and
+//   experiments/char_gpt.json, built through the plugin registry from that
+//   experiment (its dataset is loaded for the model's input shape, classes
+//   and vocabulary), with its optimizer, loss and batch size per rank; the
+//   batch is random: images [batch, 1, 8, 8] and classes, or int64 token ids
+//   [batch, 64] and next tokens. The reference builds the same model from
+//   reference/models_torch.py with the configuration printed as JSON.
+//
+// Each run checks what it trained: after the timed steps every rank of a
+// DDP configuration must hold exactly rank 0's parameters (the reference
+// checks the same), or the benchmark fails.
 //
 // Like `collectives`, the launcher runs each configuration as one worker
 // process per rank (this executable again, with hidden --worker-* flags),
@@ -41,6 +54,7 @@
 #include "ddp/config.hpp"
 #include "framework/comm/backend_registry.hpp"
 #include "framework/parallel/ddp.hpp"
+#include "framework/experiment/experiment_config.hpp"
 #include "framework/experiment/plugin_registry.hpp"
 #include "framework/store/tcp_store.hpp"
 #include "framework/parallel/torch_compat.hpp"
@@ -51,10 +65,12 @@ namespace {
 using nlohmann::json;
 
 const std::vector<int64_t> kWidths = {256, 1024, 1024, 1024, 512, 10};
-constexpr int64_t kBatchPerRank = 64;
+constexpr int64_t kMlpBatchPerRank = 64;
 constexpr const char* kLoopback = "127.0.0.1";
 
 struct Options {
+  std::string model = "mlp";  // or "cnn", "gpt"
+  int64_t batch = 0;          // per rank; 0: the model's (64, or the experiment's batch_size)
   std::vector<int> worldSizes = {1, 2};
   int steps = 30;
   int warmup = 5;
@@ -98,18 +114,124 @@ std::string workerTag(const Options& o) {
 
 std::string resultsPath(const std::string& dir, const std::string& tag) { return dir + "/results." + tag + ".json"; }
 
-std::shared_ptr<torch::nn::Module> buildModel() {
-  torch::nn::Sequential net;
-  for (size_t i = 0; i + 1 < kWidths.size(); ++i) {
-    net->push_back(torch::nn::Linear(kWidths[i], kWidths[i + 1]));
-    if (i + 2 < kWidths.size()) net->push_back(torch::nn::ReLU());
-  }
-  return net.ptr();
+// What --model trains, resolved from its experiment (cnn, gpt) or fixed (mlp).
+struct ModelSetup {
+  std::string name;
+  std::string experiment;  // the experiment file; "" for mlp
+  PluginChoice model, optimizer, loss;
+  ModelContext context;    // the experiment's dataset's shapes
+  int64_t batchPerRank = kMlpBatchPerRank;
+};
+
+std::string experimentFor(const std::string& model) {
+  const std::string dir = std::string(DDP_SOURCE_DIR) + "/experiments/";
+  if (model == "cnn") return dir + "digits_cnn.json";
+  if (model == "gpt") return dir + "char_gpt.json";
+  fail<BenchError>("--model must be \"mlp\", \"cnn\" or \"gpt\", got \"{}\"", model);
 }
 
-// The registry's "adam" (what experiments use), lr 1e-3, other params at
-// their defaults.
-std::unique_ptr<torch::optim::Optimizer> buildOptimizer(std::vector<at::Tensor> parameters) {
+// Reads the experiment and loads its dataset (for the shapes only; the
+// digits table and the text file take well under a second). `batch` > 0
+// replaces the experiment's batch size.
+ModelSetup resolveModel(const std::string& name, int64_t batch) {
+  ModelSetup setup;
+  setup.name = name;
+  if (name != "mlp") {
+    setup.experiment = experimentFor(name);
+    PluginRegistry& registry = builtinPlugins();
+    const ExperimentConfig config = loadExperimentConfig(setup.experiment, {}, registry);
+    const DatasetSplits data = registry.get(PluginKind::Dataset, config.dataset.name)
+                                   .dataset(config.dataset.params, DatasetContext{config.training.seed, config.configDir});
+    setup.context = modelContextFor(data);
+    setup.model = config.model;
+    setup.optimizer = config.optimizer;
+    setup.loss = config.loss;
+    setup.batchPerRank = config.training.batchSize;
+  }
+  if (batch > 0) setup.batchPerRank = batch;
+  return setup;
+}
+
+// The model's configuration for reference/models_torch.py: its resolved
+// parameters, the sample shape, and the classes (cnn) or vocabulary and
+// context length (gpt).
+json referenceModelConfig(const ModelSetup& setup) {
+  json config = setup.model.params.json();
+  config["sample_shape"] = setup.context.sampleShape;
+  if (setup.name == "cnn") config["classes"] = setup.context.numClasses;
+  if (setup.name == "gpt") {
+    config["vocab"] = setup.context.vocabSize;
+    if (config.value("block_size", int64_t{0}) == 0) config["block_size"] = setup.context.sampleShape.at(0);
+  }
+  return config;
+}
+
+// The resolved optimizer section ({"name": ..., "lr": ..., ...}).
+json referenceOptimizerConfig(const ModelSetup& setup) {
+  json config = setup.optimizer.params.json();
+  config["name"] = setup.optimizer.name;
+  return config;
+}
+
+// One rank's model, its forward pass and loss, and a random batch of the
+// shapes and dtypes the model takes.
+struct Workload {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  LossFn loss;
+};
+
+Workload buildWorkload(const ModelSetup& setup) {
+  Workload w;
+  if (setup.name == "mlp") {
+    torch::nn::Sequential net;
+    for (size_t i = 0; i + 1 < kWidths.size(); ++i) {
+      net->push_back(torch::nn::Linear(kWidths[i], kWidths[i + 1]));
+      if (i + 2 < kWidths.size()) net->push_back(torch::nn::ReLU());
+    }
+    w.module = net.ptr();
+    auto* plain = net.get();
+    w.forward = [plain](const at::Tensor& x) { return plain->forward(x); };
+    w.loss = [](const at::Tensor& out, const at::Tensor& y) { return torch::nn::functional::cross_entropy(out, y); };
+    return w;
+  }
+  PluginRegistry& registry = builtinPlugins();
+  ModelPtr model = registry.get(PluginKind::Model, setup.model.name).model(setup.model.params, setup.context);
+  w.module = model;
+  Model* raw = model.get();
+  w.forward = [raw](const at::Tensor& x) { return raw->forward(x); };
+  w.loss = registry.get(PluginKind::Loss, setup.loss.name).loss(setup.loss.params);
+  return w;
+}
+
+// Inputs and targets for one rank: [batch, 256] features and 10 classes
+// (mlp), images and classes (cnn), token ids and next tokens (gpt).
+std::pair<at::Tensor, at::Tensor> randomBatch(const ModelSetup& setup) {
+  const int64_t b = setup.batchPerRank;
+  if (setup.name == "mlp") {
+    at::Tensor x = torch::randn({b, kWidths.front()});
+    return {x, torch::randint(0, kWidths.back(), {b}, torch::kLong)};
+  }
+  std::vector<int64_t> shape = {b};
+  shape.insert(shape.end(), setup.context.sampleShape.begin(), setup.context.sampleShape.end());
+  if (setup.name == "gpt") {
+    const int64_t vocab = setup.context.vocabSize;
+    at::Tensor x = torch::randint(0, vocab, shape, torch::kLong);
+    return {x, torch::randint(0, vocab, shape, torch::kLong)};
+  }
+  at::Tensor x = torch::randn(shape);
+  return {x, torch::randint(0, setup.context.numClasses, {b}, torch::kLong)};
+}
+
+// The optimizer the setup names with its resolved parameters; for the mlp
+// the registry's "adam" (what experiments use), lr 1e-3, other parameters
+// at their defaults.
+std::unique_ptr<torch::optim::Optimizer> buildOptimizer(const ModelSetup& setup, std::vector<at::Tensor> parameters) {
+  if (setup.name != "mlp") {
+    return builtinPlugins()
+        .get(PluginKind::Optimizer, setup.optimizer.name)
+        .optimizer(std::move(parameters), setup.optimizer.params);
+  }
   const PluginSpec& spec = builtinPlugins().get(PluginKind::Optimizer, "adam");
   Json values = Json::object();
   for (const auto& p : spec.params) {
@@ -117,6 +239,13 @@ std::unique_ptr<torch::optim::Optimizer> buildOptimizer(std::vector<at::Tensor> 
   }
   values["lr"] = 1e-3;
   return spec.optimizer(std::move(parameters), Params(values));
+}
+
+// All parameters of `module`, flattened into one tensor on the CPU.
+at::Tensor flatParameters(torch::nn::Module& module) {
+  std::vector<at::Tensor> flat;
+  for (const auto& p : module.parameters()) flat.push_back(p.detach().reshape({-1}).to(torch::kCPU));
+  return torch::cat(flat);
 }
 
 std::string backendFor(const Options& o) {
@@ -169,8 +298,11 @@ void runWorker(const Options& o) {
 
   // Same seed on every rank (DDP also broadcasts rank 0's parameters);
   // different data per rank, as in real data-parallel training.
+  const ModelSetup setup = resolveModel(o.model, o.batch);
+  const int64_t batchPerRank = setup.batchPerRank;
   torch::manual_seed(0);
-  auto model = buildModel();
+  Workload work = buildWorkload(setup);
+  auto& model = work.module;
   model->to(device);
   std::unique_ptr<DistributedDataParallel> ddpModel;
   if (o.workerWrap) {
@@ -179,21 +311,33 @@ void runWorker(const Options& o) {
     ddpOptions.overlap = !o.noOverlap;
     ddpModel = std::make_unique<DistributedDataParallel>(model, group, ddpOptions);
   }
-  auto optimizer = buildOptimizer(model->parameters());
-  auto* net = dynamic_cast<torch::nn::SequentialImpl*>(model.get());
+  auto optimizer = buildOptimizer(setup, model->parameters());
 
   torch::manual_seed(1 + rank);
-  const at::Tensor x = torch::randn({kBatchPerRank, kWidths.front()}).to(device);
-  const at::Tensor y = torch::randint(0, kWidths.back(), {kBatchPerRank}, torch::kLong).to(device);
+  auto [cpuX, cpuY] = randomBatch(setup);
+  const at::Tensor x = cpuX.to(device);
+  const at::Tensor y = cpuY.to(device);
 
-  std::vector<double> times, syncTimes;
+  // Phases (CPU only; on a GPU they would time the queueing): zero_grad,
+  // forward and loss; backward and the gradient sync; the optimizer step.
+  std::vector<double> times, syncTimes, forwardTimes, backwardTimes, optimizerTimes;
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     const auto start = std::chrono::steady_clock::now();
     zeroGradients(*optimizer);  // in place on every LibTorch, keeping DDP's bucket views
-    at::Tensor loss = torch::nn::functional::cross_entropy(net->forward(x), y);
+    at::Tensor loss = work.loss(work.forward(x), y);
+    const double forwardEnd = since(start);
     loss.backward();
     if (ddpModel) ddpModel->finishGradientSync();
+    const double backwardEnd = since(start);
     optimizer->step();
+    if (i >= o.warmup) {
+      forwardTimes.push_back(forwardEnd);
+      backwardTimes.push_back(backwardEnd - forwardEnd);
+      optimizerTimes.push_back(since(start) - backwardEnd);
+    }
     // A GPU step has only been queued; the time is that of finishing it.
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
     if (i >= o.warmup) {
@@ -205,12 +349,25 @@ void runWorker(const Options& o) {
       }
     }
   }
-  // Every rank's median step, gathered by a sum (each rank fills its slot).
-  // For "independent" the ranks never synchronise, so their speeds differ;
-  // for DDP they agree. This also keeps the group alive until nobody uses it.
-  at::Tensor medians = at::zeros({o.workerWorld}, at::kDouble);
-  medians[rank] = median(times);
-  group->allreduce(medians)->wait();
+  // What DDP promises: every rank ends with rank 0's parameters, exactly
+  // (the same averaged gradients, the same optimizer arithmetic). Ranks
+  // that train independently differ by design; they are not compared.
+  double paramDiff = 0;
+  if (o.workerWrap && o.workerWorld > 1) {
+    const at::Tensor mine = flatParameters(*model);
+    at::Tensor first = mine.clone();
+    group->broadcast(first)->wait();
+    paramDiff = (mine - first).abs().max().item<double>();
+  }
+  // Every rank's median step and parameter difference, gathered by a sum
+  // (each rank fills its slots). For "independent" the ranks never
+  // synchronise, so their speeds differ; for DDP they agree. This also
+  // keeps the group alive until nobody uses it.
+  at::Tensor gathered = at::zeros({2 * o.workerWorld}, at::kDouble);
+  gathered[rank] = median(times);
+  gathered[o.workerWorld + rank] = paramDiff;
+  group->allreduce(gathered)->wait();
+  const at::Tensor medians = gathered.slice(0, 0, o.workerWorld);
   if (rank == 0) {
     int64_t params = 0;
     for (const auto& p : model->parameters()) params += p.numel();
@@ -218,15 +375,16 @@ void runWorker(const Options& o) {
     double samplesPerSecond = 0;
     std::vector<double> rankStepMs;
     for (int r = 0; r < o.workerWorld; ++r) {
-      samplesPerSecond += kBatchPerRank / medians[r].item<double>();
+      samplesPerSecond += static_cast<double>(batchPerRank) / medians[r].item<double>();
       rankStepMs.push_back(medians[r].item<double>() * 1e3);
     }
     const double stepSeconds = medians.mean().item<double>();
     writeJsonFile(resultsPath(o.workerDir, tag),
                   json{{"impl", o.workerImpl},
+                       {"model", o.model},
                        {"world_size", o.workerWorld},
                        {"params", params},
-                       {"batch_per_rank", kBatchPerRank},
+                       {"batch_per_rank", batchPerRank},
                        {"step_ms", stepSeconds * 1e3},
                        {"rank_step_ms", rankStepMs},
                        {"samples_per_s", samplesPerSecond},
@@ -234,7 +392,11 @@ void runWorker(const Options& o) {
                        {"bucket_cap_mb", o.bucketCapMb},
                        {"device", o.device},
                        {"backend", o.workerWorld > 1 && o.workerWrap ? backendFor(o) : "-"},
-                       {"overlap", !o.noOverlap}});
+                       {"overlap", !o.noOverlap},
+                       {"forward_ms", median(forwardTimes) * 1e3},
+                       {"backward_ms", median(backwardTimes) * 1e3},
+                       {"optimizer_ms", median(optimizerTimes) * 1e3},
+                       {"max_param_diff", gathered.slice(0, o.workerWorld).max().item<double>()}});
   }
 }
 
@@ -242,6 +404,8 @@ void runWorker(const Options& o) {
 
 std::vector<std::string> workerArguments(const Options& o, const Config& c, int rank, const std::string& dir) {
   std::vector<std::string> args = {"train-step",
+                                   "--model", o.model,
+                                   "--batch", std::to_string(o.batch),
                                    "--steps", std::to_string(o.steps),
                                    "--warmup", std::to_string(o.warmup),
                                    "--bucket-cap-mb", fmt::format("{}", c.bucketCapMb),
@@ -291,7 +455,9 @@ void printScaling(const json& records) {
   if (auto ceiling = scaling(records, "independent")) {
     std::cout << fmt::format(
         "ceiling: 2 independent ranks (no communication) reach {:.2f}x one rank's throughput on this machine", *ceiling);
-    if (auto s = scaling(records, "ddp")) std::cout << fmt::format("; ddp reaches {:.0f}% of that", 100 * *s / *ceiling);
+    if (auto s = scaling(records, "ddp")) {
+      std::cout << fmt::format("; ddp reaches {:.0f}% of that (target >= 90%)", 100 * *s / *ceiling);
+    }
     std::cout << "\n";
   }
 }
@@ -301,6 +467,8 @@ void runLauncher(const Options& o) {
     throw BenchError("--steps and --repeats must be at least 1, --warmup at least 0");
   }
   if (o.worldSizes.empty()) throw BenchError("--world-sizes names no world size");
+  if (o.batch < 0) throw BenchError("--batch must be at least 1 (or 0 for the model's own)");
+  const ModelSetup setup = resolveModel(o.model, o.batch);  // a bad --model fails here, before any rank
   std::vector<Config> configs;
   if (o.sweep) {
     configs.push_back({"ddp", 1, false});
@@ -339,7 +507,12 @@ void runLauncher(const Options& o) {
       launchRanks(
           c.worldSize, [&](int rank) { return workerArguments(o, c, rank, dir.path()); },
           std::chrono::seconds(o.timeoutSeconds), dir.path(), c.tag());
-      runs[i].push_back(readJsonFile(results));
+      json record = readJsonFile(results);
+      if (record["max_param_diff"].get<double>() != 0) {
+        fail<BenchError>("{} on {} ranks: after {} steps the ranks' parameters differ from rank 0's by up to {}",
+                         c.impl, c.worldSize, o.warmup + o.steps, record["max_param_diff"].get<double>());
+      }
+      runs[i].push_back(record);
     }
   }
   json records = json::array();
@@ -363,17 +536,21 @@ void runLauncher(const Options& o) {
     std::cout << "skipping torch-ddp: " << *why << "\n";
   } else {
     std::cerr << "running torch-ddp...\n";
-    const std::string command = fmt::format(
-        "{} {} --world-sizes {} --steps {} --warmup {} --repeats {} --device {}", pythonCommand(),
-        shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/train_step_torch_ddp.py"),
-        joinNames(o.worldSizes, ","), o.steps, o.warmup, o.repeats, o.device);
+    std::string command = fmt::format(
+        "{} {} --model {} --batch {} --world-sizes {} --steps {} --warmup {} --repeats {} --device {}", pythonCommand(),
+        shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/train_step_torch_ddp.py"), setup.name,
+        setup.batchPerRank, joinNames(o.worldSizes, ","), o.steps, o.warmup, o.repeats, o.device);
+    if (setup.name != "mlp") {
+      command += fmt::format(" --model-config {} --optimizer {}", shellQuote(referenceModelConfig(setup).dump()),
+                             shellQuote(referenceOptimizerConfig(setup).dump()));
+    }
     for (auto& r : runJsonLines(command)) {
       r["impl"] = "torch-ddp";
       records.push_back(r);
     }
   }
 
-  Table table({"impl", "world_size", "params", "batch_per_rank", "bucket_mb", "overlap", "step_ms",
+  Table table({"model", "impl", "world_size", "params", "batch_per_rank", "bucket_mb", "overlap", "step_ms",
                "repeats_min-max", "sync_ms", "samples_per_s"});
   for (const auto& r : records) {
     const bool ours = r.contains("bucket_cap_mb");
@@ -383,7 +560,7 @@ void runLauncher(const Options& o) {
       spread = formatFixed(*std::min_element(all.begin(), all.end()), 1) + "-" +
                formatFixed(*std::max_element(all.begin(), all.end()), 1);
     }
-    table.addRow({r["impl"].get<std::string>(), std::to_string(r["world_size"].get<int>()),
+    table.addRow({r["model"].get<std::string>(), r["impl"].get<std::string>(), std::to_string(r["world_size"].get<int>()),
                   std::to_string(r["params"].get<int64_t>()), std::to_string(r["batch_per_rank"].get<int64_t>()),
                   ours ? formatFixed(r["bucket_cap_mb"].get<double>(), 0) : "-",
                   ours ? (r["overlap"].get<bool>() ? "on" : "off") : "-", formatFixed(r["step_ms"].get<double>(), 2),
@@ -394,8 +571,10 @@ void runLauncher(const Options& o) {
   const json* ours2 = findRecord(records, "ddp", 2);
   const json* torch2 = findRecord(records, "torch-ddp", 2);
   if (ours2 && torch2) {
-    std::cout << fmt::format("ratio ddp/torch-ddp step time at world 2: {:.2f}x (target <= 0.6)\n",
-                             (*ours2)["step_ms"].get<double>() / (*torch2)["step_ms"].get<double>());
+    // The mlp's target is an earlier issue's; cnn and gpt have issue 13's.
+    std::cout << fmt::format("ratio ddp/torch-ddp step time at world 2 ({}): {:.2f}x (target <= {})\n", setup.name,
+                             (*ours2)["step_ms"].get<double>() / (*torch2)["step_ms"].get<double>(),
+                             setup.name == "mlp" ? "0.6" : "0.9");
   }
   printScaling(records);
   if (!o.jsonPath.empty()) {
@@ -409,7 +588,13 @@ void runLauncher(const Options& o) {
 void registerTrainStepCommand(CLI::App& app) {
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "train-step", "Time an MLP training step under DistributedDataParallel vs PyTorch DDP, per world size");
+      "train-step", "Time a training step under DistributedDataParallel vs PyTorch DDP, per world size");
+  cmd->add_option("--model", options->model,
+                  "mlp (256-1024-1024-1024-512-10), or cnn / gpt as in experiments/digits_cnn.json / char_gpt.json")
+      ->capture_default_str();
+  cmd->add_option("--batch", options->batch,
+                  "Samples per rank; 0: the model's (64 for mlp, else the experiment's batch_size)")
+      ->capture_default_str();
   cmd->add_option("--world-sizes", options->worldSizes, "Comma-separated world sizes")
       ->delimiter(',')
       ->capture_default_str();

@@ -9,10 +9,11 @@ gloo, one process per rank, one intra-op thread each:
   distinct bytes in byte order; the first 1 - val_fraction of the tokens
   train, the rest validate; sample k is the window at k * stride (stride 0:
   block_size), targets shifted by one;
-- model: a pre-norm decoder-only transformer as plugins/models/gpt.hpp
-  describes it (token and position embeddings, n_layer blocks of causal
-  self-attention and a 4x GELU MLP, final layer norm, a head tied to the
-  token embedding when tie_weights), GPT-2's initialisation;
+- model: models_torch.Gpt (this folder), the plain PyTorch twin of
+  plugins/models/gpt.cpp (token and position embeddings, n_layer pre-norm
+  blocks of causal self-attention and a 4x GELU MLP, final layer norm, a
+  head tied to the token embedding when tie_weights), GPT-2's
+  initialisation;
 - training: DistributedSampler shards (shuffled per epoch, seeded),
   batch_size windows per rank, the optimizer and lr of the experiment,
   `epochs` epochs (or max_steps steps), cross-entropy per token;
@@ -28,7 +29,6 @@ seconds} where seconds is the epoch loop on rank 0 (after building).
 """
 import argparse
 import json
-import math
 import os
 import time
 
@@ -38,67 +38,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def layer_norm(n, bias):
-    ln = nn.LayerNorm(n)
-    if not bias:
-        ln.register_parameter("bias", None)
-    return ln
-
-
-class Block(nn.Module):
-    def __init__(self, n_embd, n_head, dropout, bias):
-        super().__init__()
-        self.n_head = n_head
-        self.ln1 = layer_norm(n_embd, bias)
-        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
-        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
-        self.attn_drop = nn.Dropout(dropout)
-        self.resid_drop = nn.Dropout(dropout)
-        self.ln2 = layer_norm(n_embd, bias)
-        self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
-        self.fc_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
-        self.mlp_drop = nn.Dropout(dropout)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.n_head)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-        att = self.attn_drop(att.masked_fill(mask, float("-inf")).softmax(-1))
-        y = (att @ v).transpose(1, 2).reshape(b, t, c)
-        x = x + self.resid_drop(self.proj(y))
-        return x + self.mlp_drop(self.fc_proj(F.gelu(self.fc(self.ln2(x)))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab, block, n_layer, n_head, n_embd, dropout, bias, tie):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, n_embd)
-        self.pos = nn.Embedding(block, n_embd)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, bias) for _ in range(n_layer))
-        self.ln_f = layer_norm(n_embd, bias)
-        self.head = nn.Linear(n_embd, vocab, bias=False)
-        if tie:
-            self.head.weight = self.tok.weight
-        for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(p)
-            elif "ln" in name:
-                nn.init.ones_(p)
-            elif name.endswith("proj.weight"):
-                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
-            else:
-                nn.init.normal_(p, 0.0, 0.02)
-
-    def forward(self, idx):
-        t = idx.shape[1]
-        x = self.drop(self.tok(idx) + self.pos(torch.arange(t)))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))
+from models_torch import Gpt  # this folder's; the one Python definition of the models
 
 
 class Windows(torch.utils.data.Dataset):
@@ -139,8 +79,9 @@ def worker(rank, world, port, cfg, out):
     tc, m, o = cfg["training"], cfg["model"], cfg["optimizer"]
     torch.manual_seed(tc["seed"])
     vocab, train, val = load(cfg)
-    model = GPT(vocab, cfg["dataset"]["block_size"], m["n_layer"], m["n_head"], m["n_embd"], m["dropout"],
-                m.get("bias", True), m.get("tie_weights", True))
+    model = Gpt({"vocab": vocab, "block_size": cfg["dataset"]["block_size"], "n_layer": m["n_layer"],
+                 "n_head": m["n_head"], "n_embd": m["n_embd"], "dropout": m["dropout"], "bias": m.get("bias", True),
+                 "tie_weights": m.get("tie_weights", True)})
     params = sum(p.numel() for p in model.parameters())
     ddp = nn.parallel.DistributedDataParallel(model)
     betas = (o.get("beta1", 0.9), o.get("beta2", 0.999))

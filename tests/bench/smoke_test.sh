@@ -54,6 +54,32 @@ for r in records:
 print("train-step:", sorted(got))
 PY
 
+# Train step of the experiments' models (digits_cnn.json, char_gpt.json),
+# built through the plugin registry: 2 ranks, every rank's parameters
+# checked equal to rank 0's after the steps (the run fails otherwise). The
+# cnn also runs PyTorch's DDP on models_torch.Cnn where python3-torch is
+# installed (a few seconds); the gpt's reference is left to the benchmark.
+run train-step-cnn train-step --model cnn --world-sizes 2 --steps 2 --warmup 1 --repeats 1 --json "$out/cnn.json"
+run train-step-gpt train-step --model gpt --world-sizes 2 --steps 2 --warmup 1 --repeats 1 --no-reference \
+  --json "$out/gpt.json"
+python3 - "$out/cnn.json" "$out/gpt.json" <<'PY'
+import json, sys
+for path, model in zip(sys.argv[1:], ["cnn", "gpt"]):
+    records = json.load(open(path))
+    ours = {r["impl"]: r for r in records if r["impl"] != "torch-ddp"}
+    assert set(ours) == {"ddp", "independent"}, (model, ours.keys())
+    for r in records:
+        assert r["model"] == model and r["world_size"] == 2 and r["batch_per_rank"] == 32, r
+        assert r["step_ms"] > 0 and r["params"] == ours["ddp"]["params"], r
+    assert ours["ddp"]["max_param_diff"] == 0, ours["ddp"]
+    if model == "cnn":
+        # conv 1->16 (no bias, batch norm) and 16->32, hidden 128->64, head 64->10
+        assert ours["ddp"]["params"] == 144 + 32 + 4608 + 64 + 128 * 64 + 64 + 64 * 10 + 10, ours["ddp"]
+        torch = [r for r in records if r["impl"] == "torch-ddp"]
+        assert len(torch) <= 1 and all(r["max_param_diff"] == 0 for r in torch), torch
+    print(f"train-step --model {model}:", sorted(r["impl"] for r in records))
+PY
+
 # Wine: ours (and PyTorch's, where python3-torch is installed) train to the
 # baseline's quality.
 run wine wine --repeats 1 --json "$out/wine.json"
