@@ -255,7 +255,7 @@ namespace fs = std::filesystem;
 // A folder for one reference case: the model's tensors as raw files, and a
 // manifest models_reference.py reads (see there).
 void writeCase(const fs::path& folder, const std::string& kind, const Json& config, torch::nn::Module& model,
-               const at::Tensor& input, const std::vector<std::string>& modes) {
+               const at::Tensor& input, const at::Tensor& targets, const std::vector<std::string>& modes) {
   fs::create_directories(folder);
   Json tensors = Json::array();
   auto write = [&](const std::string& name, const at::Tensor& value) {
@@ -269,6 +269,7 @@ void writeCase(const fs::path& folder, const std::string& kind, const Json& conf
   for (const auto& item : model.named_parameters()) write(item.key(), item.value().detach());
   for (const auto& item : model.named_buffers()) write(item.key(), item.value());
   write("input", input);
+  if (targets.defined()) write("targets", targets);
   std::ofstream(folder / "manifest.json")
       << Json{{"model", kind}, {"config", config}, {"tensors", tensors}, {"outputs", modes}}.dump(1);
 }
@@ -308,7 +309,7 @@ std::string referenceUnavailable() {
 
 }  // namespace
 
-TEST_CASE("models cnn and gpt: the forward pass matches a plain PyTorch model", "[models]") {
+TEST_CASE("models cnn and gpt: the forward pass and the gradients match a plain PyTorch model", "[models]") {
   const std::string whyNot = referenceUnavailable();
   if (!whyNot.empty()) {
     WARN("SKIPPED: " << whyNot);
@@ -326,6 +327,7 @@ TEST_CASE("models cnn and gpt: the forward pass matches a plain PyTorch model", 
     std::string name;
     ModelPtr model;
     at::Tensor input;
+    at::Tensor targets;  // for "grads": the mean cross-entropy's gradients
     std::vector<std::string> modes;
   };
   std::vector<Case> cases;
@@ -343,13 +345,13 @@ TEST_CASE("models cnn and gpt: the forward pass matches a plain PyTorch model", 
   std::vector<std::pair<std::string, Json>> configs;
   auto addGpt = [&](const std::string& name, const Json& values, int64_t V, int64_t T, uint64_t seed) {
     torch::manual_seed(seed);
-    Case c{name, makeGpt(values, V, T), tokens(3, T, V, seed + 1), {"eval"}};
+    Case c{name, makeGpt(values, V, T), tokens(3, T, V, seed + 1), tokens(3, T, V, seed + 3), {"eval", "grads"}};
     scramble(*c.model, seed + 2);
     Json config = paramsFor(modelSpec("gpt"), values).json();
     config["vocab"] = V;
     config["block_size"] = T;
     configs.emplace_back(name, config);
-    writeCase(root / name, "gpt", config, *c.model, c.input, c.modes);
+    writeCase(root / name, "gpt", config, *c.model, c.input, c.targets, c.modes);
     cases.push_back(c);
   };
   auto addCnn = [&](const std::string& name, const Json& values, std::vector<int64_t> shape, int64_t classes,
@@ -357,12 +359,13 @@ TEST_CASE("models cnn and gpt: the forward pass matches a plain PyTorch model", 
     torch::manual_seed(seed);
     std::vector<int64_t> inputShape{4};
     inputShape.insert(inputShape.end(), shape.begin(), shape.end());
-    Case c{name, makeCnn(values, shape, classes), torch::randn(inputShape), {"eval", "train"}};
+    Case c{name, makeCnn(values, shape, classes), torch::randn(inputShape), torch::randint(classes, {4}, torch::kLong),
+           {"eval", "train", "grads"}};
     scramble(*c.model, seed + 2);
     Json config = paramsFor(modelSpec("cnn"), values).json();
     config["sample_shape"] = shape;
     config["classes"] = classes;
-    writeCase(root / name, "cnn", config, *c.model, c.input, c.modes);
+    writeCase(root / name, "cnn", config, *c.model, c.input, c.targets, c.modes);
     cases.push_back(c);
   };
   addGpt("gpt_tied", gptTied, 11, 8, 10);
@@ -381,6 +384,25 @@ TEST_CASE("models cnn and gpt: the forward pass matches a plain PyTorch model", 
   for (auto& c : cases) {
     for (const auto& mode : c.modes) {
       INFO(c.name << ", " << mode << " mode");
+      if (mode == "grads") {
+        // Our loss plugin (its own autograd node) over our model, in train
+        // mode, against PyTorch's F.cross_entropy over PyTorch's model.
+        c.model->train(true);
+        c.model->zero_grad();
+        const LossFn loss = builtinPlugins().get(PluginKind::Loss, "cross_entropy").loss(
+            paramsFor(builtinPlugins().get(PluginKind::Loss, "cross_entropy")));
+        loss(c.model->forward(c.input), c.targets).backward();
+        for (const auto& item : c.model->named_parameters()) {
+          INFO("gradient of " << item.key());
+          const at::Tensor ours = item.value().grad();
+          REQUIRE(ours.defined());
+          const at::Tensor theirs = readOutput(root / c.name / ("grad_" + item.key() + ".bin"), ours.sizes());
+          const double scale = theirs.abs().max().item<double>();
+          INFO("max abs diff " << maxAbsDiff(ours, theirs) << ", gradient scale " << scale);
+          CHECK(maxAbsDiff(ours, theirs) <= 1e-5 * std::max(1.0, scale));
+        }
+        continue;
+      }
       c.model->train(mode == "train");
       at::Tensor ours;
       {

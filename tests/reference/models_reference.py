@@ -13,7 +13,10 @@ and DIR/<name>.bin the raw little-endian values of each tensor: the model's
 parameters and buffers under their C++ names, and "input". The script loads
 them into that model and writes DIR/output_<mode>.bin (float32) for each
 mode in "outputs": the forward pass in eval or train mode (dropout must be 0
-for train mode to be deterministic).
+for train mode to be deterministic). With "grads" among the outputs (and a
+"targets" tensor: next tokens [B, T] for a gpt, classes [B] for a cnn), it
+also writes DIR/grad_<name>.bin: the gradient of every parameter of the
+mean cross-entropy of the train-mode output against the targets.
 """
 import json
 import os
@@ -36,9 +39,17 @@ def run_case(folder):
         values = np.fromfile(os.path.join(folder, t["name"] + ".bin"), dtype=t["dtype"])
         tensors[t["name"]] = torch.from_numpy(values.reshape(t["shape"]))
     model = models_torch.build(manifest["model"], manifest["config"])
-    state = {name: value for name, value in tensors.items() if name != "input"}
+    state = {name: value for name, value in tensors.items() if name not in ("input", "targets")}
     model.load_state_dict(state, strict=True)  # every name must match, both ways
     for mode in manifest["outputs"]:
+        if mode == "grads":
+            model.train(True)
+            out = model(tensors["input"])
+            loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), tensors["targets"].reshape(-1))
+            loss.backward()
+            for name, p in model.named_parameters():
+                p.grad.numpy().astype(np.float32).tofile(os.path.join(folder, "grad_" + name + ".bin"))
+            continue
         model.train(mode == "train")
         with torch.no_grad():
             out = model(tensors["input"])
