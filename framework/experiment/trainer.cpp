@@ -317,6 +317,7 @@ struct Trainer::Impl {
   at::Tensor signalFlag;                // the agreed stop signal, one int64
   int signal = 0;                       // the signal all ranks stopped on
   int64_t batchesDone = 0;              // of the epoch the signal stopped
+  double dataSeconds = 0;               // batch assembly in the current epoch
   bool partialEpoch = false;            // the signal stopped an epoch before its end
   int64_t lastSaved = -1;               // epoch of the last checkpoint written
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;
@@ -501,9 +502,11 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
   s.partialEpoch = false;
   for (int64_t b = firstBatch; b < usable && !s.stop; ++b) {
     const int64_t begin = b * tc.batchSize, len = std::min(tc.batchSize, myN - begin);
+    const auto fetchStart = Clock::now();
     Batch batch = data.train->get(c10::ArrayRef<int64_t>(order.data() + begin, static_cast<size_t>(len)));
     const at::Tensor x = batch.inputs.to(s.device, /*non_blocking=*/true);
     const at::Tensor y = batch.targets.to(s.device, /*non_blocking=*/true);
+    s.dataSeconds += std::chrono::duration<double>(Clock::now() - fetchStart).count();
     const bool stepNow = (++micro % tc.accumulateGradBatches == 0) || b == usable - 1;
     at::Tensor loss = s.lossFn(s.model->forward(x), y);
     strategy.backward(tc.accumulateGradBatches > 1 ? loss / double(tc.accumulateGradBatches) : loss, stepNow);
@@ -679,6 +682,7 @@ TrainResult Trainer::runStages() {
   for (int64_t epoch = s.startEpoch; epoch < tc.epochs && !s.stop; ++epoch) {
     for (auto& callback : s.callbacks) callback->onEpochBegin(*this, epoch);
     const auto epochStart = Clock::now();
+    s.dataSeconds = 0;
     const auto [lossSum, seen] = trainEpoch(epoch);
     if (s.partialEpoch) {
       // Stopped by a signal mid-epoch: the epoch's sums so far, over all
@@ -694,7 +698,7 @@ TrainResult Trainer::runStages() {
 
     const bool lastEpoch = epoch + 1 == tc.epochs || s.stop;
     const bool evaluated = lastEpoch || (tc.evalEvery > 0 && (epoch + 1) % tc.evalEvery == 0);
-    std::vector<double> sums = {lossSum, seen};
+    std::vector<double> sums = {lossSum, seen, s.dataSeconds};
     if (evaluated) {
       const std::vector<double> test = evaluate();
       sums.insert(sums.end(), test.begin(), test.end());
@@ -715,19 +719,20 @@ TrainResult Trainer::runStages() {
                                "optimizer.lr, or set training.on_nonfinite_loss=\"continue\"",
                                epoch + 1, nonFiniteName(m.trainLoss), rank());
     }
-    // sums: train loss, train samples, then evaluate()'s five.
-    if (evaluated && sums[4] > 0) {
-      m.testLoss = sums[2] / sums[4];
+    m.dataSeconds = sums[2] / static_cast<double>(worldSize());
+    // sums: train loss, train samples, batch assembly seconds, then evaluate()'s five.
+    if (evaluated && sums[5] > 0) {
+      m.testLoss = sums[3] / sums[5];
       switch (s.data.task) {
         case Task::Classification:
-          m.testAccuracy = sums[3] / sums[4];
+          m.testAccuracy = sums[4] / sums[5];
           break;
         case Task::NextToken:
           m.testPerplexity = std::exp(*m.testLoss);
-          if (sums[6] > 0) m.testAccuracy = sums[3] / sums[6];
+          if (sums[7] > 0) m.testAccuracy = sums[4] / sums[7];
           break;
         case Task::Regression:
-          if (sums[6] > 0) m.testRmse = std::sqrt(sums[5] / sums[6]);
+          if (sums[7] > 0) m.testRmse = std::sqrt(sums[6] / sums[7]);
           break;
       }
     }

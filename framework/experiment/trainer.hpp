@@ -99,6 +99,10 @@ struct EpochMetrics {
   std::optional<double> testPerplexity;   // next-token data: exp(test loss per token)
   std::optional<double> testRmse;         // regression
   double seconds = 0;
+  // Of `seconds`, the time spent assembling training batches
+  // (Dataset::get and the copy to the device), the mean over ranks: what a
+  // prefetching loader could at most hide.
+  double dataSeconds = 0;
   // Metrics that callbacks add (name, value), written to metrics.jsonl after
   // the standard ones.
   std::vector<std::pair<std::string, double>> extra;

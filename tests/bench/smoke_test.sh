@@ -92,6 +92,27 @@ for impl, r in records.items():
 print("wine:", sorted(records))
 PY
 
+# Language model: a tiny gpt for 2 steps per seed, ours and PyTorch's (where
+# python3-torch is installed), one row per side and seed.
+if [ -r /usr/share/games/fortunes/computers ]; then
+  run lm lm --seeds 0,1 --set training.max_steps=2 --set dataset.max_bytes=20000 --set model.n_layer=1 \
+    --set model.n_embd=32 --set model.n_head=2 --json "$out/lm.json"
+  grep -q "^skipping torch-python" "$out/lm.log" || grep -q "^mean val loss over 2 seed(s)" "$out/lm.log" ||
+    fail "lm printed no comparison line"
+  python3 - "$out/lm.json" <<'PY'
+import json, math, sys
+records = json.load(open(sys.argv[1]))
+ours = [r for r in records if r["impl"] == "ddp"]
+assert sorted(r["seed"] for r in ours) == [0, 1], records
+for r in records:
+    assert math.isfinite(r["val_loss"]) and r["val_loss"] > 0 and r["seconds"] > 0, r
+    assert r["impl"] == "ddp" or r["steps"] == 2, r
+print("lm:", sorted({r["impl"] for r in records}), len(records), "records")
+PY
+else
+  echo "SKIPPED lm: /usr/share/games/fortunes/computers is absent (scripts/setup.sh installs fortunes)"
+fi
+
 # Bad input: one clear line and a non-zero exit, before any rank starts.
 expect_error() {  # expect_error TEXT ARGS...
   local text=$1 rc=0

@@ -30,7 +30,7 @@ std::vector<std::string> taskColumns(Task task) {
 std::string csvHeader(const std::vector<std::string>& columns) {
   std::string header = "epoch,train_loss,test_loss";
   for (const std::string& c : columns) header += "," + c;
-  return header + ",seconds\n";
+  return header + ",seconds,data_seconds\n";
 }
 
 std::optional<double> column(const EpochMetrics& m, const std::string& name) {
@@ -124,9 +124,10 @@ void MetricsFiles::onEpochEnd(Trainer&, EpochEnd& end) {
     row += "," + csvNumber(column(m, name));
   }
   record["seconds"] = jsonNumber(m.seconds, "%.6f");
+  record["data_seconds"] = jsonNumber(m.dataSeconds, "%.6f");
   for (const auto& [name, value] : m.extra) record[name] = jsonNumber(value);
   jsonl_.append(record.dump() + "\n");
-  csv_.append(row + "," + csvNumber(m.seconds) + "\n");
+  csv_.append(row + "," + csvNumber(m.seconds) + "," + csvNumber(m.dataSeconds) + "\n");
 }
 
 }  // namespace ddp
