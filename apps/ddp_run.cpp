@@ -20,6 +20,7 @@
 #include "backends/builtin.hpp"
 #include "framework/comm/backend_registry.hpp"
 #include "framework/launch/distributed.hpp"
+#include "framework/core/malloc_tuning.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/log.hpp"
 #include "framework/experiment/experiment_config.hpp"
@@ -173,6 +174,14 @@ int main(int argc, char** argv) {
   } catch (const ddp::UsageError& e) {
     std::cerr << "ddp-run: " << e.what() << std::endl;
     return 2;
+  }
+  // Before the first tensor; the launcher's ranks are ddp-run processes too.
+  const ddp::MallocTuning malloc = ddp::tuneMallocForTensors();
+  if (malloc.applied) {
+    ddp::logInfo("malloc: mmap threshold {} MiB, trim threshold {} MiB (DDP_MALLOC_TUNING=0 keeps glibc's)",
+                 malloc.mmapThreshold >> 20, malloc.trimThreshold >> 20);
+  } else {
+    ddp::logInfo("malloc: left as it is: {}", malloc.reason);
   }
   CLI::App app{"ddp-run: train an experiment on one process, every core of a machine, or a cluster"};
   Args args;

@@ -6,8 +6,12 @@
 #include <iostream>
 
 #include "benchmarks/commands.hpp"
+#include "framework/core/malloc_tuning.hpp"
 
 int main(int argc, char** argv) {
+  // As ddp-run does, so that our side is measured as users run it; the
+  // Python references run with glibc's defaults, as PyTorch users do.
+  ddp::tuneMallocForTensors();
   CLI::App app{"ddp-bench: benchmarks of the ddp framework"};
   app.require_subcommand(1);
 

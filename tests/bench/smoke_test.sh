@@ -62,14 +62,16 @@ PY
 run train-step-cnn train-step --model cnn --world-sizes 2 --steps 2 --warmup 1 --repeats 1 --json "$out/cnn.json"
 run train-step-gpt train-step --model gpt --world-sizes 2 --steps 2 --warmup 1 --repeats 1 --no-reference \
   --json "$out/gpt.json"
-python3 - "$out/cnn.json" "$out/gpt.json" <<'PY'
+python3 - "$out/cnn.json" "$out/gpt.json" "$(dirname "$0")/../../experiments" <<'PY'
 import json, sys
-for path, model in zip(sys.argv[1:], ["cnn", "gpt"]):
+experiments = {"cnn": "digits_cnn.json", "gpt": "char_gpt.json"}
+for path, model in zip(sys.argv[1:3], ["cnn", "gpt"]):
+    batch = json.load(open(sys.argv[3] + "/" + experiments[model]))["training"]["batch_size"]
     records = json.load(open(path))
     ours = {r["impl"]: r for r in records if r["impl"] != "torch-ddp"}
     assert set(ours) == {"ddp", "independent"}, (model, ours.keys())
     for r in records:
-        assert r["model"] == model and r["world_size"] == 2 and r["batch_per_rank"] == 32, r
+        assert r["model"] == model and r["world_size"] == 2 and r["batch_per_rank"] == batch, r
         assert r["step_ms"] > 0 and r["params"] == ours["ddp"]["params"], r
     assert ours["ddp"]["max_param_diff"] == 0, ours["ddp"]
     if model == "cnn":

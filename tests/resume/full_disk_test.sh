@@ -20,7 +20,7 @@ set -u
 ddp_run=$1 exp=$2 work=$3
 mkdir -p "$work/disk"
 fail() { echo "FAIL: $*"; exit 1; }
-check_records() {  # every line of metrics.jsonl is JSON, every CSV line has 5 fields
+check_records() {  # every line of metrics.jsonl is JSON, every CSV line has the header's fields
   python3 - "$1" <<'PY' || fail "torn records in $1"
 import json, sys
 lines = open(sys.argv[1] + "/metrics.jsonl").read().split("\n")
@@ -28,7 +28,8 @@ assert lines[-1] == "", "no newline at the end"
 epochs = [json.loads(l)["epoch"] for l in lines[:-1]]
 assert epochs == list(range(1, len(epochs) + 1)), epochs[-3:]
 csv = open(sys.argv[1] + "/metrics.csv").read().split("\n")
-assert csv[-1] == "" and all(l.count(",") == 4 for l in csv[:-1]), csv[-2:]
+fields = csv[0].count(",")
+assert csv[-1] == "" and all(l.count(",") == fields for l in csv[:-1]), (csv[0], csv[-2:])
 print(f"{len(epochs)} whole records")
 PY
 }
