@@ -295,6 +295,7 @@ TEST_CASE("gloo logs every collective once at DDP_LOG_LEVEL=debug", "[collective
     EnvMap env = currentEnvironment();
     env["DDP_LOG_LEVEL"] = "debug";
     env["DDP_GLOO_SHM"] = shm;
+    env.erase("DDP_GLOO_INLINE_BYTES");  // the default decides which calls run in the caller
     SpawnOptions options;
     options.argv = {"/proc/self/exe", "[.worker-debug-log]"};
     options.environment = env;
@@ -320,7 +321,8 @@ TEST_CASE("gloo logs every collective once at DDP_LOG_LEVEL=debug", "[collective
     REQUIRE(describeExitStatus(status) == describeExitStatus(0));
     return output;
   };
-  // Lines "[rank R/2] gloo OP #SEQ (SUMMARY) queued, path PATH", counted.
+  // Lines "[rank R/2] gloo OP #SEQ (SUMMARY) queued, path PATH" (or "runs
+  // in the caller, path PATH" for small shared-memory ones), counted.
   auto count = [](const std::string& output, const std::string& line) {
     size_t n = 0;
     for (size_t at = output.find(line); at != std::string::npos; at = output.find(line, at + 1)) ++n;
@@ -328,15 +330,15 @@ TEST_CASE("gloo logs every collective once at DDP_LOG_LEVEL=debug", "[collective
   };
   struct Expected {
     const char* call;
-    const char* shmPath;
-    const char* tcpPath;
+    const char* shm;
+    const char* tcp;
   };
   const std::vector<Expected> expected = {
-      {"allreduce #0 (1048576 elements, float32, sum) queued, path ", "shm", "ring"},
-      {"broadcast #1 (4 elements, float64, root 1) queued, path ", "shm", "frame"},
-      {"allgather #2 (1 elements, int64) queued, path ", "shm", "frame"},
-      {"reduce_scatter #3 (6291456 elements, float32, sum) queued, path ", "shm", "ring"},
-      {"barrier #4 (no data) queued, path ", "shm", "frame"},
+      {"allreduce #0 (1048576 elements, float32, sum) ", "queued, path shm", "queued, path ring"},
+      {"broadcast #1 (4 elements, float64, root 1) ", "runs in the caller, path shm", "queued, path frame"},
+      {"allgather #2 (1 elements, int64) ", "runs in the caller, path shm", "queued, path frame"},
+      {"reduce_scatter #3 (6291456 elements, float32, sum) ", "queued, path shm", "queued, path ring"},
+      {"barrier #4 (no data) ", "runs in the caller, path shm", "queued, path frame"},
   };
   for (const std::string shm : {"1", "0"}) {
     const std::string output = runChild(shm);
@@ -345,7 +347,7 @@ TEST_CASE("gloo logs every collective once at DDP_LOG_LEVEL=debug", "[collective
     for (int rank = 0; rank < 2; ++rank) {
       for (const Expected& e : expected) {
         const std::string line = "ddp[debug] [rank " + std::to_string(rank) + "/2] gloo " + e.call +
-                                 (shm == "1" ? e.shmPath : e.tcpPath) + "\n";
+                                 (shm == "1" ? e.shm : e.tcp) + "\n";
         INFO(line);
         CHECK(count(output, line) == 1);
       }
@@ -427,21 +429,66 @@ TEST_CASE("non-contiguous tensors are staged and written back", "[collectives]")
 }
 
 TEST_CASE("collectives run asynchronously and in call order", "[collectives]") {
+  ProcessGroupOptions options;
+  options.sharedMemory = GENERATE(true, false);
+  INFO("shared memory " << options.sharedMemory);
+  // Large calls (queued for the worker) between small ones (which, through
+  // shared memory, the caller runs when nothing is queued): a small call
+  // made while a large one is queued or running must wait its turn, or the
+  // ranks' sequences would disagree and fail.
   auto errors = runRanks("gloo", 2, [](int rank, ProcessGroup& pg) {
     std::vector<at::Tensor> tensors;
     std::vector<WorkPtr> works;
     for (int i = 0; i < 20; ++i) {
-      tensors.push_back(at::full({1000}, float(i + rank)));
+      const int64_t count = i % 3 == 0 ? (1 << 20) : 1000;
+      tensors.push_back(at::full({count}, float(i + rank)));
       works.push_back(pg.allreduce(tensors.back()));
     }
     for (int i = 0; i < 20; ++i) {
       works[i]->wait();
       if (!works[i]->isCompleted() || works[i]->exception()) throw std::runtime_error("work not completed");
-      if (tensors[i][0].item<float>() != float(2 * i + 1)) throw std::runtime_error("wrong value at " + std::to_string(i));
+      const float expect = float(2 * i + 1);
+      if (tensors[i][0].item<float>() != expect || tensors[i][-1].item<float>() != expect) {
+        throw std::runtime_error("wrong value at " + std::to_string(i));
+      }
     }
-  });
+  }, options);
   REQUIRE(joinErrors(errors).empty());
 }
+
+#if DDP_HAVE_GLOO
+TEST_CASE("gloo runs small shared-memory collectives in the caller, large ones on its worker", "[collectives]") {
+  if (const char* env = std::getenv("DDP_GLOO_INLINE_BYTES"); env && *env) {
+    WARN("SKIPPED: DDP_GLOO_INLINE_BYTES is set (" << env << "); this checks the default");
+    return;
+  }
+  std::vector<std::string> seen(2);
+  auto errors = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
+    auto& gloo = dynamic_cast<ProcessGroupGloo&>(pg);
+    if (!gloo.usesSharedMemory()) throw std::runtime_error("no shared memory: " + gloo.sharedMemoryUnavailableReason());
+    std::string& out = seen[rank];
+    // Completed on return: the caller ran it, and its result is there.
+    at::Tensor small = at::full({1000}, float(rank + 1));
+    auto work = pg.allreduce(small);
+    out += work->isCompleted() ? "small:done " : "small:pending ";
+    work->wait();
+    if (small[0].item<float>() != 3.0f) throw std::runtime_error("small allreduce result wrong");
+    // Over the threshold: returned before the peer could have joined it.
+    at::Tensor large = at::full({1 << 20}, float(rank + 1));
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto queued = pg.allreduce(large);
+    out += queued->isCompleted() && rank == 0 ? "large:done " : "large:pending ";
+    // A small call behind it waits for it, then ends with the right value.
+    at::Tensor after = at::full({10}, 1.0);
+    auto behind = pg.allreduce(after);
+    behind->wait();
+    if (!queued->isCompleted()) throw std::runtime_error("a later call finished before an earlier one");
+    if (large[-1].item<float>() != 3.0f || after[0].item<double>() != 2.0) throw std::runtime_error("wrong values");
+  });
+  REQUIRE(joinErrors(errors).empty());
+  CHECK(seen[0] == "small:done large:pending ");
+}
+#endif
 
 TEST_CASE("a missing rank makes a collective fail within its timeout", "[collectives][errors]") {
   ProcessGroupOptions options;

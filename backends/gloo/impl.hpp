@@ -12,8 +12,15 @@
 //   algorithms for broadcast, allgather and, above
 //   FrameExchange::kAllToAllMaxRanks ranks, barrier). ShmInPlace is an
 //   allreduce on a communication buffer.
-// Everything here but enqueue() belongs to the worker thread once the
-// constructor has finished.
+// - Small collectives in the caller: when nothing is queued or running, a
+//   Local collective, or a shared-memory one of at most kInlineMaxBytes per
+//   rank (DDP_GLOO_INLINE_BYTES overrides; 0 turns it off), runs on the
+//   calling thread and returns a completed Work. Waking the worker and then
+//   the waiter costs more than such a collective. Call order is kept: a
+//   call made while one runs is queued, and the worker starts it only when
+//   the running one has finished.
+// Everything here but enqueue() belongs to whichever thread runs a
+// collective (running_ says one does) once the constructor has finished.
 #pragma once
 
 #include <atomic>
@@ -56,6 +63,10 @@ struct ProcessGroupGloo::Impl {
   // Queues `run` as collective `descriptor` (its seq is filled in here).
   WorkPtr enqueue(Descriptor descriptor, const std::string& summary, Milliseconds timeout, Path path, Run run);
   void startWorker();
+  // Measured in docs/performance.md (issue 13's cnn step).
+  static constexpr size_t kInlineMaxBytes = 256 * 1024;
+  // kInlineMaxBytes or DDP_GLOO_INLINE_BYTES (UsageError when malformed).
+  static size_t inlineMaxBytes();
 
   const int rank, size;
   std::shared_ptr<Store> store;  // "gloo/"-prefixed; also used to close in step
@@ -80,12 +91,18 @@ struct ProcessGroupGloo::Impl {
     Run run;
   };
   void workerLoop();
+  bool runsInline(Path path, const Descriptor& d) const;
+  // Runs one collective (on the worker's or the caller's thread, one at a
+  // time) and returns its error, if any; the Work is finished by the caller
+  // of runTask once running_ is cleared.
+  std::exception_ptr runTask(Task& task);
 
   std::mutex mutex_;
   std::condition_variable queued_;
   std::deque<Task> queue_;
   std::atomic<int> queuedCount_{0};  // queue_.size(), for polling without the lock
   bool stopping_ = false;
+  bool running_ = false;  // a collective is running (worker or caller)
   uint64_t nextSeq_ = 0;
   std::exception_ptr broken_;  // first failure; later collectives fail with it
   std::thread worker_;

@@ -57,6 +57,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   // The tuning variables, checked here on every rank before any store
   // traffic: a mistake fails alike everywhere, not as a peer that vanished.
   gloo_backend::ringChunkBytes();
+  Impl::inlineMaxBytes();
   ShmChannel::checkSlotBytesVariable();
   const bool shmForbidden = shmVariableForbids();
 

@@ -1,7 +1,11 @@
 // ProcessGroupGloo::Impl's queue and worker thread (impl.hpp).
 #include <gloo/context.h>
 
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <vector>
 
 #include "backends/gloo/impl.hpp"
@@ -65,63 +69,116 @@ ProcessGroupGloo::Impl::~Impl() {
   shm.reset();
 }
 
+size_t ProcessGroupGloo::Impl::inlineMaxBytes() {
+  static const size_t bytes = [] {
+    const size_t fallback = ProcessGroupGloo::Impl::kInlineMaxBytes;
+    const char* env = std::getenv("DDP_GLOO_INLINE_BYTES");
+    if (env == nullptr || *env == '\0') return fallback;
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (*end != '\0' || v < 0) {
+      fail<UsageError>("DDP_GLOO_INLINE_BYTES=\"{}\": expected a number of bytes >= 0 (0: every collective goes "
+                       "through the worker thread). HINT: unset it for the default, {}",
+                       env, fallback);
+    }
+    return static_cast<size_t>(v);
+  }();
+  return bytes;
+}
+
+bool ProcessGroupGloo::Impl::runsInline(Path path, const Descriptor& d) const {
+  if (path == Path::Local) return true;
+  if (path != Path::Shm && path != Path::ShmInPlace) return false;
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(d.numel, 0)) *
+                       c10::elementSize(static_cast<c10::ScalarType>(d.dtype));
+  return bytes <= inlineMaxBytes();
+}
+
 WorkPtr ProcessGroupGloo::Impl::enqueue(Descriptor descriptor, const std::string& summary, Milliseconds timeout,
                                         Path path, Run run) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   descriptor.seq = nextSeq_++;
   auto work = std::make_shared<Work>(gloo_backend::describeCall(rank, size, descriptor, summary), timeout);
+  Task task{descriptor, work, gloo_backend::Clock::now() + timeout, timeout, std::move(run)};
+  if (queue_.empty() && !running_ && runsInline(path, descriptor)) {
+    // Nothing is queued or running, so this collective is next in call
+    // order: the caller runs it, sparing two thread hand-offs (queue to
+    // worker, worker to waiter) that cost more than a small collective.
+    running_ = true;
+    lock.unlock();
+    logDebug("{} runs in the caller, path {}", work->description(), pathName(path, descriptor.op));
+    const std::exception_ptr error = runTask(task);
+    lock.lock();
+    running_ = false;
+    lock.unlock();
+    queued_.notify_one();  // the worker waits for running_ when a call was queued meanwhile
+    work->finish(error);
+    return work;
+  }
   logDebug("{} queued, path {}", work->description(), pathName(path, descriptor.op));
-  queue_.push_back(Task{descriptor, work, gloo_backend::Clock::now() + timeout, timeout, std::move(run)});
+  queue_.push_back(std::move(task));
   queuedCount_.fetch_add(1, std::memory_order_release);
   queued_.notify_one();
   return work;
 }
 
 void ProcessGroupGloo::Impl::workerLoop() {
-  using gloo_backend::Clock;
   for (;;) {
     Task task;
     // Callers that wait on one collective usually queue the next at once.
     spinUntil([this] { return queuedCount_.load(std::memory_order_acquire) > 0; }, std::chrono::microseconds(50));
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      queued_.wait(lock, [&] { return (!queue_.empty() && !running_) || (stopping_ && queue_.empty()); });
       if (queue_.empty()) return;  // stopping, and everything queued has run
       task = std::move(queue_.front());
       queue_.pop_front();
       queuedCount_.fetch_sub(1, std::memory_order_relaxed);
+      running_ = true;
     }
-    std::exception_ptr error = broken_;
-    if (error) {
-      try {
-        std::rethrow_exception(broken_);
-      } catch (const std::exception& first) {
-        error = std::make_exception_ptr(CollectiveError(
-            fmt::format("{} not run: the group failed earlier: {}", task.work->description(), first.what())));
-      }
-    } else {
-      const auto started = Clock::now();
-      try {
-        task.run(task.descriptor, task.deadline);
-        if (frames) frames->finish(task.descriptor.seq, task.deadline);
-      } catch (const CollectiveError&) {
-        error = std::current_exception();
-      } catch (const std::exception& e) {
-        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
-        const bool timedOut = Clock::now() >= task.deadline;
-        error = std::make_exception_ptr(CollectiveError(fmt::format(
-            "{} {} after {} ms (timeout {} ms): {}. HINT: a peer rank may have died, or not called this "
-            "collective; {}",
-            task.work->description(), timedOut ? "timed out" : "failed", waited.count(), task.timeout.count(),
-            e.what(), kRendezvousHelp)));
-      }
-      if (error) {
-        broken_ = error;
-        if (shm) shm->markFailed();
-      }
+    const std::exception_ptr error = runTask(task);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_ = false;
     }
+    // After running_ is cleared: a waiter that calls again at once may then
+    // run its collective in place.
     task.work->finish(error);
   }
+}
+
+std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
+  using gloo_backend::Clock;
+  std::exception_ptr error = broken_;
+  if (error) {
+    try {
+      std::rethrow_exception(broken_);
+    } catch (const std::exception& first) {
+      error = std::make_exception_ptr(CollectiveError(
+          fmt::format("{} not run: the group failed earlier: {}", task.work->description(), first.what())));
+    }
+  } else {
+    const auto started = Clock::now();
+    try {
+      task.run(task.descriptor, task.deadline);
+      if (frames) frames->finish(task.descriptor.seq, task.deadline);
+    } catch (const CollectiveError&) {
+      error = std::current_exception();
+    } catch (const std::exception& e) {
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+      const bool timedOut = Clock::now() >= task.deadline;
+      error = std::make_exception_ptr(CollectiveError(fmt::format(
+          "{} {} after {} ms (timeout {} ms): {}. HINT: a peer rank may have died, or not called this "
+          "collective; {}",
+          task.work->description(), timedOut ? "timed out" : "failed", waited.count(), task.timeout.count(),
+          e.what(), kRendezvousHelp)));
+    }
+    if (error) {
+      broken_ = error;
+      if (shm) shm->markFailed();
+    }
+  }
+  return error;
 }
 
 }  // namespace ddp

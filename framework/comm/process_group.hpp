@@ -7,7 +7,10 @@
 //   never corrupted memory.
 // - Calls return a Work at once; operations run in call order. Inputs must
 //   stay alive and unmodified until the Work completes. Results are in
-//   place (allreduce, broadcast) or in the output tensor given.
+//   place (allreduce, broadcast) or in the output tensor given. A backend
+//   may run a small collective in the caller and return it completed (gloo
+//   does so through shared memory), so a rank must not rely on starting
+//   two groups' collectives in different orders than its peers.
 // - Each call takes a plain options struct. A zero timeout means the
 //   group's default (ProcessGroupOptions::timeout). A collective that does
 //   not finish within its timeout fails with CollectiveError; none hangs.
