@@ -16,120 +16,19 @@
 #include "framework/core/errors.hpp"
 #include "framework/core/log.hpp"
 #include "framework/core/strings.hpp"
+#include "framework/parallel/model_sync.hpp"
 
 namespace ddp {
 
 namespace {
 
-// Broadcasts at construction are coalesced into flat tensors of at most this
-// size: few collectives, bounded extra memory.
-constexpr size_t kBroadcastChunkBytes = 64u * 1024 * 1024;
 constexpr size_t kMaxNamesInError = 10;
-
-std::string shapeString(at::IntArrayRef sizes) {
-  std::string s = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-  return s + "]";
-}
-
-// One line per parameter or buffer; what must agree across ranks.
-struct TensorSpec {
-  char kind = 'P';  // 'P' parameter, 'B' buffer
-  std::string name;
-  std::string dtype;
-  std::string shape;
-  bool requiresGrad = false;
-
-  bool operator==(const TensorSpec& o) const {
-    return kind == o.kind && name == o.name && dtype == o.dtype && shape == o.shape && requiresGrad == o.requiresGrad;
-  }
-  const char* kindWord() const { return kind == 'P' ? "parameter" : "buffer"; }
-};
-
-std::string serialize(const std::vector<TensorSpec>& specs) {
-  std::string out;
-  for (const auto& s : specs) {
-    out += std::string(1, s.kind) + '\t' + s.name + '\t' + s.dtype + '\t' + s.shape + '\t' +
-           (s.requiresGrad ? "1" : "0") + '\n';
-  }
-  return out;
-}
-
-std::vector<TensorSpec> parse(const std::string& text) {
-  std::vector<TensorSpec> specs;
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.empty()) continue;
-    std::vector<std::string> fields;
-    size_t start = 0;
-    for (size_t tab; (tab = line.find('\t', start)) != std::string::npos; start = tab + 1)
-      fields.push_back(line.substr(start, tab - start));
-    fields.push_back(line.substr(start));
-    DDP_CHECK(fields.size() == 5, fmt::format("malformed model description line: {}", line));
-    specs.push_back({fields[0][0], fields[1], fields[2], fields[3], fields[4] == "1"});
-  }
-  return specs;
-}
-
-uint64_t fingerprint(const std::string& text) {
-  uint64_t h = 14695981039346656037ull;  // FNV-1a
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
-// The first difference between rank 0's model and rank r's, as one line.
-std::string describeMismatch(const std::vector<TensorSpec>& base, const std::vector<TensorSpec>& other, int r) {
-  std::map<std::string, const TensorSpec*> byName;
-  for (const auto& s : other) byName[s.name] = &s;
-  // Differences in a tensor both ranks have are the most telling: check
-  // those in rank 0's order first.
-  for (const auto& s : base) {
-    auto it = byName.find(s.name);
-    if (it == byName.end()) continue;
-    const TensorSpec& o = *it->second;
-    if (s.kind != o.kind) return fmt::format("DDP: '{}' is a {} on rank 0 but a {} on rank {}", s.name, s.kindWord(), o.kindWord(), r);
-    if (s.shape != o.shape)
-      return fmt::format("DDP: {} '{}' has shape {} on rank 0 but {} on rank {}", s.kindWord(), s.name, s.shape, o.shape, r);
-    if (s.dtype != o.dtype)
-      return fmt::format("DDP: {} '{}' has dtype {} on rank 0 but {} on rank {}", s.kindWord(), s.name, s.dtype, o.dtype, r);
-    if (s.requiresGrad != o.requiresGrad)
-      return fmt::format("DDP: {} '{}' has requires_grad {} on rank 0 but {} on rank {}", s.kindWord(), s.name,
-                         s.requiresGrad, o.requiresGrad, r);
-  }
-  std::set<std::string> baseNames;
-  for (const auto& s : base) baseNames.insert(s.name);
-  for (const auto& s : base)
-    if (!byName.count(s.name)) return fmt::format("DDP: {} '{}' exists on rank 0 but not on rank {}", s.kindWord(), s.name, r);
-  for (const auto& s : other)
-    if (!baseNames.count(s.name)) return fmt::format("DDP: {} '{}' exists on rank {} but not on rank 0", s.kindWord(), s.name, r);
-  for (size_t i = 0; i < std::min(base.size(), other.size()); ++i) {
-    if (!(base[i] == other[i]))
-      return fmt::format("DDP: tensors are registered in a different order on rank 0 and rank {} (#{} is '{}' vs '{}')",
-                         r, i, base[i].name, other[i].name);
-  }
-  return fmt::format("DDP: rank 0 and rank {} describe their models differently", r);
-}
 
 // At most kMaxNamesInError names, then how many more.
 std::string someNames(const std::vector<std::string>& names) {
   if (names.size() <= kMaxNamesInError) return joinNames(names);
   const std::vector<std::string> first(names.begin(), names.begin() + kMaxNamesInError);
   return fmt::format("{}, ... ({} more)", joinNames(first), names.size() - kMaxNamesInError);
-}
-
-// Parameters and buffers without duplicates: a tensor shared by two
-// submodules is registered twice but must be hooked and broadcast once.
-template <typename Items>
-std::vector<std::pair<std::string, at::Tensor>> uniqueTensors(const Items& items) {
-  std::unordered_set<const void*> seen;
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : items) {
-    if (!item.value().defined()) continue;
-    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    out.emplace_back(item.key(), item.value());
-  }
-  return out;
 }
 
 }  // namespace
@@ -179,11 +78,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   verifyModelsMatch();
 
   std::vector<at::Tensor> everything;
-  for (auto& [name, p] : uniqueTensors(module_->named_parameters(true))) everything.push_back(p);
-  for (auto& [name, b] : uniqueTensors(module_->named_buffers(true))) everything.push_back(b);
+  for (auto& [name, p] : uniqueParameters(*module_)) everything.push_back(p);
+  for (auto& [name, b] : uniqueBuffers(*module_)) everything.push_back(b);
   broadcastFromRankZero(everything);
 
-  for (auto& [name, p] : uniqueTensors(module_->named_parameters(true))) {
+  for (auto& [name, p] : uniqueParameters(*module_)) {
     if (!p.requires_grad()) continue;
     Param param;
     param.name = name;
@@ -233,88 +132,10 @@ void DistributedDataParallel::registerCommHook(CommHookPtr hook) {
   commHook_ = std::move(hook);
 }
 
-void DistributedDataParallel::verifyModelsMatch() {
-  std::vector<TensorSpec> specs;
-  for (auto& [name, p] : uniqueTensors(module_->named_parameters(true)))
-    specs.push_back({'P', name, dtypeName(p), shapeString(p.sizes()), p.requires_grad()});
-  for (auto& [name, b] : uniqueTensors(module_->named_buffers(true)))
-    specs.push_back({'B', name, dtypeName(b), shapeString(b.sizes()), false});
-  const int world = group_->size();
-  if (world == 1) return;
-  const std::string mine = serialize(specs);
-
-  // Cheap common case: one 8-byte fingerprint per rank.
-  at::Tensor fp = at::empty({1}, at::kLong);
-  fp[0] = static_cast<int64_t>(fingerprint(mine));
-  at::Tensor fps = at::empty({world}, at::kLong);
-  group_->allgather(fp, fps, {options_.timeout})->wait();
-  bool allEqual = true;
-  for (int r = 1; r < world; ++r) allEqual = allEqual && fps[r].item<int64_t>() == fps[0].item<int64_t>();
-  if (allEqual) return;
-
-  // Some rank differs: exchange the full descriptions (packed 8 bytes per
-  // int64, padded to the longest) so every rank can name the difference.
-  at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-  at::Tensor lens = at::empty({world}, at::kLong);
-  group_->allgather(len, lens, {options_.timeout})->wait();
-  const int64_t maxLen = lens.max().item<int64_t>();
-  const int64_t words = (maxLen + 7) / 8;
-  at::Tensor packed = at::zeros({words}, at::kLong);
-  std::memcpy(packed.data_ptr(), mine.data(), mine.size());
-  at::Tensor all = at::empty({words * world}, at::kLong);
-  group_->allgather(packed, all, {options_.timeout})->wait();
-  std::vector<std::vector<TensorSpec>> perRank;
-  for (int r = 0; r < world; ++r) {
-    const char* base = reinterpret_cast<const char*>(all.data_ptr<int64_t>() + r * words);
-    perRank.push_back(parse(std::string(base, static_cast<size_t>(lens[r].item<int64_t>()))));
-  }
-  for (int r = 1; r < world; ++r) {
-    if (perRank[r] == perRank[0]) continue;
-    fail<UsageError>("{}. HINT: every rank must build the same model from the same configuration",
-                     describeMismatch(perRank[0], perRank[r], r));
-  }
-  DDP_CHECK(false, "model fingerprints differ but descriptions agree");
-}
+void DistributedDataParallel::verifyModelsMatch() { verifySameModel(*group_, *module_, "DDP", options_.timeout); }
 
 void DistributedDataParallel::broadcastFromRankZero(const std::vector<at::Tensor>& tensors) {
-  if (group_->size() == 1) return;
-  at::NoGradGuard noGrad;
-  // Group by dtype and device, in order, then cut into chunks.
-  struct Chunk {
-    std::vector<at::Tensor> members;
-    size_t bytes = 0;
-  };
-  std::vector<Chunk> chunks;
-  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> index into chunks
-  for (const auto& t : tensors) {
-    if (t.numel() == 0) continue;
-    const auto key = std::make_pair(static_cast<int>(t.scalar_type()), t.device().str());
-    const size_t bytes = t.numel() * t.element_size();
-    auto it = open.find(key);
-    if (it == open.end() || (chunks[it->second].bytes + bytes > kBroadcastChunkBytes && chunks[it->second].bytes > 0)) {
-      chunks.emplace_back();
-      it = open.insert_or_assign(key, chunks.size() - 1).first;
-    }
-    chunks[it->second].members.push_back(t);
-    chunks[it->second].bytes += bytes;
-  }
-  std::vector<at::Tensor> flats;
-  std::vector<WorkPtr> works;
-  for (auto& chunk : chunks) {
-    std::vector<at::Tensor> pieces;
-    for (auto& t : chunk.members) pieces.push_back(t.detach().reshape({-1}));
-    flats.push_back(at::cat(pieces));
-    works.push_back(group_->broadcast(flats.back(), {0, options_.timeout}));
-  }
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    works[c]->wait();
-    if (group_->rank() == 0) continue;
-    int64_t offset = 0;
-    for (auto& t : chunks[c].members) {
-      t.detach().copy_(flats[c].narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  }
+  ddp::broadcastFromRankZero(*group_, tensors, options_.timeout);
 }
 
 void DistributedDataParallel::buildBuckets() {
@@ -566,7 +387,7 @@ void DistributedDataParallel::finishGradientSync() {
 
 void DistributedDataParallel::syncBuffers() {
   std::vector<at::Tensor> buffers;
-  for (auto& [name, b] : uniqueTensors(module_->named_buffers(true))) buffers.push_back(b);
+  for (auto& [name, b] : uniqueBuffers(*module_)) buffers.push_back(b);
   if (!buffers.empty()) broadcastFromRankZero(buffers);
 }
 

@@ -6,6 +6,7 @@
 #include "framework/core/errors.hpp"
 #include "framework/parallel/ddp_strategy.hpp"
 #include "framework/parallel/local_strategy.hpp"
+#include "framework/parallel/zero_strategy.hpp"
 
 namespace ddp {
 
@@ -41,6 +42,9 @@ StrategyRegistry& builtinStrategies() {
       // One rank has nothing to synchronise: no DDP, no buckets.
       if (c.group->size() == 1) return std::make_unique<LocalStrategy>(std::move(c.model), std::move(c.optimizer));
       return std::make_unique<DdpStrategy>(std::move(c));
+    });
+    r.add("zero1", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+      return std::make_unique<ZeroStrategy>(std::move(c));
     });
     return r;
   }();

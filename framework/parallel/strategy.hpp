@@ -34,7 +34,8 @@
 // StrategyRegistry: strategies by name, chosen by the experiment key
 // distributed.strategy. create() with an unknown name throws UsageError
 // listing the known ones. builtinStrategies() holds "ddp" (DDP at world size
-// > 1, LocalStrategy on one rank).
+// > 1, LocalStrategy on one rank) and "zero1" (ZeroStrategy: optimizer state
+// sharded).
 #pragma once
 
 #include <torch/nn/module.h>

@@ -1,0 +1,38 @@
+// Keeping a model the same on every rank: checking that every rank built
+// the same one, and copying rank 0's tensors to the others. Used by DDP and
+// the sharded strategies when they wrap a model.
+//
+// Contract
+// - uniqueParameters / uniqueBuffers: the module's tensors (recursively,
+//   named as named_parameters() names them) with a tensor that two
+//   submodules share listed once, at its first name.
+// - verifySameModel: collective. Every rank passes its module; when any
+//   rank's parameters or buffers differ from rank 0's in name, shape, dtype,
+//   requires_grad or order, every rank throws the same UsageError naming the
+//   first difference, prefixed by `who` ("DDP: parameter 'fc.weight' has
+//   shape [4, 3] on rank 0 but [4, 2] on rank 1"). One 8-byte allgather when
+//   they agree.
+// - broadcastFromRankZero: collective. Every rank ends with rank 0's values
+//   in `tensors` (same list on every rank), coalesced by dtype into flat
+//   chunks of at most 64 MiB.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "framework/comm/process_group.hpp"
+
+namespace ddp {
+
+std::vector<std::pair<std::string, at::Tensor>> uniqueParameters(const torch::nn::Module& module);
+std::vector<std::pair<std::string, at::Tensor>> uniqueBuffers(const torch::nn::Module& module);
+
+void verifySameModel(ProcessGroup& group, const torch::nn::Module& module, const std::string& who,
+                     Milliseconds timeout);
+
+void broadcastFromRankZero(ProcessGroup& group, const std::vector<at::Tensor>& tensors, Milliseconds timeout);
+
+}  // namespace ddp

@@ -1,0 +1,68 @@
+// ZeroStrategy: ParallelStrategy (strategy.hpp) that shards the optimizer
+// state between ranks, ZeRO stage 1 ("zero1").
+//
+// Layout (flat_shards.hpp)
+// - The parameters that require grad (one floating dtype, dense), in
+//   registration order, share one flat index space split into equal
+//   shards, one per rank. The part of a parameter inside this rank's shard
+//   is a piece: a 1-D view of the rank's flat parameter shard.
+//
+// Each step
+// - backward() accumulates into param.grad(), which are views into one
+//   flat gradient buffer (backward writes it in place; no copy out).
+// - step(): a reduce-scatter (Avg) of the flat gradient leaves this rank
+//   the average gradient of its shard; the optimizer, whose param groups
+//   now hold this rank's pieces, steps them; an allgather of the shards
+//   writes the new parameters back into every rank's model; the gradient
+//   buffer is zeroed; rank 0's buffers (batch norm statistics) are
+//   broadcast, as DDP does after its gradient sync.
+// - So every rank ends a step with the same parameters as DDP with the same
+//   optimizer would give, for an optimizer whose update of an element
+//   depends only on that element's gradient and state (SGD, momentum, Adam,
+//   AdamW, ...). One that uses a whole tensor's norm (LAMB, LARS) would see
+//   pieces instead; that is not detected.
+// - Parameters that got no gradient count as zero gradients (DDP with
+//   find_unused_parameters).
+//
+// Optimizer and state
+// - optimizer() is the optimizer it was given, whose param groups (same
+//   options, learning rates set by the trainer) hold this rank's pieces;
+//   its state exists for them only: about 1/world of DDP's.
+// - The consolidated state of a checkpoint being resumed (loaded into the
+//   optimizer before the strategy is built) is cut into pieces at
+//   construction, whatever the optimizer (optimizer_state.hpp).
+// - saveState(): collective. The pieces' state is allgathered key by key
+//   (so each rank holds one full copy of one state tensor kind at a time),
+//   and rank 0 writes the same archive as a single process would.
+//
+// Errors (UsageError, before training): parameters of two dtypes, or models
+// that differ between ranks (model_sync.hpp); a sparse gradient at step().
+#pragma once
+
+#include <memory>
+
+#include "framework/parallel/flat_shards.hpp"
+#include "framework/parallel/strategy.hpp"
+
+namespace ddp {
+
+class ZeroStrategy : public ParallelStrategy {
+ public:
+  explicit ZeroStrategy(StrategyContext context);
+  ~ZeroStrategy() override;
+
+  const char* name() const override { return "zero1"; }
+  torch::nn::Module& model() override;
+  torch::optim::Optimizer& optimizer() override;
+  void backward(const at::Tensor& loss, bool lastMicroBatch) override;
+  void step() override;
+  void saveState(torch::serialize::OutputArchive* archive) override;
+
+  const FlatShards& shards() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp
