@@ -223,14 +223,17 @@ TEST_CASE("metrics follow the task: perplexity for tokens, RMSE for regression, 
   std::ifstream csv(run + "/metrics.csv");
   std::string header, line;
   std::getline(csv, header);
-  CHECK(header == "epoch,train_loss,test_loss,test_perplexity,test_accuracy,seconds,data_seconds");
+  CHECK(header == "epoch,train_loss,test_loss,test_perplexity,test_accuracy,seconds,data_seconds,param_bytes,grad_bytes,optimizer_bytes,peak_rss_bytes");
   std::vector<std::string> last;
   while (std::getline(csv, line)) {
     last.clear();
     std::stringstream fields(line);
     for (std::string f; std::getline(fields, f, ',');) last.push_back(f);
   }
-  REQUIRE(last.size() == 7);
+  REQUIRE(last.size() == 11);
+  // Memory: parameters held, and a process that holds more than them.
+  CHECK(std::stoll(last[7]) > 0);
+  CHECK(std::stoll(last[10]) > std::stoll(last[7]));
   const double testLoss = std::stod(last[2]), perplexity = std::stod(last[3]), accuracy = std::stod(last[4]);
   // The batch assembly time is part of the epoch's.
   CHECK(std::stod(last[6]) > 0);
@@ -256,13 +259,13 @@ TEST_CASE("metrics follow the task: perplexity for tokens, RMSE for regression, 
                                 registry);
   std::ifstream regCsv(reg + "/metrics.csv");
   std::getline(regCsv, header);
-  CHECK(header == "epoch,train_loss,test_loss,test_rmse,seconds,data_seconds");
+  CHECK(header == "epoch,train_loss,test_loss,test_rmse,seconds,data_seconds,param_bytes,grad_bytes,optimizer_bytes,peak_rss_bytes");
   while (std::getline(regCsv, line)) {
     last.clear();
     std::stringstream fields(line);
     for (std::string f; std::getline(fields, f, ',');) last.push_back(f);
   }
-  REQUIRE(last.size() == 6);
+  REQUIRE(last.size() == 10);
   CHECK(std::stod(last[3]) == Approx(std::sqrt(std::stod(last[2]))).epsilon(1e-4));
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(std::filesystem::path(run).parent_path());

@@ -328,7 +328,7 @@ TEST_CASE("a strategy and a metric plug into the trainer by name and by callback
   REQUIRE(records.size() == 3);
   std::vector<std::string> keys;
   for (auto it = records[0].begin(); it != records[0].end(); ++it) keys.push_back(it.key());
-  CHECK(keys == std::vector<std::string>{"epoch", "train_loss", "test_loss", "test_accuracy", "seconds", "data_seconds", "lr"});
+  CHECK(keys == std::vector<std::string>{"epoch", "train_loss", "test_loss", "test_accuracy", "seconds", "data_seconds", "param_bytes", "grad_bytes", "optimizer_bytes", "peak_rss_bytes", "lr"});
   CHECK(records[0]["test_loss"].is_null());
   CHECK(records[0]["test_accuracy"].is_null());
   CHECK(records[1]["test_accuracy"].is_number());

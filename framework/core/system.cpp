@@ -1,5 +1,7 @@
 #include "framework/core/system.hpp"
 
+#include <sys/resource.h>
+
 #include <cstring>
 #include <random>
 
@@ -18,6 +20,12 @@ std::string randomHex(size_t bytes) {
     text += digits[value & 0xf];
   }
   return text;
+}
+
+int64_t peakResidentBytes() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 }  // namespace ddp

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace ddp {
@@ -12,5 +13,9 @@ std::string errnoText(int err);
 // 2 * bytes hexadecimal digits from the system's random source, for job
 // tokens and names of shared-memory segments.
 std::string randomHex(size_t bytes);
+
+// The most resident memory this process has held so far (getrusage), in
+// bytes.
+int64_t peakResidentBytes();
 
 }  // namespace ddp

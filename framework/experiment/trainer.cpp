@@ -736,6 +736,18 @@ TrainResult Trainer::runStages() {
           break;
       }
     }
+    {
+      const ParallelStrategy::HeldBytes held = s.strategy->heldBytes();
+      at::Tensor memory = at::tensor(std::vector<double>{double(held.parameters), double(held.gradients),
+                                                         double(held.optimizerState), double(peakResidentBytes())},
+                                     at::kDouble);
+      if (worldSize() > 1) group().allreduce(memory, {ReduceOp::Max})->wait();
+      const double* v = memory.data_ptr<double>();
+      m.parameterBytes = static_cast<int64_t>(v[0]);
+      m.gradientBytes = static_cast<int64_t>(v[1]);
+      m.optimizerBytes = static_cast<int64_t>(v[2]);
+      m.peakRssBytes = static_cast<int64_t>(v[3]);
+    }
     m.seconds = std::chrono::duration<double>(Clock::now() - epochStart).count();
 
     EpochEnd end{m, evaluated, lastEpoch};

@@ -103,6 +103,11 @@ struct EpochMetrics {
   // (Dataset::get and the copy to the device), the mean over ranks: what a
   // prefetching loader could at most hide.
   double dataSeconds = 0;
+  // Memory at the end of the epoch, the largest over ranks: bytes held in
+  // parameters, gradients and optimizer state between steps (the
+  // strategy's own count, ParallelStrategy::heldBytes) and the peak
+  // resident memory of the rank's process so far.
+  int64_t parameterBytes = 0, gradientBytes = 0, optimizerBytes = 0, peakRssBytes = 0;
   // Metrics that callbacks add (name, value), written to metrics.jsonl after
   // the standard ones.
   std::vector<std::pair<std::string, double>> extra;

@@ -1,8 +1,10 @@
 #include "framework/parallel/optimizer_state.hpp"
 
+#include <torch/optim.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <optional>
 #include <sstream>
 
 namespace ddp {
@@ -43,11 +45,41 @@ std::unique_ptr<torch::optim::OptimizerParamState> stateFrom(const torch::optim:
 
 std::string stateKey(const at::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
 
+namespace {
+
+int64_t bytesOf(std::initializer_list<at::Tensor> tensors) {
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors)
+    if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
+// LibTorch's own states, read directly: serializing a large state only to
+// measure it would copy all of it.
+std::optional<int64_t> knownStateBytes(const torch::optim::OptimizerParamState& state) {
+  using namespace torch::optim;
+  if (auto* s = dynamic_cast<const AdamParamState*>(&state))
+    return bytesOf({s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()});
+  if (auto* s = dynamic_cast<const AdamWParamState*>(&state))
+    return bytesOf({s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()});
+  if (auto* s = dynamic_cast<const SGDParamState*>(&state)) return bytesOf({s->momentum_buffer()});
+  if (auto* s = dynamic_cast<const AdagradParamState*>(&state)) return bytesOf({s->sum()});
+  if (auto* s = dynamic_cast<const RMSpropParamState*>(&state))
+    return bytesOf({s->square_avg(), s->momentum_buffer(), s->grad_avg()});
+  return std::nullopt;
+}
+
+}  // namespace
+
 int64_t optimizerStateBytes(const torch::optim::Optimizer& optimizer) {
   int64_t bytes = 0;
   for (const auto& [key, state] : optimizer.state()) {
+    if (auto known = knownStateBytes(*state)) {
+      bytes += *known;
+      continue;
+    }
     for (const auto& [name, value] : stateEntries(*state)) {
-      if (value.isTensor() && value.toTensor().defined()) bytes += value.toTensor().nbytes();
+      if (value.isTensor() && value.toTensor().defined()) bytes += static_cast<int64_t>(value.toTensor().nbytes());
     }
   }
   return bytes;

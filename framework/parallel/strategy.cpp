@@ -3,9 +3,12 @@
 #include <fmt/format.h>
 #include <torch/serialize.h>
 
+#include <unordered_set>
+
 #include "framework/core/errors.hpp"
 #include "framework/parallel/ddp_strategy.hpp"
 #include "framework/parallel/local_strategy.hpp"
+#include "framework/parallel/optimizer_state.hpp"
 #include "framework/parallel/zero_strategy.hpp"
 
 namespace ddp {
@@ -33,6 +36,26 @@ std::unique_ptr<ParallelStrategy> StrategyRegistry::create(const std::string& na
     fail<UsageError>("parallel strategy \"{}\": the model, optimizer and process group must be given", name);
   }
   return it->second(std::move(context));
+}
+
+int64_t storageBytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    if (seen.insert(t.storage().unsafeGetStorageImpl()).second) bytes += static_cast<int64_t>(t.storage().nbytes());
+  }
+  return bytes;
+}
+
+ParallelStrategy::HeldBytes ParallelStrategy::heldBytes() {
+  HeldBytes held;
+  std::vector<at::Tensor> params = model().parameters(), grads;
+  for (const at::Tensor& p : params) grads.push_back(p.grad());
+  held.parameters = storageBytes(params);
+  held.gradients = storageBytes(grads);
+  held.optimizerState = optimizerStateBytes(optimizer());
+  return held;
 }
 
 StrategyRegistry& builtinStrategies() {

@@ -67,7 +67,21 @@ class ParallelStrategy {
   virtual void step() = 0;
 
   virtual void saveState(torch::serialize::OutputArchive* archive) = 0;
+
+  // What this rank holds between steps, in bytes, summed over the tensors
+  // it keeps (a storage shared by several tensors counted once): for the
+  // metrics and the benchmarks. The default counts the model's parameters,
+  // their gradients and the optimizer's state; a strategy with buffers of
+  // its own (buckets, shards) adds them.
+  struct HeldBytes {
+    int64_t parameters = 0, gradients = 0, optimizerState = 0;
+  };
+  virtual HeldBytes heldBytes();
 };
+
+// Bytes of the storages behind `tensors`, each counted once (undefined
+// tensors skipped).
+int64_t storageBytes(const std::vector<at::Tensor>& tensors);
 
 // What a strategy is built from.
 struct StrategyContext {

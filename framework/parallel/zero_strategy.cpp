@@ -275,6 +275,18 @@ void ZeroStrategy::step() {
   if (!s.buffers.empty() && s.world > 1) broadcastFromRankZero(*s.group, s.buffers, s.timeout);
 }
 
+ParallelStrategy::HeldBytes ZeroStrategy::heldBytes() {
+  Impl& s = *impl_;
+  HeldBytes held;
+  std::vector<at::Tensor> params = s.model->parameters(), grads = {s.flatGrad, s.shardGrad};
+  params.push_back(s.shardParam);
+  for (const at::Tensor& p : s.model->parameters()) grads.push_back(p.grad());
+  held.parameters = storageBytes(params);
+  held.gradients = storageBytes(grads);
+  held.optimizerState = optimizerStateBytes(*s.optimizer);
+  return held;
+}
+
 void ZeroStrategy::saveState(torch::serialize::OutputArchive* archive) {
   Impl& s = *impl_;
   std::unique_ptr<StateMap> full = s.gatherFullStates();

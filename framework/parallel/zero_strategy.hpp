@@ -57,6 +57,9 @@ class ZeroStrategy : public ParallelStrategy {
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
   void step() override;
   void saveState(torch::serialize::OutputArchive* archive) override;
+  // Parameters: the flat full buffer the model's parameters view, and this
+  // rank's shard; gradients: the flat buffer and the shard's average.
+  HeldBytes heldBytes() override;
 
   const FlatShards& shards() const;
 

@@ -30,7 +30,7 @@ std::vector<std::string> taskColumns(Task task) {
 std::string csvHeader(const std::vector<std::string>& columns) {
   std::string header = "epoch,train_loss,test_loss";
   for (const std::string& c : columns) header += "," + c;
-  return header + ",seconds,data_seconds\n";
+  return header + ",seconds,data_seconds,param_bytes,grad_bytes,optimizer_bytes,peak_rss_bytes\n";
 }
 
 std::optional<double> column(const EpochMetrics& m, const std::string& name) {
@@ -125,9 +125,14 @@ void MetricsFiles::onEpochEnd(Trainer&, EpochEnd& end) {
   }
   record["seconds"] = jsonNumber(m.seconds, "%.6f");
   record["data_seconds"] = jsonNumber(m.dataSeconds, "%.6f");
+  record["param_bytes"] = m.parameterBytes;
+  record["grad_bytes"] = m.gradientBytes;
+  record["optimizer_bytes"] = m.optimizerBytes;
+  record["peak_rss_bytes"] = m.peakRssBytes;
   for (const auto& [name, value] : m.extra) record[name] = jsonNumber(value);
   jsonl_.append(record.dump() + "\n");
-  csv_.append(row + "," + csvNumber(m.seconds) + "," + csvNumber(m.dataSeconds) + "\n");
+  csv_.append(row + "," + csvNumber(m.seconds) + "," + csvNumber(m.dataSeconds) +
+              fmt::format(",{},{},{},{}\n", m.parameterBytes, m.gradientBytes, m.optimizerBytes, m.peakRssBytes));
 }
 
 }  // namespace ddp
