@@ -12,8 +12,11 @@
 // That noise is large for a small model early in training: when the loss
 // leaves its first plateau (the byte frequencies) depends on the seed, and
 // one side's single run can land 15% above the other's. So each side trains
-// once per seed of --seeds (default 0 and 1) and the target compares the
-// means; every run is a row of the table.
+// once per seed of --seeds (default 0 and 1000: epoch e shuffles with seed
+// + e, so nearby seeds share orders) and the target compares the means;
+// every run is a row of the table. The reference takes its batches in our
+// sampler's order (reference/distributed_sampler.py), so with one seed both
+// sides start from the same weights and see the same batches.
 //
 // Also printed: parameters, optimizer steps, and each side's wall time of
 // its epoch loop (ours: the sum of the epochs' seconds in metrics.jsonl).
@@ -40,7 +43,9 @@ using nlohmann::json;
 struct Options {
   std::string experiment = std::string(DDP_SOURCE_DIR) + "/experiments/char_gpt.json";
   std::vector<std::string> overrides;
-  std::vector<int64_t> seeds = {0, 1};
+  // Far apart: each epoch shuffles with seed + epoch, so seeds 0 and 1 would
+  // share all but one epoch's order.
+  std::vector<int64_t> seeds = {0, 1000};
   std::string jsonPath;
   double tolerance = 0.05;
 };
@@ -75,12 +80,21 @@ json runSeed(const Options& o, const TempDir& dir, int64_t seed) {
     text << in.rdbuf();
     throw BenchError(fmt::format("ddp-run failed (seed {}):\n{}", seed, text.str()));
   }
+  // Our step count, from ddp-run's last line ("done: N steps; ...").
+  int64_t steps = -1;
+  {
+    std::ifstream in(log);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("done: ", 0) == 0) steps = std::stoll(line.substr(6));
+    }
+  }
   const json config = readJsonFile(runDir + "/config.json");
   const json last = lastRecord(runDir + "/metrics.jsonl");
   json records = json::array();
   records.push_back({{"impl", "ddp"},
                      {"seed", seed},
                      {"world_size", config["distributed"]["nproc_per_node"]},
+                     {"steps", steps},
                      {"val_loss", last.at("test_loss")},
                      {"seconds", last["loop_seconds"]}});
   if (pythonTorchUnavailable()) return records;
@@ -92,7 +106,6 @@ json runSeed(const Options& o, const TempDir& dir, int64_t seed) {
   json theirs = lines.back();
   theirs["seed"] = seed;
   records[0]["params"] = theirs.value("params", 0);
-  records[0]["steps"] = theirs.value("steps", 0);
   records.push_back(theirs);
   return records;
 }

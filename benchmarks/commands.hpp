@@ -30,4 +30,8 @@ void registerTrainStepCommand(CLI::App& app);
 // ddp-run against the same training in PyTorch (Python).
 void registerLmCommand(CLI::App& app);
 
+// `ddp-bench strategies`: step time and memory of ddp, zero1, ... on a 50M
+// parameter MLP against PyTorch's DDP, ZeroRedundancyOptimizer and FSDP.
+void registerStrategiesCommand(CLI::App& app);
+
 }  // namespace ddp::bench

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   ddp::bench::registerWineCommand(app);
   ddp::bench::registerTrainStepCommand(app);
   ddp::bench::registerLmCommand(app);
+  ddp::bench::registerStrategiesCommand(app);
 
   try {
     app.parse(argc, argv);

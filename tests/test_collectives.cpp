@@ -107,6 +107,14 @@ void checkClosedForms(const std::string& backend, int n, ProcessGroupOptions opt
         for (int r = 0; r < n; ++r) {
           if (!exactlyEqual(gathered[r], base + 10 * r, dtype)) fail(rank, caseName("allgather", dtype, count));
         }
+        // In place: the input is this rank's slice of the output (zero1).
+        at::Tensor inPlace = at::zeros({n, count}, at::TensorOptions().dtype(dtype).device(device));
+        inPlace[rank].copy_(place(base + 10 * rank, dtype));
+        pg.allgather(inPlace[rank], inPlace)->wait();
+        for (int r = 0; r < n; ++r) {
+          if (!exactlyEqual(inPlace[r], base + 10 * r, dtype))
+            fail(rank, caseName("allgather in place", dtype, count));
+        }
       }
     }
     pg.barrier()->wait();

@@ -722,3 +722,37 @@ TEST_CASE("DistributedSampler reshuffles every epoch, reproducibly", "[sampler]"
   // Pinned: the order must not depend on the platform or standard library.
   CHECK(DistributedSampler(10, 0, 1, 0).nextEpoch() == std::vector<int64_t>{7, 2, 0, 8, 3, 9, 6, 1, 5, 4});
 }
+
+// benchmarks/reference/distributed_sampler.py gives the PyTorch references
+// our sample order; it must be the C++ sampler's, rank by rank.
+TEST_CASE("the Python port of DistributedSampler gives the C++ sampler's indices", "[sampler]") {
+  if (!std::filesystem::exists("/usr/bin/python3")) {
+    WARN("SKIPPED: /usr/bin/python3 is absent");
+    return;
+  }
+  struct Case {
+    int64_t n;
+    uint64_t seed;
+    int64_t epoch;
+    int rank, world;
+    bool dropLast;
+  };
+  for (const Case& c : {Case{10, 0, 0, 0, 1, false}, Case{103, 5, 2, 1, 3, false}, Case{103, 5, 2, 2, 3, true},
+                        Case{2, 9, 1, 3, 4, false}, Case{3346, 1000, 7, 1, 2, false}}) {
+    SpawnOptions options;
+    options.argv = {"/usr/bin/python3", DDP_SOURCE_DIR "/benchmarks/reference/distributed_sampler.py",
+                    std::to_string(c.n), std::to_string(c.seed), std::to_string(c.epoch), std::to_string(c.rank),
+                    std::to_string(c.world)};
+    if (c.dropLast) options.argv.push_back("--drop-last");
+    const FinishedProcess done = runProcess(std::move(options));
+    REQUIRE(WIFEXITED(done.status));
+    REQUIRE(WEXITSTATUS(done.status) == 0);
+    std::vector<int64_t> python;
+    std::istringstream lines(done.output);
+    for (int64_t i; lines >> i;) python.push_back(i);
+    DistributedSampler sampler(c.n, c.rank, c.world, c.seed, true, c.dropLast);
+    sampler.setEpoch(c.epoch);
+    INFO("n " << c.n << " seed " << c.seed << " epoch " << c.epoch << " rank " << c.rank << "/" << c.world);
+    CHECK(python == sampler.nextEpoch());
+  }
+}

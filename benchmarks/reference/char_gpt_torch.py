@@ -38,6 +38,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
+from distributed_sampler import indices_for_epoch  # our sampler's order
 from models_torch import Gpt  # this folder's; the one Python definition of the models
 
 
@@ -93,17 +94,22 @@ def worker(rank, world, port, cfg, out):
                                weight_decay=o.get("weight_decay", 0.0))
     else:
         raise SystemExit(f"char_gpt_torch.py: optimizer {o['name']} not supported here")
-    sampler = torch.utils.data.distributed.DistributedSampler(train, world, rank, shuffle=True, seed=tc["seed"],
-                                                              drop_last=tc.get("drop_last", False))
-    loader = torch.utils.data.DataLoader(train, batch_size=tc["batch_size"], sampler=sampler)
+    # Our sampler's order (not torch's DistributedSampler, nor a DataLoader,
+    # which draws from the global generator each epoch): with the same seed
+    # both sides see the same batches and the same dropout masks.
+    batch = tc["batch_size"]
     max_steps = tc.get("max_steps", 0)
     steps = 0
     dist.barrier()
     start = time.perf_counter()
     for epoch in range(tc["epochs"]):
-        sampler.set_epoch(epoch)
         ddp.train()
-        for x, y in loader:
+        mine = indices_for_epoch(len(train), tc["seed"], epoch, rank, world, drop_last=tc.get("drop_last", False))
+        for b in range(0, len(mine), batch):
+            if tc.get("drop_last", False) and b + batch > len(mine):
+                break  # as the trainer: no short last batch
+            xs, ys = zip(*(train[k] for k in mine[b:b + batch]))
+            x, y = torch.stack(xs), torch.stack(ys)
             opt.zero_grad(set_to_none=True)
             logits = ddp(x)
             F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1)).backward()

@@ -96,7 +96,8 @@ class ProcessGroup {
   virtual WorkPtr allreduce(at::Tensor& tensor, const AllreduceOptions& opts = {});
   // In place: every rank ends with the root's tensor.
   virtual WorkPtr broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {});
-  // output has size() * input.numel() elements; slice r receives rank r's input.
+  // output has size() * input.numel() elements; slice r receives rank r's
+  // input. In place: input may be this rank's slice of output.
   virtual WorkPtr allgather(const at::Tensor& input, at::Tensor& output, const AllgatherOptions& opts = {});
   // input has size() * output.numel() elements; rank r receives op over
   // ranks of slice r.

@@ -110,7 +110,10 @@ void ZeroStrategy::Impl::build() {
     if (p.grad().defined()) gradViews.back().copy_(p.grad());
     p.mutable_grad() = gradViews.back();
   }
-  shardParam = flatParam.narrow(0, rank * S, S).clone();
+  // This rank's shard of the parameters is its slice of flatParam: the
+  // optimizer updates it in place, and the allgather (in place) fills in
+  // the other ranks' slices.
+  shardParam = flatParam.narrow(0, rank * S, S);
   for (size_t i = 0; i < params.size(); ++i) {
     pieceInfo.push_back(shards->pieceOf(i, rank));
     if (!pieceInfo.back()) {
@@ -279,7 +282,7 @@ ParallelStrategy::HeldBytes ZeroStrategy::heldBytes() {
   Impl& s = *impl_;
   HeldBytes held;
   std::vector<at::Tensor> params = s.model->parameters(), grads = {s.flatGrad, s.shardGrad};
-  params.push_back(s.shardParam);
+  params.push_back(s.flatParam);
   for (const at::Tensor& p : s.model->parameters()) grads.push_back(p.grad());
   held.parameters = storageBytes(params);
   held.gradients = storageBytes(grads);

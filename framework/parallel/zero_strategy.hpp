@@ -12,8 +12,9 @@
 //   flat gradient buffer (backward writes it in place; no copy out).
 // - step(): a reduce-scatter (Avg) of the flat gradient leaves this rank
 //   the average gradient of its shard; the optimizer, whose param groups
-//   now hold this rank's pieces, steps them; an allgather of the shards
-//   writes the new parameters back into every rank's model; the gradient
+//   now hold this rank's pieces (views of its slice of the model's flat
+//   parameters), steps them in place; an allgather in place fills in the
+//   other ranks' slices, so every rank's model is whole again; the gradient
 //   buffer is zeroed; rank 0's buffers (batch norm statistics) are
 //   broadcast, as DDP does after its gradient sync.
 // - So every rank ends a step with the same parameters as DDP with the same
@@ -57,8 +58,9 @@ class ZeroStrategy : public ParallelStrategy {
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
   void step() override;
   void saveState(torch::serialize::OutputArchive* archive) override;
-  // Parameters: the flat full buffer the model's parameters view, and this
-  // rank's shard; gradients: the flat buffer and the shard's average.
+  // Parameters: the flat buffer the model's parameters view (this rank's
+  // shard is its slice); gradients: the flat buffer and the shard's
+  // average (1 + 1/world of DDP's).
   HeldBytes heldBytes() override;
 
   const FlatShards& shards() const;

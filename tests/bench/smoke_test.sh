@@ -115,6 +115,31 @@ else
   echo "SKIPPED lm: /usr/share/games/fortunes/computers is absent (scripts/setup.sh installs fortunes)"
 fi
 
+# Strategies on a small MLP, with PyTorch's DDP and ZeRO where installed:
+# every strategy (and PyTorch) ends with ddp's parameters, zero1 holds half
+# of ddp's Adam state at 2 ranks.
+run strategies strategies --widths 64,128,32 --steps 2 --warmup 1 --json "$out/strategies.json"
+python3 - "$out/strategies.json" <<'PY'
+import json, sys
+records = {r["impl"]: r for r in json.load(open(sys.argv[1]))}
+assert {"ddp", "zero1"} <= set(records), records.keys()
+params = 64 * 128 + 128 + 128 * 32 + 32
+for name, r in records.items():
+    assert r["params"] == params and r["world_size"] == 2 and r["step_ms"] > 0, r
+    assert r["peak_rss_bytes"] > r["param_bytes"] > 0, r
+    assert abs(r["param_sum"] - records["ddp"]["param_sum"]) <= 1e-4 * abs(records["ddp"]["param_sum"]), r
+ddp, zero1 = records["ddp"], records["zero1"]
+assert ddp["optimizer_bytes"] == 2 * 4 * params, ddp
+assert zero1["optimizer_bytes"] == 2 * 4 * ((params + 1) // 2), zero1
+print("strategies:", sorted(records))
+PY
+expect_strategy_error() {
+  local rc=0
+  timeout 60 "$bench" strategies --strategies ddp,zero9 >"$out/error.log" 2>&1 || rc=$?
+  [ "$rc" -ne 0 ] && grep -qF 'unknown strategy "zero9"' "$out/error.log" || { cat "$out/error.log"; fail "strategies --strategies zero9"; }
+}
+expect_strategy_error
+
 # Bad input: one clear line and a non-zero exit, before any rank starts.
 expect_error() {  # expect_error TEXT ARGS...
   local text=$1 rc=0

@@ -1,0 +1,313 @@
+// `ddp-bench strategies`: the parallel strategies (ddp, zero1, ...) on one
+// model, side by side, against PyTorch's DDP, ZeroRedundancyOptimizer and
+// FSDP (reference/strategies_torch.py) in the same invocation.
+//
+// The model is an MLP (default 2048-4096-4096-4096-2048, 50.4M parameters)
+// trained with Adam on random data, batch 32 per rank, one intra-op thread
+// per rank, ranks as processes (this executable again with hidden
+// --worker-* flags), one strategy after the other. Per strategy: the
+// median step time, and per rank (the largest over ranks) the bytes held in
+// parameters, gradients and optimizer state between steps
+// (ParallelStrategy::heldBytes) and the peak resident memory.
+//
+// What it checks: every rank ends with rank 0's parameters, and every
+// strategy ends with ddp's (the sum and the sum of absolute values of all
+// parameters, to 1e-4 relative). PyTorch's side starts from the same
+// weights and batches (same seeds and initialisation on LibTorch 1.13), so
+// its sums are compared too and printed.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "backends/builtin.hpp"
+#include "benchmarks/bench_python.hpp"
+#include "benchmarks/bench_util.hpp"
+#include "benchmarks/commands.hpp"
+#include "ddp/config.hpp"
+#include "framework/comm/backend_registry.hpp"
+#include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
+#include "framework/core/system.hpp"
+#include "framework/parallel/strategy.hpp"
+#include "framework/store/tcp_store.hpp"
+
+namespace ddp::bench {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kLoopback = "127.0.0.1";
+
+struct Options {
+  std::vector<std::string> strategies = {"ddp", "zero1"};
+  std::vector<int64_t> widths = {2048, 4096, 4096, 4096, 2048};
+  int worldSize = 2;
+  int64_t batch = 32;
+  int steps = 5;
+  int warmup = 2;
+  double lr = 1e-4;
+  bool noReference = false;
+  std::string jsonPath;
+  int timeoutSeconds = 900;
+
+  int workerRank = -1;
+  std::string workerStrategy, workerDir;
+};
+
+std::string resultsPath(const std::string& dir, const std::string& strategy) {
+  return dir + "/results." + strategy + ".json";
+}
+
+std::shared_ptr<torch::nn::Module> buildMlp(const std::vector<int64_t>& widths) {
+  torch::nn::Sequential net;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    net->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
+    if (i + 2 < widths.size()) net->push_back(torch::nn::ReLU());
+  }
+  return net.ptr();
+}
+
+void runWorker(const Options& o) {
+  at::set_num_threads(1);
+  const int rank = o.workerRank;
+  const std::chrono::milliseconds timeout(o.timeoutSeconds * 1000);
+  TCPStoreOptions storeOptions;
+  storeOptions.host = kLoopback;
+  storeOptions.isServer = rank == 0;
+  const std::string portFile = o.workerDir + "/port." + o.workerStrategy;
+  storeOptions.port = storeOptions.isServer ? 0 : awaitPort(portFile, timeout, rank);
+  storeOptions.connectTimeout = timeout;
+  storeOptions.timeout = timeout;
+  auto store = std::make_shared<TCPStore>(storeOptions);
+  if (storeOptions.isServer) publishPort(portFile, store->port());
+  ProcessGroupOptions groupOptions;
+  groupOptions.timeout = timeout;
+  groupOptions.masterAddr = kLoopback;
+  ProcessGroupPtr group = builtinBackends().create("gloo", store, rank, o.worldSize, groupOptions);
+
+  torch::manual_seed(0);
+  auto model = buildMlp(o.widths);
+  auto* net = dynamic_cast<torch::nn::SequentialImpl*>(model.get());
+  torch::manual_seed(1 + rank);
+  const at::Tensor x = torch::randn({o.batch, o.widths.front()});
+  const at::Tensor y = torch::randint(0, o.widths.back(), {o.batch}, torch::kLong);
+
+  StrategyContext context;
+  context.model = model;
+  context.optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(o.lr));
+  context.group = group;
+  std::unique_ptr<ParallelStrategy> strategy = builtinStrategies().create(o.workerStrategy, std::move(context));
+
+  std::vector<double> times;
+  for (int i = 0; i < o.warmup + o.steps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    at::Tensor loss = torch::nn::functional::cross_entropy(net->forward(x), y);
+    strategy->backward(loss, true);
+    strategy->step();
+    if (i >= o.warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  // Before the checks below, which allocate full copies of the parameters.
+  const double peakRss = double(peakResidentBytes());
+  const ParallelStrategy::HeldBytes held = strategy->heldBytes();
+
+  // Parameter sums, and the largest difference from rank 0's parameters.
+  std::vector<at::Tensor> flat;
+  for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
+  const at::Tensor mine = at::cat(flat);
+  at::Tensor first = mine.clone();
+  group->broadcast(first)->wait();
+  const double diff = (mine - first).abs().max().item<double>();
+
+  // Per rank: median step, held bytes, peak RSS; summed into slots.
+  constexpr int kFields = 6;
+  at::Tensor gathered = at::zeros({o.worldSize * kFields}, at::kDouble);
+  const double values[kFields] = {median(times), double(held.parameters), double(held.gradients),
+                                  double(held.optimizerState), peakRss, diff};
+  for (int f = 0; f < kFields; ++f) gathered[rank * kFields + f] = values[f];
+  group->allreduce(gathered)->wait();
+  if (rank != 0) return;
+  const at::Tensor table = gathered.view({o.worldSize, kFields});
+  auto largest = [&](int f) { return table.select(1, f).max().item<double>(); };
+  int64_t params = 0;
+  for (const auto& p : model->parameters()) params += p.numel();
+  const at::Tensor asDouble = mine.to(at::kDouble);
+  writeJsonFile(resultsPath(o.workerDir, o.workerStrategy),
+                json{{"impl", o.workerStrategy},
+                     {"world_size", o.worldSize},
+                     {"params", params},
+                     {"batch_per_rank", o.batch},
+                     {"step_ms", table.select(1, 0).mean().item<double>() * 1e3},
+                     {"param_bytes", largest(1)},
+                     {"grad_bytes", largest(2)},
+                     {"optimizer_bytes", largest(3)},
+                     {"peak_rss_bytes", largest(4)},
+                     {"max_param_diff", largest(5)},
+                     {"param_sum", asDouble.sum().item<double>()},
+                     {"param_abs_sum", asDouble.abs().sum().item<double>()}});
+}
+
+std::vector<std::string> workerArguments(const Options& o, const std::string& strategy, int rank,
+                                         const std::string& dir) {
+  std::string widths;
+  for (int64_t w : o.widths) widths += (widths.empty() ? "" : ",") + std::to_string(w);
+  return {"strategies",       "--widths",          widths,
+          "--world-size",     std::to_string(o.worldSize),
+          "--batch",          std::to_string(o.batch),
+          "--steps",          std::to_string(o.steps),
+          "--warmup",         std::to_string(o.warmup),
+          "--lr",             fmt::format("{}", o.lr),
+          "--timeout",        std::to_string(o.timeoutSeconds),
+          "--worker-rank",    std::to_string(rank),
+          "--worker-strategy", strategy,
+          "--worker-dir",     dir};
+}
+
+double relativeDifference(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+void runLauncher(const Options& o) {
+  if (o.steps < 1 || o.warmup < 0 || o.worldSize < 1 || o.batch < 1 || o.widths.size() < 2) {
+    throw BenchError("--steps, --world-size and --batch must be at least 1, --warmup at least 0, --widths two or more");
+  }
+  for (const std::string& s : o.strategies) {
+    if (!builtinStrategies().has(s)) {
+      fail<BenchError>("--strategies: unknown strategy \"{}\" (known: {})", s, joinNames(builtinStrategies().names()));
+    }
+  }
+  TempDir dir("ddp-bench-strategies-");
+  ::setenv(kStoreTokenEnv, randomHex(16).c_str(), 1);
+  json records = json::array();
+  for (const std::string& s : o.strategies) {
+    std::cerr << fmt::format("running {} on {} rank(s)...\n", s, o.worldSize);
+    launchRanks(
+        o.worldSize, [&](int rank) { return workerArguments(o, s, rank, dir.path()); },
+        std::chrono::seconds(o.timeoutSeconds), dir.path(), s);
+    json record = readJsonFile(resultsPath(dir.path(), s));
+    if (record["max_param_diff"].get<double>() != 0) {
+      fail<BenchError>("{}: after {} steps the ranks' parameters differ from rank 0's by up to {}", s,
+                       o.warmup + o.steps, record["max_param_diff"].get<double>());
+    }
+    records.push_back(record);
+  }
+  if (!o.noReference) {
+    if (auto why = pythonTorchUnavailable()) {
+      std::cerr << "skipping the PyTorch reference: " << *why << "\n";
+    } else {
+      std::string widths;
+      for (int64_t w : o.widths) widths += (widths.empty() ? "" : ",") + std::to_string(w);
+      std::cerr << "running PyTorch's DDP, ZeroRedundancyOptimizer and FSDP...\n";
+      const auto lines = runJsonLines(fmt::format(
+          "{} {} --widths {} --world-size {} --batch {} --steps {} --warmup {} --lr {}", pythonCommand(),
+          shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/strategies_torch.py"), widths, o.worldSize,
+          o.batch, o.steps, o.warmup, o.lr));
+      for (const json& line : lines) {
+        if (line.contains("unavailable")) {
+          std::cout << fmt::format("{}: not run: {}\n", line.value("impl", "?"), line["unavailable"].get<std::string>());
+          continue;
+        }
+        records.push_back(line);
+      }
+    }
+  }
+
+  Table table({"impl", "ranks", "params", "step_ms", "param_MiB", "grad_MiB", "optim_MiB", "peak_rss_MiB",
+               "params_vs_ddp"},
+              1);
+  const json* ddpRecord = nullptr;
+  for (const auto& r : records)
+    if (r["impl"] == "ddp") ddpRecord = &r;
+  auto mib = [](const json& v) { return formatFixed(v.get<double>() / (1024.0 * 1024.0), 1); };
+  bool agree = true;
+  for (const auto& r : records) {
+    std::string match = "-";
+    if (ddpRecord && r.contains("param_sum")) {
+      const double d = std::max(relativeDifference(r["param_sum"], (*ddpRecord)["param_sum"]),
+                                relativeDifference(r["param_abs_sum"], (*ddpRecord)["param_abs_sum"]));
+      match = fmt::format("{:.1e}", d);
+      if (d > 1e-4 && r["impl"].get<std::string>().rfind("torch-", 0) != 0) agree = false;
+    }
+    table.addRow({r["impl"].get<std::string>(), std::to_string(r["world_size"].get<int>()),
+                  std::to_string(r["params"].get<int64_t>()), formatFixed(r["step_ms"].get<double>(), 1),
+                  mib(r["param_bytes"]), mib(r["grad_bytes"]), mib(r["optimizer_bytes"]), mib(r["peak_rss_bytes"]),
+                  match});
+  }
+  std::cout << table.render();
+  if (ddpRecord) {
+    const double ddpStep = (*ddpRecord)["step_ms"], ddpOptim = (*ddpRecord)["optimizer_bytes"];
+    for (const auto& r : records) {
+      if (r["impl"] == "ddp") continue;
+      std::cout << fmt::format("{} / ddp: step {:.2f}x, optimizer state {:.2f}x, gradients {:.2f}x, peak RSS {:.2f}x\n",
+                               r["impl"].get<std::string>(), r["step_ms"].get<double>() / ddpStep,
+                               r["optimizer_bytes"].get<double>() / ddpOptim,
+                               r["grad_bytes"].get<double>() / (*ddpRecord)["grad_bytes"].get<double>(),
+                               r["peak_rss_bytes"].get<double>() / (*ddpRecord)["peak_rss_bytes"].get<double>());
+    }
+  }
+  const json *zero1 = nullptr, *torchZero = nullptr;
+  for (const auto& r : records) {
+    if (r["impl"] == "zero1") zero1 = &r;
+    if (r["impl"] == "torch-zero") torchZero = &r;
+  }
+  if (zero1 && torchZero) {
+    std::cout << fmt::format("zero1 / torch-zero (ZeroRedundancyOptimizer) step time: {:.2f}x (target <= 0.8)\n",
+                             (*zero1)["step_ms"].get<double>() / (*torchZero)["step_ms"].get<double>());
+  }
+  if (!o.jsonPath.empty()) {
+    writeJsonFile(o.jsonPath, records);
+    std::cerr << "wrote " << o.jsonPath << "\n";
+  }
+  if (!agree) throw BenchError("a strategy ended with other parameters than ddp (params_vs_ddp above 1e-4)");
+}
+
+}  // namespace
+
+void registerStrategiesCommand(CLI::App& app) {
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "strategies", "Step time and memory of each parallel strategy vs PyTorch's DDP, ZeRO and FSDP, same run");
+  cmd->add_option("--strategies", options->strategies, "Comma-separated strategies")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--widths", options->widths, "MLP layer widths (Adam, cross entropy over the last)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--world-size", options->worldSize, "Ranks (processes)")->capture_default_str();
+  cmd->add_option("--batch", options->batch, "Samples per rank")->capture_default_str();
+  cmd->add_option("--steps", options->steps, "Timed steps (the median is reported)")->capture_default_str();
+  cmd->add_option("--warmup", options->warmup, "Untimed steps first")->capture_default_str();
+  cmd->add_option("--lr", options->lr, "Adam's learning rate")->capture_default_str();
+  cmd->add_flag("--no-reference", options->noReference, "Do not run PyTorch");
+  cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->add_option("--timeout", options->timeoutSeconds, "Seconds all ranks of one strategy may take")
+      ->capture_default_str();
+  cmd->add_option("--worker-rank", options->workerRank)->group("");
+  cmd->add_option("--worker-strategy", options->workerStrategy)->group("");
+  cmd->add_option("--worker-dir", options->workerDir)->group("");
+  cmd->callback([options] {
+    if (options->workerRank >= 0) {
+      try {
+        runWorker(*options);
+      } catch (const std::exception& e) {
+        std::cerr << fmt::format("ddp-bench worker ({} rank {}): {}\n", options->workerStrategy, options->workerRank,
+                                 e.what());
+        reportWorkerError(options->workerDir, options->workerStrategy, options->workerRank, e.what());
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+      return;
+    }
+    try {
+      runLauncher(*options);
+    } catch (const std::exception& e) {
+      std::cerr << "ddp-bench strategies: error: " << e.what() << "\n";
+      throw CLI::RuntimeError(1);
+    }
+  });
+}
+
+}  // namespace ddp::bench
