@@ -1,4 +1,4 @@
-// `ddp-bench strategies`: the parallel strategies (ddp, zero1, ...) on one
+// `ddp-bench strategies`: the parallel strategies (ddp, zero1, zero2) on one
 // model, side by side, against PyTorch's DDP, ZeroRedundancyOptimizer and
 // FSDP (reference/strategies_torch.py) in the same invocation.
 //
@@ -45,7 +45,7 @@ using nlohmann::json;
 constexpr const char* kLoopback = "127.0.0.1";
 
 struct Options {
-  std::vector<std::string> strategies = {"ddp", "zero1"};
+  std::vector<std::string> strategies = {"ddp", "zero1", "zero2"};
   std::vector<int64_t> widths = {2048, 4096, 4096, 4096, 2048};
   int worldSize = 2;
   int64_t batch = 32;

@@ -68,17 +68,24 @@ Data makeData(int64_t n) {
 
 constexpr int64_t kBatch = 4;
 
-// Steps [from, to) of a run: rank r trains on its slice of each global batch.
-void train(ParallelStrategy& s, const Data& data, int rank, int world, int from, int to) {
+// Steps [from, to) of a run: rank r trains on its slice of each global
+// batch, in `micro` micro-batches (the loss of each scaled by 1/micro).
+void train(ParallelStrategy& s, const Data& data, int rank, int world, int from, int to, int micro = 1) {
   auto& net = static_cast<Net&>(s.model());
   for (int k = from; k < to; ++k) {
     const int64_t begin = (int64_t(k) * world + rank) * kBatch;
-    at::Tensor loss = torch::nn::functional::cross_entropy(net.forward(data.x.slice(0, begin, begin + kBatch)),
-                                                           data.y.slice(0, begin, begin + kBatch));
-    s.backward(loss, true);
+    for (int m = 0; m < micro; ++m) {
+      const int64_t b = begin + m * kBatch / micro, e = begin + (m + 1) * kBatch / micro;
+      at::Tensor loss =
+          torch::nn::functional::cross_entropy(net.forward(data.x.slice(0, b, e)), data.y.slice(0, b, e)) / micro;
+      s.backward(loss, m + 1 == micro);
+    }
     s.step();
   }
 }
+
+// Buckets of 64 bytes: zero2 cuts the 115 elements into several.
+constexpr size_t kBucketBytes = 64;
 
 std::unique_ptr<ParallelStrategy> makeStrategy(const std::string& name, ProcessGroup& pg, const std::string& opt,
                                                std::shared_ptr<Net> net) {
@@ -86,22 +93,26 @@ std::unique_ptr<ParallelStrategy> makeStrategy(const std::string& name, ProcessG
   c.model = net;
   c.optimizer = makeOptimizer(opt, net->parameters());
   c.group = borrow(pg);
+  c.ddp.bucketCapBytes = kBucketBytes;
   return builtinStrategies().create(name, std::move(c));
 }
 
 // Parameters (and buffers) of every rank after `steps` steps of `strategy`.
 std::vector<at::Tensor> run(const std::string& strategy, const std::string& opt, int world, int steps,
-                            std::vector<int64_t>* stateBytes = nullptr) {
+                            std::vector<int64_t>* stateBytes = nullptr, std::vector<int64_t>* gradBytes = nullptr,
+                            int micro = 1) {
   const Data data = makeData(64 * kBatch);
   std::vector<at::Tensor> out(world);
   if (stateBytes) stateBytes->assign(world, 0);
+  if (gradBytes) gradBytes->assign(world, 0);
   auto errors = runRanks("gloo", world, [&](int rank, ProcessGroup& pg) {
     auto net = std::make_shared<Net>();
     initParameters(*net, rank == 0 ? 42 : 1000 + rank);  // the strategy must start everyone from rank 0's
     auto s = makeStrategy(strategy, pg, opt, net);
-    train(*s, data, rank, world, 0, steps);
+    train(*s, data, rank, world, 0, steps, micro);
     out[rank] = flatParameters(*net);
     if (stateBytes) (*stateBytes)[rank] = optimizerStateBytes(s->optimizer());
+    if (gradBytes) (*gradBytes)[rank] = s->heldBytes().gradients;
   });
   INFO(joinErrors(errors));
   REQUIRE(joinErrors(errors).empty());
@@ -114,42 +125,62 @@ double relDiff(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("FlatShards: equal shards, pieces tile every parameter in rank order", "[zero]") {
-  const std::vector<int64_t> numels = {0, 1, 5, 7, 0, 3};  // 16 elements
-  for (int world = 1; world <= 5; ++world) {
-    INFO("world " << world);
-    FlatShards s(numels, world);
-    CHECK(s.total() == 16);
-    CHECK(s.shardSize() == (16 + world - 1) / world);
-    CHECK(s.paddedTotal() >= 16);
-    CHECK(s.paddedTotal() - 16 < world);
-    for (size_t i = 0; i < numels.size(); ++i) {
-      int64_t next = 0;  // pieces must continue where the last one ended
-      for (int r = 0; r < world; ++r) {
-        auto piece = s.pieceOf(i, r);
-        if (!piece) continue;
-        CHECK(piece->paramOffset == next);
-        CHECK(piece->length > 0);
-        CHECK(s.offset(i) + piece->paramOffset == r * s.shardSize() + piece->shardOffset);
-        CHECK(piece->shardOffset + piece->length <= s.shardSize());
-        next += piece->length;
+TEST_CASE("FlatShards: buckets of equal slices, pieces tile every parameter in rank order", "[zero]") {
+  const std::vector<int64_t> numels = {0, 1, 5, 7, 0, 3, 20};  // 36 elements
+  for (int64_t cap : {0, 6, 8, 100}) {
+    for (int world = 1; world <= 5; ++world) {
+      INFO("cap " << cap << ", world " << world);
+      FlatShards s(numels, world, cap);
+      CHECK(s.total() == 36);
+      int64_t shard = 0, padded = 0;
+      for (const auto& b : s.buckets()) {
+        int64_t length = 0;
+        for (size_t i = b.firstParam; i < b.endParam; ++i) length += numels[i];
+        CHECK(b.length == length);
+        CHECK(b.slice == std::max<int64_t>(1, (length + world - 1) / world));
+        CHECK(b.offset == padded);
+        CHECK(b.shardOffset == shard);
+        // A bucket over the cap holds one parameter only.
+        if (cap > 0 && length > cap) CHECK(b.endParam - b.firstParam == 1);
+        shard += b.slice;
+        padded += b.padded(world);
       }
-      CHECK(next == numels[i]);
+      CHECK(s.shardSize() == shard);
+      CHECK(s.paddedTotal() == padded);
+      if (cap == 0) CHECK(s.buckets().size() == 1);
+      for (size_t i = 0; i < numels.size(); ++i) {
+        const auto& b = s.buckets()[s.bucketOf(i)];
+        int64_t next = 0;  // pieces must continue where the last one ended
+        for (int r = 0; r < world; ++r) {
+          auto piece = s.pieceOf(i, r);
+          if (!piece) continue;
+          CHECK(piece->paramOffset == next);
+          CHECK(piece->length > 0);
+          // Rank r's slice of the bucket, in the flat space and in its shard.
+          CHECK(s.offset(i) + piece->paramOffset == b.offset + r * b.slice + (piece->shardOffset - b.shardOffset));
+          CHECK(piece->shardOffset >= b.shardOffset);
+          CHECK(piece->shardOffset + piece->length <= b.shardOffset + b.slice);
+          next += piece->length;
+        }
+        CHECK(next == numels[i]);
+      }
     }
   }
   FlatShards empty({}, 3);
   CHECK(empty.total() == 0);
-  CHECK(empty.shardSize() == 1);
+  CHECK(empty.buckets().empty());
   CHECK_FALSE(FlatShards({2}, 3).pieceOf(0, 2).has_value());  // the last rank owns only padding
 }
 
-TEST_CASE("zero1 ends every step with DDP's parameters, holding 1/world of its optimizer state", "[zero]") {
+TEST_CASE("zero1 and zero2 end every step with DDP's parameters, holding 1/world of its optimizer state",
+          "[zero]") {
+  const std::string strategy = GENERATE("zero1", "zero2");
   const std::string opt = GENERATE("sgd", "adam", "adamw");
   const int world = GENERATE(1, 2, 3, 4);
-  INFO(opt << ", world " << world);
+  INFO(strategy << ", " << opt << ", world " << world);
   constexpr int kSteps = 4;
-  std::vector<int64_t> zeroBytes, ddpBytes;
-  const auto zero = run("zero1", opt, world, kSteps, &zeroBytes);
+  std::vector<int64_t> zeroBytes, ddpBytes, zeroGrads;
+  const auto zero = run(strategy, opt, world, kSteps, &zeroBytes, &zeroGrads);
   const auto reference = run("ddp", opt, world, kSteps, &ddpBytes);
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r);
@@ -160,22 +191,42 @@ TEST_CASE("zero1 ends every step with DDP's parameters, holding 1/world of its o
   const int64_t perElement = (opt == "sgd" ? 1 : 2) * 4;
   const int64_t shard = (115 + world - 1) / world;
   for (int r = 0; r < world; ++r) {
-    INFO("rank " << r << ": zero1 " << zeroBytes[r] << " B, ddp " << ddpBytes[r] << " B");
-    CHECK(zeroBytes[r] <= shard * perElement + 64);  // + step counters
+    INFO("rank " << r << ": " << strategy << " " << zeroBytes[r] << " B, ddp " << ddpBytes[r] << " B");
+    // zero2's 64-byte buckets pad each of their slices: a few elements more.
+    CHECK(zeroBytes[r] <= (shard + (strategy == "zero2" ? 8 : 0)) * perElement + 64);
     CHECK(ddpBytes[r] >= 115 * perElement);
+    // zero2 keeps only its gradient shard between steps.
+    if (strategy == "zero2") CHECK(zeroGrads[r] <= (shard + 8) * 4);
   }
 }
 
-TEST_CASE("a zero1 checkpoint is consolidated: it resumes under ddp and zero1 at another world size", "[zero]") {
+// zero2 reduces every micro-batch into its shard; DDP accumulates locally
+// (noSync) and reduces once. (Against one batch of 4 they would differ by
+// design: batch norm's statistics are per micro-batch.) The two sum in
+// different orders, so SGD: Adam would blow the rounding of fc1.bias's
+// gradient, which batch norm makes zero up to rounding, into lr-sized steps.
+TEST_CASE("zero2 accumulates micro-batches as DDP does", "[zero]") {
+  const int world = GENERATE(2, 3);
+  INFO("world " << world);
+  const auto zero = run("zero2", "sgd", world, 3, nullptr, nullptr, 2);
+  const auto reference = run("ddp", "sgd", world, 3, nullptr, nullptr, 2);
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    CHECK(relDiff(zero[r], reference[0]) <= 1e-5);
+  }
+}
+
+TEST_CASE("a zero1 or zero2 checkpoint is consolidated: it resumes under any strategy at another world size", "[zero]") {
   const std::string opt = GENERATE("sgd", "adam");
-  INFO(opt);
+  const std::string saver = GENERATE("zero1", "zero2");
+  INFO(opt << ", saved under " << saver);
   const Data data = makeData(64 * kBatch);
-  // 3 steps under zero1 at world 3; rank 0 writes the checkpoint.
+  // 3 steps under zero1 or zero2 at world 3; rank 0 writes the checkpoint.
   std::string checkpoint;
   auto errors = runRanks("gloo", 3, [&](int rank, ProcessGroup& pg) {
     auto net = std::make_shared<Net>();
     initParameters(*net, 42);
-    auto s = makeStrategy("zero1", pg, opt, net);
+    auto s = makeStrategy(saver, pg, opt, net);
     train(*s, data, rank, 3, 0, 3);
     torch::serialize::OutputArchive archive;
     s->saveState(rank == 0 ? &archive : nullptr);
@@ -232,8 +283,9 @@ TEST_CASE("a zero1 checkpoint is consolidated: it resumes under ddp and zero1 at
     const std::string& saved;
     const char* strategy;
   };
-  for (const Case& c : {Case{"zero1 checkpoint", checkpoint, "ddp"}, Case{"zero1 checkpoint", checkpoint, "zero1"},
-                        Case{"ddp checkpoint", reference, "zero1"}}) {
+  for (const Case& c : {Case{"zero checkpoint", checkpoint, "ddp"}, Case{"zero checkpoint", checkpoint, "zero1"},
+                        Case{"zero checkpoint", checkpoint, "zero2"}, Case{"ddp checkpoint", reference, "zero1"},
+                        Case{"ddp checkpoint", reference, "zero2"}}) {
     INFO(c.label << " resumed under " << c.strategy);
     const auto got = resume(c.saved, c.strategy);
     CHECK(relDiff(got[0], base[0]) <= 1e-5);
@@ -241,13 +293,16 @@ TEST_CASE("a zero1 checkpoint is consolidated: it resumes under ddp and zero1 at
   }
 }
 
-TEST_CASE("zero1 refuses parameters of two dtypes with one line before training", "[zero]") {
+TEST_CASE("zero1 and zero2 refuse parameters of two dtypes with one line before training", "[zero]") {
+  const std::string strategy = GENERATE("zero1", "zero2");
   auto errors = runRanks("gloo", 2, [&](int, ProcessGroup& pg) {
     auto net = std::make_shared<Net>();
     net->fc2->to(at::kDouble);
-    makeStrategy("zero1", pg, "sgd", net);
+    makeStrategy(strategy, pg, "sgd", net);
   });
-  for (const auto& e : errors) {
-    CHECK_THAT(e, Catch::Matchers::Contains("zero1: parameter 'fc2.weight' is float64 but 'fc1.weight' is float32"));
-  }
+  // zero2 lays the parameters out from the last one.
+  const std::string expected = strategy == "zero1"
+                                   ? "zero1: parameter 'fc2.weight' is float64 but 'fc1.weight' is float32"
+                                   : "zero2: parameter 'bn.bias' is float32 but 'fc2.bias' is float64";
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains(expected));
 }

@@ -2,14 +2,19 @@
 // parameters between ranks.
 //
 // Contract
-// - The parameters are laid end to end, in the order given (registration
-//   order), in one flat index space of total() elements, padded at the end
-//   to paddedTotal() = ranks * shardSize(), shardSize() = ceil(total /
-//   ranks) (at least 1). Rank r owns [r * shardSize(), (r + 1) * shardSize()).
-//   The last ranks may own only padding when total is small.
-// - A parameter's intersection with one rank's range is at most one
-//   contiguous piece (pieceOf). Pieces of all ranks tile the parameter in
-//   rank order, which is what gathering a piece-wise state relies on.
+// - The parameters are laid end to end, in the order given, in one flat
+//   index space, cut into buckets of consecutive parameters of at most
+//   bucketCapElements elements each (a parameter larger than that is a
+//   bucket of its own; a cap <= 0 makes one bucket of everything). Each
+//   bucket is padded at its end to ranks * slice, slice = ceil(length /
+//   ranks) (at least 1), and rank r owns slice r of every bucket: it
+//   reduces, steps and gathers that slice. So a bucket is one
+//   reduce-scatter and one allgather.
+// - A rank's shard is its slices of all buckets, in bucket order:
+//   shardSize() elements, the same on every rank.
+// - A parameter's intersection with one rank's slice is at most one
+//   contiguous piece (pieceOf). The pieces of all ranks tile the parameter
+//   in rank order, which is what gathering a piece-wise state relies on.
 // - Pure arithmetic: no tensors are held, nothing is communicated.
 #pragma once
 
@@ -21,20 +26,30 @@ namespace ddp {
 
 class FlatShards {
  public:
+  struct Bucket {
+    size_t firstParam = 0, endParam = 0;  // parameters [firstParam, endParam)
+    int64_t offset = 0;       // flat index of its first element
+    int64_t length = 0;       // its parameters' elements
+    int64_t slice = 1;        // per rank
+    int64_t shardOffset = 0;  // where its slice starts in every rank's shard
+    int64_t padded(int ranks) const { return slice * ranks; }
+  };
   struct Piece {
     int64_t paramOffset = 0;  // first element within the parameter (flattened)
     int64_t shardOffset = 0;  // first element within the owning rank's shard
     int64_t length = 0;       // > 0
   };
 
-  FlatShards(const std::vector<int64_t>& numels, int ranks);
+  FlatShards(const std::vector<int64_t>& numels, int ranks, int64_t bucketCapElements = 0);
 
   int ranks() const { return ranks_; }
-  int64_t total() const { return total_; }
+  int64_t total() const { return total_; }  // elements of all parameters, without padding
   int64_t shardSize() const { return shardSize_; }
-  int64_t paddedTotal() const { return shardSize_ * ranks_; }
-  size_t paramCount() const { return offsets_.size(); }
-  // Where parameter i starts in the flat index space.
+  int64_t paddedTotal() const { return paddedTotal_; }
+  size_t paramCount() const { return numels_.size(); }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  size_t bucketOf(size_t i) const { return bucketOf_[i]; }
+  // Where parameter i starts in the flat (padded) index space.
   int64_t offset(size_t i) const { return offsets_[i]; }
   int64_t numel(size_t i) const { return numels_[i]; }
   // The part of parameter i that rank `rank` owns, if any.
@@ -43,7 +58,9 @@ class FlatShards {
  private:
   int ranks_;
   std::vector<int64_t> numels_, offsets_;
-  int64_t total_ = 0, shardSize_ = 1;
+  std::vector<size_t> bucketOf_;
+  std::vector<Bucket> buckets_;
+  int64_t total_ = 0, shardSize_ = 0, paddedTotal_ = 0;
 };
 
 }  // namespace ddp

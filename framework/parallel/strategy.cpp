@@ -67,7 +67,10 @@ StrategyRegistry& builtinStrategies() {
       return std::make_unique<DdpStrategy>(std::move(c));
     });
     r.add("zero1", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
-      return std::make_unique<ZeroStrategy>(std::move(c));
+      return std::make_unique<ZeroStrategy>(std::move(c), 1);
+    });
+    r.add("zero2", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+      return std::make_unique<ZeroStrategy>(std::move(c), 2);
     });
     return r;
   }();

@@ -34,8 +34,8 @@
 // StrategyRegistry: strategies by name, chosen by the experiment key
 // distributed.strategy. create() with an unknown name throws UsageError
 // listing the known ones. builtinStrategies() holds "ddp" (DDP at world size
-// > 1, LocalStrategy on one rank) and "zero1" (ZeroStrategy: optimizer state
-// sharded).
+// > 1, LocalStrategy on one rank), "zero1" and "zero2" (ZeroStrategy:
+// optimizer state sharded; zero2 the gradients too).
 #pragma once
 
 #include <torch/nn/module.h>

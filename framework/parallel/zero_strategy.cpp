@@ -3,12 +3,16 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <map>
 #include <optional>
 #include <set>
+#include <algorithm>
 #include <unordered_map>
 
 #include "framework/core/errors.hpp"
+#include "framework/parallel/grad_ready_hooks.hpp"
 #include "framework/parallel/model_sync.hpp"
 #include "framework/parallel/optimizer_state.hpp"
 
@@ -33,11 +37,14 @@ std::string broadcastString(ProcessGroup& group, const std::string& text, Millis
 }  // namespace
 
 struct ZeroStrategy::Impl {
+  int stage = 1;
+  int64_t bucketCapBytes = 0;
   std::shared_ptr<torch::nn::Module> model;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   ProcessGroupPtr group;
   Milliseconds timeout;
   int rank = 0, world = 1;
+  const char* who() const { return stage == 1 ? "zero1" : "zero2"; }
 
   std::vector<at::Tensor> params;     // require grad, unique, registration order
   std::vector<at::Tensor> gradViews;  // params[i]'s gradient: a view of flatGrad
@@ -47,12 +54,26 @@ struct ZeroStrategy::Impl {
   std::unordered_map<const void*, size_t> indexOf;  // param TensorImpl -> i
   std::optional<FlatShards> shards;
 
-  at::Tensor flatGrad, shardGrad, shardParam, flatParam;
+  at::Tensor flatGrad, shardGrad, flatParam;  // flatGrad: stage 1 only
+
+  // Stage 2: each bucket's gradients are staged as they arrive, then
+  // reduce-scattered into `scratch` and added to this rank's shardGrad.
+  std::mutex mutex;  // hooks may run on autograd's threads
+  std::unique_ptr<GradReadyHooks> hooks;
+  std::vector<at::Tensor> staging, scratch;
+  std::vector<size_t> arrived;  // per bucket, this backward pass
+  size_t nextLaunch = 0;
+  std::deque<std::pair<size_t, WorkPtr>> inFlight;
+  static constexpr size_t kMaxInFlight = 2;  // buckets whose staging is held at once
   // The optimizer's param groups as given (full parameters), and as this
   // strategy runs them (pieces).
   std::vector<std::vector<at::Tensor>> fullGroups, pieceGroups;
 
   void build();
+  void onGradient(size_t i);
+  void launchBucketLocked(size_t b);
+  void finishOldestLocked();
+  void flushBuckets();
   void slicePieceStates();
   void syncGradientViews();
   // Full states of the trainable parameters, on rank 0 (null elsewhere).
@@ -63,19 +84,23 @@ void ZeroStrategy::Impl::build() {
   rank = group->rank();
   world = group->size();
   at::NoGradGuard noGrad;
-  verifySameModel(*group, *model, "zero1", timeout);
+  verifySameModel(*group, *model, who(), timeout);
 
   std::vector<int64_t> numels;
   std::string firstName;
-  for (auto& [name, p] : uniqueParameters(*model)) {
+  auto named = uniqueParameters(*model);
+  // zero2 reduces bucket by bucket while backward runs, which produces
+  // gradients roughly from the last registered parameter to the first.
+  if (stage == 2) std::reverse(named.begin(), named.end());
+  for (auto& [name, p] : named) {
     if (!p.requires_grad()) continue;
     if (!params.empty() && p.scalar_type() != params.front().scalar_type()) {
-      fail<UsageError>("zero1: parameter '{}' is {} but '{}' is {}; zero1 shards one flat buffer of one dtype. "
+      fail<UsageError>("{}: parameter '{}' is {} but '{}' is {}; it shards one flat buffer of one dtype. "
                        "HINT: cast the model to one dtype, or use distributed.strategy=ddp",
-                       name, dtypeName(p), firstName, dtypeName(params.front()));
+                       who(), name, dtypeName(p), firstName, dtypeName(params.front()));
     }
     if (!at::isFloatingType(p.scalar_type())) {
-      fail<UsageError>("zero1: parameter '{}' is {}; only floating-point parameters can be trained", name,
+      fail<UsageError>("{}: parameter '{}' is {}; only floating-point parameters can be trained", who(), name,
                        dtypeName(p));
     }
     if (params.empty()) firstName = name;
@@ -84,11 +109,11 @@ void ZeroStrategy::Impl::build() {
     numels.push_back(p.numel());
   }
   for (auto& [name, b] : uniqueBuffers(*model)) buffers.push_back(b);
-  shards.emplace(numels, world);
-
   const auto options = params.empty() ? at::TensorOptions(at::kFloat) : params.front().options().requires_grad(false);
+  const int64_t elementSize = static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()));
+  shards.emplace(numels, world, stage == 2 ? std::max<int64_t>(1, bucketCapBytes / elementSize) : 0);
   const int64_t S = shards->shardSize();
-  flatGrad = at::zeros({shards->paddedTotal()}, options);
+  if (stage == 1) flatGrad = at::zeros({shards->paddedTotal()}, options);
   flatParam = at::zeros({shards->paddedTotal()}, options);
   shardGrad = at::zeros({S}, options);
 
@@ -106,14 +131,16 @@ void ZeroStrategy::Impl::build() {
     at::Tensor slot = flatParam.narrow(0, shards->offset(i), p.numel());
     slot.copy_(p.detach().reshape({-1}));
     p.set_data(slot.view(p.sizes()));
-    gradViews.push_back(flatGrad.narrow(0, shards->offset(i), p.numel()).view(p.sizes()));
-    if (p.grad().defined()) gradViews.back().copy_(p.grad());
-    p.mutable_grad() = gradViews.back();
+    if (stage == 1) {
+      gradViews.push_back(flatGrad.narrow(0, shards->offset(i), p.numel()).view(p.sizes()));
+      if (p.grad().defined()) gradViews.back().copy_(p.grad());
+      p.mutable_grad() = gradViews.back();
+    } else {
+      p.mutable_grad().reset();  // zero2 keeps no full gradient between steps
+    }
   }
-  // This rank's shard of the parameters is its slice of flatParam: the
-  // optimizer updates it in place, and the allgather (in place) fills in
-  // the other ranks' slices.
-  shardParam = flatParam.narrow(0, rank * S, S);
+  // This rank's pieces are its slices of flatParam: the optimizer updates
+  // them in place, and the allgathers (in place) fill in the other ranks'.
   for (size_t i = 0; i < params.size(); ++i) {
     pieceInfo.push_back(shards->pieceOf(i, rank));
     if (!pieceInfo.back()) {
@@ -121,8 +148,15 @@ void ZeroStrategy::Impl::build() {
       continue;
     }
     const auto& piece = *pieceInfo.back();
-    pieces.push_back(shardParam.narrow(0, piece.shardOffset, piece.length));
+    pieces.push_back(flatParam.narrow(0, shards->offset(i) + piece.paramOffset, piece.length));
     pieces.back().mutable_grad() = shardGrad.narrow(0, piece.shardOffset, piece.length);
+  }
+  if (stage == 2) {
+    const size_t nb = shards->buckets().size();
+    staging.resize(nb);
+    scratch.resize(nb);
+    arrived.assign(nb, 0);
+    hooks = std::make_unique<GradReadyHooks>(params, [this](size_t i) { onGradient(i); });
   }
 
   // The optimizer steps pieces: trainable parameters are swapped for this
@@ -142,6 +176,58 @@ void ZeroStrategy::Impl::build() {
   }
   slicePieceStates();
   for (size_t g = 0; g < pieceGroups.size(); ++g) optimizer->param_groups()[g].params() = pieceGroups[g];
+}
+
+void ZeroStrategy::Impl::onGradient(size_t i) {
+  std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& grad = params[i].mutable_grad();
+  if (!grad.defined()) return;
+  if (grad.is_sparse()) {
+    fail<UsageError>("{}: parameter #{} got a sparse gradient; it reduces dense gradients. HINT: use dense "
+                     "embeddings (sparse=false) or distributed.strategy=ddp",
+                     who(), i);
+  }
+  const size_t b = shards->bucketOf(i);
+  const FlatShards::Bucket& bucket = shards->buckets()[b];
+  if (!staging[b].defined()) staging[b] = at::zeros({bucket.padded(world)}, flatParam.options());
+  staging[b].narrow(0, shards->offset(i) - bucket.offset, params[i].numel()).copy_(grad.reshape({-1}));
+  grad.reset();  // the bucket holds it now
+  ++arrived[b];
+  // Buckets start in index order on every rank, whatever order the hooks
+  // fire in, so every rank issues the same collectives.
+  while (nextLaunch < arrived.size() && arrived[nextLaunch] == shards->buckets()[nextLaunch].endParam -
+                                                                   shards->buckets()[nextLaunch].firstParam) {
+    launchBucketLocked(nextLaunch++);
+  }
+}
+
+void ZeroStrategy::Impl::launchBucketLocked(size_t b) {
+  const FlatShards::Bucket& bucket = shards->buckets()[b];
+  if (!staging[b].defined()) staging[b] = at::zeros({bucket.padded(world)}, flatParam.options());
+  scratch[b] = at::empty({bucket.slice}, flatParam.options());
+  inFlight.emplace_back(b, group->reduceScatter(staging[b], scratch[b], {ReduceOp::Avg, timeout}));
+  while (inFlight.size() > kMaxInFlight) finishOldestLocked();
+}
+
+void ZeroStrategy::Impl::finishOldestLocked() {
+  auto [b, work] = std::move(inFlight.front());
+  inFlight.pop_front();
+  work->wait();
+  const FlatShards::Bucket& bucket = shards->buckets()[b];
+  shardGrad.narrow(0, bucket.shardOffset, bucket.slice).add_(scratch[b]);
+  staging[b].reset();
+  scratch[b].reset();
+}
+
+// After a backward pass: buckets whose parameters did not all get a
+// gradient start now (the missing ones count as zeros), in order, and every
+// bucket's average is added to this rank's shard of the gradient.
+void ZeroStrategy::Impl::flushBuckets() {
+  std::lock_guard<std::mutex> lock(mutex);
+  while (nextLaunch < arrived.size()) launchBucketLocked(nextLaunch++);
+  while (!inFlight.empty()) finishOldestLocked();
+  std::fill(arrived.begin(), arrived.end(), 0);
+  nextLaunch = 0;
 }
 
 // A resumed optimizer holds the full parameters' state: keep this rank's
@@ -175,9 +261,9 @@ void ZeroStrategy::Impl::syncGradientViews() {
     if (g.defined() && g.is_same(gradViews[i])) continue;
     if (g.defined()) {
       if (g.is_sparse()) {
-        fail<UsageError>("zero1: parameter #{} got a sparse gradient; zero1 reduces dense gradients. HINT: use "
-                         "dense embeddings (sparse=false) or distributed.strategy=ddp",
-                         i);
+        fail<UsageError>("{}: parameter #{} got a sparse gradient; it reduces dense gradients. HINT: use dense "
+                         "embeddings (sparse=false) or distributed.strategy=ddp",
+                         who(), i);
       }
       // Something replaced the gradient tensor (an optimizer's zero_grad
       // with set_to_none, or a hook): take its values back into the buffer.
@@ -240,18 +326,28 @@ std::unique_ptr<StateMap> ZeroStrategy::Impl::gatherFullStates() {
   if (rank != 0) return nullptr;
 
   auto states = std::make_unique<StateMap>();
+  const int64_t S = shards->shardSize();
   for (size_t i = 0; i < params.size(); ++i) {
     StateEntries entries = templEntries;
     for (auto& [key, value] : entries) {
       auto it = full.find(key);
-      if (it != full.end()) value = it->second.narrow(0, shards->offset(i), params[i].numel()).view(params[i].sizes()).clone();
+      if (it == full.end()) continue;
+      // Rank r's piece of parameter i sits in rank r's shard of the gathered tensor.
+      std::vector<at::Tensor> parts;
+      for (int r = 0; r < world; ++r) {
+        if (auto piece = shards->pieceOf(i, r)) parts.push_back(it->second.narrow(0, r * S + piece->shardOffset, piece->length));
+      }
+      value = (parts.empty() ? at::zeros({0}, flatParam.options()) : at::cat(parts)).view(params[i].sizes()).clone();
     }
     (*states)[stateKey(params[i])] = stateFrom(*templ, entries);
   }
   return states;
 }
 
-ZeroStrategy::ZeroStrategy(StrategyContext context) : impl_(std::make_unique<Impl>()) {
+ZeroStrategy::ZeroStrategy(StrategyContext context, int stage) : impl_(std::make_unique<Impl>()) {
+  DDP_CHECK(stage == 1 || stage == 2, "ZeroStrategy: stage must be 1 or 2");
+  impl_->stage = stage;
+  impl_->bucketCapBytes = static_cast<int64_t>(context.ddp.bucketCapBytes);
   impl_->model = std::move(context.model);
   impl_->optimizer = std::move(context.optimizer);
   impl_->group = std::move(context.group);
@@ -261,20 +357,42 @@ ZeroStrategy::ZeroStrategy(StrategyContext context) : impl_(std::make_unique<Imp
 
 ZeroStrategy::~ZeroStrategy() = default;
 
+const char* ZeroStrategy::name() const { return impl_->who(); }
 torch::nn::Module& ZeroStrategy::model() { return *impl_->model; }
 torch::optim::Optimizer& ZeroStrategy::optimizer() { return *impl_->optimizer; }
 const FlatShards& ZeroStrategy::shards() const { return *impl_->shards; }
 
-void ZeroStrategy::backward(const at::Tensor& loss, bool /*lastMicroBatch*/) { loss.backward(); }
+void ZeroStrategy::backward(const at::Tensor& loss, bool /*lastMicroBatch*/) {
+  loss.backward();
+  // zero2 reduces every micro-batch (it keeps no full gradient to
+  // accumulate into); its shard sums them.
+  if (impl_->stage == 2) impl_->flushBuckets();
+}
 
 void ZeroStrategy::step() {
   Impl& s = *impl_;
-  s.syncGradientViews();
-  s.group->reduceScatter(s.flatGrad, s.shardGrad, {ReduceOp::Avg, s.timeout})->wait();
+  const auto& buckets = s.shards->buckets();
+  if (s.stage == 1) {
+    s.syncGradientViews();
+    std::vector<WorkPtr> works;
+    for (const auto& b : buckets) {
+      at::Tensor out = s.shardGrad.narrow(0, b.shardOffset, b.slice);
+      works.push_back(s.group->reduceScatter(s.flatGrad.narrow(0, b.offset, b.padded(s.world)), out,
+                                             {ReduceOp::Avg, s.timeout}));
+    }
+    for (auto& w : works) w->wait();
+  }
   s.optimizer->step();
-  // The parameters are views of flatParam: this updates the model.
-  s.group->allgather(s.shardParam, s.flatParam, {s.timeout})->wait();
-  s.flatGrad.zero_();
+  // The parameters are views of flatParam: the allgathers, in place,
+  // update the model.
+  std::vector<WorkPtr> works;
+  for (const auto& b : buckets) {
+    at::Tensor whole = s.flatParam.narrow(0, b.offset, b.padded(s.world));
+    works.push_back(s.group->allgather(whole.narrow(0, s.rank * b.slice, b.slice), whole, {s.timeout}));
+  }
+  for (auto& w : works) w->wait();
+  if (s.stage == 1) s.flatGrad.zero_();
+  if (s.stage == 2) s.shardGrad.zero_();
   if (!s.buffers.empty() && s.world > 1) broadcastFromRankZero(*s.group, s.buffers, s.timeout);
 }
 
@@ -284,6 +402,7 @@ ParallelStrategy::HeldBytes ZeroStrategy::heldBytes() {
   std::vector<at::Tensor> params = s.model->parameters(), grads = {s.flatGrad, s.shardGrad};
   params.push_back(s.flatParam);
   for (const at::Tensor& p : s.model->parameters()) grads.push_back(p.grad());
+  grads.insert(grads.end(), s.staging.begin(), s.staging.end());
   held.parameters = storageBytes(params);
   held.gradients = storageBytes(grads);
   held.optimizerState = optimizerStateBytes(*s.optimizer);

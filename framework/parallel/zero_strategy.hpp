@@ -1,5 +1,6 @@
 // ZeroStrategy: ParallelStrategy (strategy.hpp) that shards the optimizer
-// state between ranks, ZeRO stage 1 ("zero1").
+// state between ranks, ZeRO stage 1 ("zero1"), and with stage 2 ("zero2")
+// the gradients as well.
 //
 // Layout (flat_shards.hpp)
 // - The parameters that require grad (one floating dtype, dense), in
@@ -7,7 +8,7 @@
 //   shards, one per rank. The part of a parameter inside this rank's shard
 //   is a piece: a 1-D view of the rank's flat parameter shard.
 //
-// Each step
+// Each step, zero1
 // - backward() accumulates into param.grad(), which are views into one
 //   flat gradient buffer (backward writes it in place; no copy out).
 // - step(): a reduce-scatter (Avg) of the flat gradient leaves this rank
@@ -17,6 +18,23 @@
 //   other ranks' slices, so every rank's model is whole again; the gradient
 //   buffer is zeroed; rank 0's buffers (batch norm statistics) are
 //   broadcast, as DDP does after its gradient sync.
+//
+// Each step, zero2
+// - The flat space is cut into buckets (DdpOptions::bucketCapBytes), laid
+//   out from the last registered parameter to the first, the order in
+//   which backward produces gradients; a rank owns a slice of every bucket.
+// - As backward hands over a parameter's gradient (GradReadyHooks), it is
+//   copied into its bucket's staging buffer and param.grad() is dropped; a
+//   complete bucket is reduce-scattered (Avg) at once, in bucket order on
+//   every rank, at most two buckets' staging held at a time. After
+//   backward, unfinished buckets go too (missing gradients as zeros), and
+//   each bucket's average is added to this rank's gradient shard, which is
+//   all the gradient memory kept between steps (1/world of DDP's).
+// - Every backward reduces, micro-batches of gradient accumulation
+//   included (their shard sums them, as DDP's buckets do).
+// - step(): the optimizer steps the pieces, bucket allgathers in place.
+//
+// Both
 // - So every rank ends a step with the same parameters as DDP with the same
 //   optimizer would give, for an optimizer whose update of an element
 //   depends only on that element's gradient and state (SGD, momentum, Adam,
@@ -49,10 +67,11 @@ namespace ddp {
 
 class ZeroStrategy : public ParallelStrategy {
  public:
-  explicit ZeroStrategy(StrategyContext context);
+  // stage 1 (zero1) or 2 (zero2).
+  explicit ZeroStrategy(StrategyContext context, int stage = 1);
   ~ZeroStrategy() override;
 
-  const char* name() const override { return "zero1"; }
+  const char* name() const override;
   torch::nn::Module& model() override;
   torch::optim::Optimizer& optimizer() override;
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;

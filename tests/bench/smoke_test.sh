@@ -122,7 +122,7 @@ run strategies strategies --widths 64,128,32 --steps 2 --warmup 1 --json "$out/s
 python3 - "$out/strategies.json" <<'PY'
 import json, sys
 records = {r["impl"]: r for r in json.load(open(sys.argv[1]))}
-assert {"ddp", "zero1"} <= set(records), records.keys()
+assert {"ddp", "zero1", "zero2"} <= set(records), records.keys()
 params = 64 * 128 + 128 + 128 * 32 + 32
 for name, r in records.items():
     assert r["params"] == params and r["world_size"] == 2 and r["step_ms"] > 0, r
@@ -131,6 +131,9 @@ for name, r in records.items():
 ddp, zero1 = records["ddp"], records["zero1"]
 assert ddp["optimizer_bytes"] == 2 * 4 * params, ddp
 assert zero1["optimizer_bytes"] == 2 * 4 * ((params + 1) // 2), zero1
+zero2 = records["zero2"]  # one bucket at this size: the same shard, and only the shard of the gradients
+assert zero2["optimizer_bytes"] == zero1["optimizer_bytes"], zero2
+assert zero2["grad_bytes"] == 4 * ((params + 1) // 2), zero2
 print("strategies:", sorted(records))
 PY
 expect_strategy_error() {
