@@ -35,6 +35,7 @@
 #include "framework/core/strings.hpp"
 #include "framework/core/system.hpp"
 #include "framework/parallel/strategy.hpp"
+#include "framework/parallel/strategy_footprint.hpp"
 #include "framework/store/tcp_store.hpp"
 
 namespace ddp::bench {
@@ -45,6 +46,8 @@ using nlohmann::json;
 constexpr const char* kLoopback = "127.0.0.1";
 
 struct Options {
+  bool plan = false;
+  std::vector<int> planRanks = {8, 64, 512};
   std::vector<std::string> strategies = {"ddp", "zero1", "zero2"};
   std::vector<int64_t> widths = {2048, 4096, 4096, 4096, 2048};
   int worldSize = 2;
@@ -59,6 +62,55 @@ struct Options {
   int workerRank = -1;
   std::string workerStrategy, workerDir;
 };
+
+// The MLP's trainable tensors, in registration order (weight, bias per layer).
+std::vector<int64_t> mlpNumels(const std::vector<int64_t>& widths) {
+  std::vector<int64_t> numels;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) {
+    numels.push_back(widths[i] * widths[i + 1]);
+    numels.push_back(widths[i + 1]);
+  }
+  return numels;
+}
+
+// A 7B-parameter decoder in Llama-7B's shapes (32 layers, width 4096, MLP
+// 11008, vocabulary 32000, untied embeddings): 6.74e9 parameters.
+std::vector<int64_t> llama7bNumels() {
+  const int64_t d = 4096, ff = 11008, vocab = 32000;
+  std::vector<int64_t> numels = {vocab * d};
+  for (int layer = 0; layer < 32; ++layer) {
+    numels.push_back(d);  // attention norm
+    for (int k = 0; k < 4; ++k) numels.push_back(d * d);  // q, k, v, o
+    numels.push_back(d);  // MLP norm
+    for (int k = 0; k < 3; ++k) numels.push_back(d * ff);  // gate, up, down
+  }
+  numels.push_back(d);
+  numels.push_back(vocab * d);
+  return numels;
+}
+
+// --plan: per-rank memory and bytes sent per step of each strategy for the
+// 7B model, float32 with Adam, from the same formulas the strategies'
+// layouts follow (strategyFootprint).
+void printPlan(const Options& o) {
+  const std::vector<int64_t> numels = llama7bNumels();
+  int64_t total = 0;
+  for (int64_t n : numels) total += n;
+  std::cout << fmt::format("{:.3f}e9 parameters (Llama-7B shapes), float32, Adam, buckets of 25 MiB\n", total / 1e9);
+  Table table({"strategy", "ranks", "params_GiB", "grads_GiB", "optim_GiB", "total_GiB", "sent_GiB_per_step"}, 1);
+  const double gib = 1024.0 * 1024 * 1024;
+  for (int world : o.planRanks) {
+    for (const char* s : {"ddp", "zero1", "zero2", "fsdp"}) {
+      const StrategyFootprint f = strategyFootprint(s, numels, world, 4, 2, 25 * 1024 * 1024);
+      table.addRow({std::string(s) + (std::string(s) == "fsdp" ? " (plan)" : ""), std::to_string(world),
+                    formatFixed(f.parameterBytes / gib, 2), formatFixed(f.gradientBytes / gib, 2),
+                    formatFixed(f.optimizerBytes / gib, 2),
+                    formatFixed((f.parameterBytes + f.gradientBytes + f.optimizerBytes) / gib, 2),
+                    formatFixed(f.sentBytesPerStep / gib, 2)});
+    }
+  }
+  std::cout << table.render();
+}
 
 std::string resultsPath(const std::string& dir, const std::string& strategy) {
   return dir + "/results." + strategy + ".json";
@@ -171,6 +223,10 @@ std::vector<std::string> workerArguments(const Options& o, const std::string& st
 double relativeDifference(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
 void runLauncher(const Options& o) {
+  if (o.plan) {
+    printPlan(o);
+    return;
+  }
   if (o.steps < 1 || o.warmup < 0 || o.worldSize < 1 || o.batch < 1 || o.widths.size() < 2) {
     throw BenchError("--steps, --world-size and --batch must be at least 1, --warmup at least 0, --widths two or more");
   }
@@ -248,6 +304,21 @@ void runLauncher(const Options& o) {
                                r["peak_rss_bytes"].get<double>() / (*ddpRecord)["peak_rss_bytes"].get<double>());
     }
   }
+  // The formulas against what the strategies reported.
+  bool formulasHold = true;
+  for (const auto& r : records) {
+    const std::string impl = r["impl"];
+    if (impl.rfind("torch-", 0) == 0) continue;
+    const StrategyFootprint f =
+        strategyFootprint(impl, mlpNumels(o.widths), o.worldSize, 4, 2, DdpOptions{}.bucketCapBytes);
+    const bool same = f.parameterBytes == r["param_bytes"].get<double>() &&
+                      f.gradientBytes == r["grad_bytes"].get<double>() &&
+                      f.optimizerBytes == r["optimizer_bytes"].get<double>();
+    formulasHold = formulasHold && same;
+    std::cout << fmt::format("{}: formula {} / {} / {} bytes (params / grads / optimizer), sends {} per step: {}\n",
+                             impl, f.parameterBytes, f.gradientBytes, f.optimizerBytes, f.sentBytesPerStep,
+                             same ? "as measured" : "DIFFERS from the measurement");
+  }
   const json *zero1 = nullptr, *torchZero = nullptr;
   for (const auto& r : records) {
     if (r["impl"] == "zero1") zero1 = &r;
@@ -262,6 +333,7 @@ void runLauncher(const Options& o) {
     std::cerr << "wrote " << o.jsonPath << "\n";
   }
   if (!agree) throw BenchError("a strategy ended with other parameters than ddp (params_vs_ddp above 1e-4)");
+  if (!formulasHold) throw BenchError("strategyFootprint does not match what a strategy holds (see above)");
 }
 
 }  // namespace
@@ -270,6 +342,9 @@ void registerStrategiesCommand(CLI::App& app) {
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "strategies", "Step time and memory of each parallel strategy vs PyTorch's DDP, ZeRO and FSDP, same run");
+  cmd->add_flag("--plan", options->plan,
+                "Instead: print each strategy's memory per rank and bytes sent per step for a 7B model, no runs");
+  cmd->add_option("--plan-ranks", options->planRanks, "World sizes of --plan")->delimiter(',')->capture_default_str();
   cmd->add_option("--strategies", options->strategies, "Comma-separated strategies")
       ->delimiter(',')
       ->capture_default_str();

@@ -12,6 +12,7 @@
 #include "framework/parallel/flat_shards.hpp"
 #include "framework/parallel/optimizer_state.hpp"
 #include "framework/parallel/strategy.hpp"
+#include "framework/parallel/strategy_footprint.hpp"
 #include "framework/parallel/zero_strategy.hpp"
 #include "tests/test_support.hpp"
 
@@ -305,4 +306,52 @@ TEST_CASE("zero1 and zero2 refuse parameters of two dtypes with one line before 
                                    ? "zero1: parameter 'fc2.weight' is float64 but 'fc1.weight' is float32"
                                    : "zero2: parameter 'bn.bias' is float32 but 'fc2.bias' is float64";
   for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains(expected));
+}
+
+TEST_CASE("zero1 and zero2 refuse a sparse embedding before training", "[zero]") {
+  const std::string strategy = GENERATE("zero1", "zero2");
+  struct WithEmbedding : torch::nn::Module {
+    torch::nn::Embedding table{nullptr};
+    WithEmbedding() { table = register_module("table", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true))); }
+  };
+  auto errors = runRanks("gloo", 2, [&](int, ProcessGroup& pg) {
+    auto net = std::make_shared<WithEmbedding>();
+    StrategyContext c;
+    c.model = net;
+    c.optimizer = makeOptimizer("sgd", net->parameters());
+    c.group = borrow(pg);
+    builtinStrategies().create(strategy, std::move(c));
+  });
+  for (const auto& e : errors) {
+    CHECK_THAT(e, Catch::Matchers::Contains(strategy + ": module 'table' is an embedding with sparse gradients"));
+  }
+}
+
+// The formulas of docs/performance.md's large-model table are the layout's:
+// they must give exactly what the strategies hold.
+TEST_CASE("strategyFootprint gives what ddp, zero1 and zero2 hold on rank 0", "[zero]") {
+  const std::string strategy = GENERATE("ddp", "zero1", "zero2");
+  const int world = GENERATE(1, 2, 3, 4);
+  INFO(strategy << ", world " << world);
+  const Data data = makeData(64 * kBatch);
+  ParallelStrategy::HeldBytes held;
+  std::vector<int64_t> numels;
+  auto errors = runRanks("gloo", world, [&](int rank, ProcessGroup& pg) {
+    auto net = std::make_shared<Net>();
+    initParameters(*net, 42);
+    auto s = makeStrategy(strategy, pg, "adam", net);
+    train(*s, data, rank, world, 0, 2);
+    if (rank == 0) {
+      held = s->heldBytes();
+      for (const auto& p : net->parameters()) numels.push_back(p.numel());
+    }
+  });
+  REQUIRE(joinErrors(errors).empty());
+  const StrategyFootprint f = strategyFootprint(strategy, numels, world, 4, 2, kBucketBytes);
+  CHECK(f.parameterBytes == held.parameters);
+  CHECK(f.gradientBytes == held.gradients);
+  CHECK(f.optimizerBytes == held.optimizerState);
+  // An allreduce's worth of the 115 elements (padding adds a little).
+  if (world == 1) CHECK(f.sentBytesPerStep == 0);
+  if (world > 1) CHECK(f.sentBytesPerStep >= 2 * (115 * 4 * (world - 1) / world));
 }

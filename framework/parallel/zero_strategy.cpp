@@ -85,6 +85,18 @@ void ZeroStrategy::Impl::build() {
   world = group->size();
   at::NoGradGuard noGrad;
   verifySameModel(*group, *model, who(), timeout);
+  // Sparse gradients would only show at the first step: refuse them now.
+  for (const auto& item : model->named_modules("", /*include_self=*/true)) {
+    const torch::nn::Module& m = *item.value();
+    bool sparse = false;
+    if (auto* e = dynamic_cast<const torch::nn::EmbeddingImpl*>(&m)) sparse = e->options.sparse();
+    if (auto* e = dynamic_cast<const torch::nn::EmbeddingBagImpl*>(&m)) sparse = e->options.sparse();
+    if (sparse) {
+      fail<UsageError>("{}: module '{}' is an embedding with sparse gradients; {} reduces dense gradients. HINT: "
+                       "build it with sparse(false), or use distributed.strategy=ddp",
+                       who(), item.key(), who());
+    }
+  }
 
   std::vector<int64_t> numels;
   std::string firstName;

@@ -136,6 +136,11 @@ assert zero2["optimizer_bytes"] == zero1["optimizer_bytes"], zero2
 assert zero2["grad_bytes"] == 4 * ((params + 1) // 2), zero2
 print("strategies:", sorted(records))
 PY
+grep -q "as measured" "$out/strategies.log" || fail "strategies printed no formula check"
+! grep -q "DIFFERS" "$out/strategies.log" || fail "strategies: a formula differs from the measurement"
+run strategies-plan strategies --plan
+[ "$(grep -cE '^(ddp|zero1|zero2|fsdp \(plan\)) +(8|64|512) ' "$out/strategies-plan.log")" -eq 12 ] ||
+  { cat "$out/strategies-plan.log"; fail "strategies --plan: expected 12 rows"; }
 expect_strategy_error() {
   local rc=0
   timeout 60 "$bench" strategies --strategies ddp,zero9 >"$out/error.log" 2>&1 || rc=$?
