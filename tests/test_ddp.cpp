@@ -19,6 +19,7 @@ using namespace ddp;
 using Catch::Matchers::Contains;
 using ddp::test::joinErrors;
 using ddp::test::runRanks;
+using ddp::test::initParameters;
 
 namespace {
 
@@ -51,11 +52,6 @@ struct Mlp : torch::nn::Module {
 
 // Deterministic and thread-safe: ranks run concurrently, so the global RNG
 // that module constructors use gives no reproducible values.
-void initParameters(torch::nn::Module& module, uint64_t seed) {
-  at::NoGradGuard noGrad;
-  auto gen = at::detail::createCPUGenerator(seed);
-  for (auto& p : module.parameters()) p.copy_(at::randn(p.sizes(), gen, p.options()) * 0.3);
-}
 
 at::Tensor flatParameters(torch::nn::Module& module) {
   std::vector<at::Tensor> pieces;

@@ -9,6 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/module.h>
+
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -65,6 +68,15 @@ inline DistributedContext singleProcessContext() {
   ctx.store = std::make_shared<HashStore>();
   ctx.group = builtinBackends().create("gloo", ctx.store, 0, 1);
   return ctx;
+}
+
+// Deterministic and thread-safe parameters (normal, scale 0.3): ranks run
+// concurrently as threads, so the global RNG that module constructors use
+// gives no reproducible values.
+inline void initParameters(torch::nn::Module& module, uint64_t seed) {
+  at::NoGradGuard noGrad;
+  auto gen = at::detail::createCPUGenerator(seed);
+  for (auto& p : module.parameters()) p.copy_(at::randn(p.sizes(), gen, p.options()) * 0.3);
 }
 
 inline std::string joinErrors(const std::vector<std::string>& errors) {

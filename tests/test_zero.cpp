@@ -19,6 +19,7 @@
 using namespace ddp;
 using ddp::test::joinErrors;
 using ddp::test::runRanks;
+using ddp::test::initParameters;
 
 namespace {
 
@@ -39,11 +40,6 @@ struct Net : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) { return fc2->forward(torch::relu(bn->forward(fc1->forward(x)))); }
 };
 
-void initParameters(torch::nn::Module& module, uint64_t seed) {
-  at::NoGradGuard noGrad;
-  auto gen = at::detail::createCPUGenerator(seed);
-  for (auto& p : module.parameters()) p.copy_(at::randn(p.sizes(), gen, p.options()) * 0.3);
-}
 
 at::Tensor flatParameters(torch::nn::Module& module) {
   std::vector<at::Tensor> pieces;
@@ -222,38 +218,28 @@ TEST_CASE("a zero1 or zero2 checkpoint is consolidated: it resumes under any str
   const std::string saver = GENERATE("zero1", "zero2");
   INFO(opt << ", saved under " << saver);
   const Data data = makeData(64 * kBatch);
-  // 3 steps under zero1 or zero2 at world 3; rank 0 writes the checkpoint.
-  std::string checkpoint;
-  auto errors = runRanks("gloo", 3, [&](int rank, ProcessGroup& pg) {
-    auto net = std::make_shared<Net>();
-    initParameters(*net, 42);
-    auto s = makeStrategy(saver, pg, opt, net);
-    train(*s, data, rank, 3, 0, 3);
-    torch::serialize::OutputArchive archive;
-    s->saveState(rank == 0 ? &archive : nullptr);
-    if (rank == 0) {
-      std::ostringstream bytes;
-      archive.save_to(bytes);
-      checkpoint = bytes.str();
-    }
-  });
-  REQUIRE(joinErrors(errors).empty());
-  // The same 3 steps under ddp, saved the same way.
-  std::string reference;
-  errors = runRanks("gloo", 3, [&](int rank, ProcessGroup& pg) {
-    auto net = std::make_shared<Net>();
-    initParameters(*net, 42);
-    auto s = makeStrategy("ddp", pg, opt, net);
-    train(*s, data, rank, 3, 0, 3);
-    torch::serialize::OutputArchive archive;
-    s->saveState(rank == 0 ? &archive : nullptr);
-    if (rank == 0) {
-      std::ostringstream bytes;
-      archive.save_to(bytes);
-      reference = bytes.str();
-    }
-  });
-  REQUIRE(joinErrors(errors).empty());
+  // 3 steps at world 3 under `strategy`; rank 0's checkpoint, serialized.
+  auto trainAndSave = [&](const std::string& strategy) {
+    std::string saved;
+    auto errors = runRanks("gloo", 3, [&](int rank, ProcessGroup& pg) {
+      auto net = std::make_shared<Net>();
+      initParameters(*net, 42);
+      auto s = makeStrategy(strategy, pg, opt, net);
+      train(*s, data, rank, 3, 0, 3);
+      torch::serialize::OutputArchive archive;
+      s->saveState(rank == 0 ? &archive : nullptr);
+      if (rank == 0) {
+        std::ostringstream bytes;
+        archive.save_to(bytes);
+        saved = bytes.str();
+      }
+    });
+    INFO(joinErrors(errors));
+    REQUIRE(joinErrors(errors).empty());
+    return saved;
+  };
+  const std::string checkpoint = trainAndSave(saver);
+  const std::string reference = trainAndSave("ddp");
 
   // Both resumed for 2 more steps at world 2, under each strategy: all four
   // end alike (a checkpoint that lost or misplaced state would not).
@@ -354,4 +340,56 @@ TEST_CASE("strategyFootprint gives what ddp, zero1 and zero2 hold on rank 0", "[
   // An allreduce's worth of the 115 elements (padding adds a little).
   if (world == 1) CHECK(f.sentBytesPerStep == 0);
   if (world > 1) CHECK(f.sentBytesPerStep >= 2 * (115 * 4 * (world - 1) / world));
+}
+
+TEST_CASE("zero1 and zero2: the optimizer's zero_grad works, a parameter moved off the flat buffer is an error",
+          "[zero]") {
+  const std::string strategy = GENERATE("zero1", "zero2");
+  INFO(strategy);
+  const Data data = makeData(64 * kBatch);
+  auto errors = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
+    auto net = std::make_shared<Net>();
+    initParameters(*net, 42);
+    auto s = makeStrategy(strategy, pg, "adam", net);
+    train(*s, data, rank, 2, 0, 1);
+    s->optimizer().zero_grad();  // LibTorch 1.x detaches gradients in place: views would refuse
+    train(*s, data, rank, 2, 1, 2);
+    {
+      at::NoGradGuard noGrad;
+      net->fc1->weight.set_(at::zeros_like(net->fc1->weight));  // as model.load() does
+    }
+    at::Tensor loss = torch::nn::functional::cross_entropy(net->forward(data.x.slice(0, 0, 4)), data.y.slice(0, 0, 4));
+    s->backward(loss, true);
+    s->step();
+  });
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains(strategy + ": parameter #"));
+  for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains("no longer lives in the strategy's flat buffer"));
+}
+
+// Optimizer state must never be dropped from a checkpoint: when rank 0
+// holds none of it (its slice has only parameters the optimizer does not
+// train), saving is refused with one line.
+TEST_CASE("zero1 refuses to save when rank 0 holds no optimizer state but others do", "[zero]") {
+  const Data data = makeData(64 * kBatch);
+  std::vector<std::string> saveErrors(2);
+  auto errors = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
+    auto net = std::make_shared<Net>();
+    initParameters(*net, 42);
+    StrategyContext c;
+    c.model = net;
+    // fc1 (rank 0's slice) is not in the optimizer: only fc2 is trained.
+    c.optimizer = makeOptimizer("adam", net->fc2->parameters());
+    c.group = borrow(pg);
+    auto s = builtinStrategies().create("zero1", std::move(c));
+    train(*s, data, rank, 2, 0, 2);
+    torch::serialize::OutputArchive archive;
+    try {
+      s->saveState(rank == 0 ? &archive : nullptr);
+    } catch (const UsageError& e) {
+      saveErrors[rank] = e.what();
+    }
+  });
+  REQUIRE(joinErrors(errors).empty());
+  CHECK_THAT(saveErrors[0], Catch::Matchers::Contains("zero1: rank 0 holds no optimizer state while other ranks do"));
+  CHECK(saveErrors[1].empty());
 }

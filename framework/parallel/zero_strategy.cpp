@@ -23,17 +23,6 @@ namespace {
 using torch::optim::OptimizerParamState;
 using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
 
-// Rank 0's string on every rank (two int64 broadcasts).
-std::string broadcastString(ProcessGroup& group, const std::string& text, Milliseconds timeout) {
-  at::Tensor length = at::full({1}, static_cast<int64_t>(text.size()), at::kLong);
-  group.broadcast(length, {0, timeout})->wait();
-  const int64_t n = length.item<int64_t>();
-  at::Tensor packed = at::zeros({(n + 7) / 8}, at::kLong);
-  if (group.rank() == 0) std::memcpy(packed.data_ptr(), text.data(), text.size());
-  if (packed.numel() > 0) group.broadcast(packed, {0, timeout})->wait();
-  return std::string(reinterpret_cast<const char*>(packed.data_ptr()), static_cast<size_t>(n));
-}
-
 }  // namespace
 
 struct ZeroStrategy::Impl {
@@ -161,7 +150,11 @@ void ZeroStrategy::Impl::build() {
     }
     const auto& piece = *pieceInfo.back();
     pieces.push_back(flatParam.narrow(0, shards->offset(i) + piece.paramOffset, piece.length));
-    pieces.back().mutable_grad() = shardGrad.narrow(0, piece.shardOffset, piece.length);
+    // Not a view but a tensor on shardGrad's storage: an optimizer's
+    // zero_grad() detaches gradients in place, which views refuse.
+    pieces.back().mutable_grad() = at::empty({0}, shardGrad.options())
+                                       .set_(shardGrad.storage(), shardGrad.storage_offset() + piece.shardOffset,
+                                             {piece.length}, {1});
   }
   if (stage == 2) {
     const size_t nb = shards->buckets().size();
@@ -236,10 +229,18 @@ void ZeroStrategy::Impl::finishOldestLocked() {
 // bucket's average is added to this rank's shard of the gradient.
 void ZeroStrategy::Impl::flushBuckets() {
   std::lock_guard<std::mutex> lock(mutex);
+  struct Reset {  // also when a collective fails: the next backward starts clean
+    Impl& s;
+    ~Reset() {
+      std::fill(s.arrived.begin(), s.arrived.end(), 0);
+      s.nextLaunch = 0;
+      s.inFlight.clear();
+      for (auto& t : s.staging) t.reset();
+      for (auto& t : s.scratch) t.reset();
+    }
+  } reset{*this};
   while (nextLaunch < arrived.size()) launchBucketLocked(nextLaunch++);
   while (!inFlight.empty()) finishOldestLocked();
-  std::fill(arrived.begin(), arrived.end(), 0);
-  nextLaunch = 0;
 }
 
 // A resumed optimizer holds the full parameters' state: keep this rank's
@@ -281,75 +282,163 @@ void ZeroStrategy::Impl::syncGradientViews() {
       // with set_to_none, or a hook): take its values back into the buffer.
       if (g.data_ptr() != gradViews[i].data_ptr()) gradViews[i].copy_(g);
     }
+    // A gradient reset to none (zero_grad with set_to_none) restarts from
+    // zero, as it would without this buffer.
+    if (!g.defined()) gradViews[i].zero_();
     params[i].mutable_grad() = gradViews[i];
   }
 }
 
-std::unique_ptr<StateMap> ZeroStrategy::Impl::gatherFullStates() {
-  // Rank 0 decides which state values are per element (a tensor shaped
-  // like its piece) and tells the others: every rank then runs the same
-  // allgathers, including ranks that own no piece.
-  const OptimizerParamState* templ = nullptr;
-  size_t templPiece = 0;
-  for (size_t i = 0; i < params.size() && !templ; ++i) {
-    if (!pieces[i].defined()) continue;
-    auto it = optimizer->state().find(stateKey(pieces[i]));
-    if (it != optimizer->state().end()) {
-      templ = it->second.get();
-      templPiece = i;
-    }
+// Every rank's string, in rank order (packed into int64 words).
+static std::vector<std::string> allgatherStrings(ProcessGroup& group, const std::string& mine, Milliseconds timeout) {
+  const int world = group.size();
+  at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  at::Tensor lengths = at::empty({world}, at::kLong);
+  group.allgather(length, lengths, {timeout})->wait();
+  const int64_t words = (lengths.max().item<int64_t>() + 7) / 8;
+  std::vector<std::string> out(world);
+  if (words == 0) return out;
+  at::Tensor packed = at::zeros({words}, at::kLong);
+  std::memcpy(packed.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::empty({words * world}, at::kLong);
+  group.allgather(packed, all, {timeout})->wait();
+  for (int r = 0; r < world; ++r) {
+    out[r].assign(reinterpret_cast<const char*>(all.data_ptr<int64_t>() + r * words),
+                  static_cast<size_t>(lengths[r].item<int64_t>()));
   }
-  std::string keyList;
-  StateEntries templEntries;
-  if (rank == 0 && templ) {
-    templEntries = stateEntries(*templ);
-    keyList = "state\n";
-    for (const auto& [key, value] : templEntries) {
-      if (value.isTensor() && value.toTensor().dim() == 1 && value.toTensor().numel() == pieceInfo[templPiece]->length)
-        keyList += key + "\n";
-    }
-  }
-  keyList = broadcastString(*group, keyList, timeout);
-  if (keyList.empty()) return rank == 0 ? std::make_unique<StateMap>() : nullptr;  // no step taken yet
-  std::vector<std::string> keys;
-  for (size_t at = keyList.find('\n') + 1, nl; (nl = keyList.find('\n', at)) != std::string::npos; at = nl + 1)
-    keys.push_back(keyList.substr(at, nl - at));
+  return out;
+}
 
-  // Each rank's pieces' values of each key, one flat shard per key.
-  std::vector<StateEntries> mine(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
+// The pieces' optimizer state, gathered into each trainable parameter's
+// full state on rank 0 (null elsewhere). Each parameter's state is decided
+// by the rank that owns its first element: whether it has state, which
+// per-element values (tensors shaped like the piece, gathered in their own
+// dtype) and which scalar values (ints and doubles, such as Adam's step)
+// it holds. Other values come from a state on rank 0 of the same
+// optimizer, which is also the type a parameter's state is rebuilt as.
+std::unique_ptr<StateMap> ZeroStrategy::Impl::gatherFullStates() {
+  const size_t P = params.size();
+  std::vector<StateEntries> mine(P);
+  std::vector<bool> hasState(P, false);
+  for (size_t i = 0; i < P; ++i) {
     if (!pieces[i].defined()) continue;
     auto it = optimizer->state().find(stateKey(pieces[i]));
-    if (it != optimizer->state().end()) mine[i] = stateEntries(*it->second);
+    if (it == optimizer->state().end()) continue;
+    mine[i] = stateEntries(*it->second);
+    hasState[i] = true;
   }
-  std::map<std::string, at::Tensor> full;
-  for (const std::string& key : keys) {
-    at::Tensor shard = at::zeros({shards->shardSize()}, flatParam.options());
-    for (size_t i = 0; i < params.size(); ++i) {
+  // The union of value names over all ranks: "t<dtype> key" per element,
+  // "i key" / "d key" scalars.
+  std::set<std::string> names;
+  for (size_t i = 0; i < P; ++i) {
+    for (const auto& [key, value] : mine[i]) {
+      if (value.isTensor() && value.toTensor().dim() == 1 && value.toTensor().numel() == pieceInfo[i]->length) {
+        names.insert("t" + std::to_string(static_cast<int>(value.toTensor().scalar_type())) + " " + key);
+      } else if (value.isInt()) {
+        names.insert("i " + key);
+      } else if (value.isDouble()) {
+        names.insert("d " + key);
+      }
+    }
+  }
+  std::string list;
+  for (const auto& n : names) list += n + "\n";
+  std::set<std::string> all;
+  for (const std::string& text : allgatherStrings(*group, list, timeout)) {
+    for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) all.insert(text.substr(at, nl - at));
+  }
+  const std::vector<std::string> columns(all.begin(), all.end());
+  const size_t C = columns.size();
+
+  // Per parameter, from the owner of its first element: has state, then
+  // per name whether present and (scalars) its value. Summed over ranks.
+  at::Tensor table = at::zeros({static_cast<int64_t>(P), static_cast<int64_t>(1 + 2 * C)}, at::kDouble);
+  auto cell = table.accessor<double, 2>();
+  for (size_t i = 0; i < P; ++i) {
+    if (!pieceInfo[i] || pieceInfo[i]->paramOffset != 0 || !hasState[i]) continue;
+    cell[i][0] = 1;
+    for (const auto& [key, value] : mine[i]) {
+      for (size_t c = 0; c < C; ++c) {
+        const std::string& col = columns[c];
+        if (col.substr(col.find(' ') + 1) != key) continue;
+        if (col[0] == 't' && value.isTensor() && std::to_string(static_cast<int>(value.toTensor().scalar_type())) ==
+                                                    col.substr(1, col.find(' ') - 1)) {
+          cell[i][1 + 2 * c] = 1;
+        } else if (col[0] == 'i' && value.isInt()) {
+          cell[i][1 + 2 * c] = 1;
+          cell[i][2 + 2 * c] = static_cast<double>(value.toInt());
+        } else if (col[0] == 'd' && value.isDouble()) {
+          cell[i][1 + 2 * c] = 1;
+          cell[i][2 + 2 * c] = value.toDouble();
+        }
+      }
+    }
+  }
+  if (world > 1 && table.numel() > 0) group->allreduce(table, {ReduceOp::Sum, timeout})->wait();
+
+  // Per-element values: each rank's pieces in its shard, gathered.
+  const int64_t S = shards->shardSize();
+  std::map<std::string, at::Tensor> gathered;
+  for (const std::string& col : columns) {
+    if (col[0] != 't') continue;
+    const auto dtype = static_cast<at::ScalarType>(std::stoi(col.substr(1, col.find(' ') - 1)));
+    const std::string key = col.substr(col.find(' ') + 1);
+    at::Tensor shard = at::zeros({S}, flatParam.options().dtype(dtype));
+    for (size_t i = 0; i < P; ++i) {
       for (const auto& [k, value] : mine[i]) {
-        if (k == key && value.isTensor())
+        if (k == key && value.isTensor() && value.toTensor().scalar_type() == dtype &&
+            value.toTensor().numel() == pieceInfo[i]->length)
           shard.narrow(0, pieceInfo[i]->shardOffset, pieceInfo[i]->length).copy_(value.toTensor());
       }
     }
-    at::Tensor gathered = at::empty({shards->paddedTotal()}, flatParam.options());
-    group->allgather(shard, gathered, {timeout})->wait();
-    if (rank == 0) full[key] = gathered;
+    at::Tensor whole = at::empty({S * world}, shard.options());
+    group->allgather(shard, whole, {timeout})->wait();
+    if (rank == 0) gathered[col] = whole;
   }
   if (rank != 0) return nullptr;
 
   auto states = std::make_unique<StateMap>();
-  const int64_t S = shards->shardSize();
-  for (size_t i = 0; i < params.size(); ++i) {
-    StateEntries entries = templEntries;
-    for (auto& [key, value] : entries) {
-      auto it = full.find(key);
-      if (it == full.end()) continue;
-      // Rank r's piece of parameter i sits in rank r's shard of the gathered tensor.
-      std::vector<at::Tensor> parts;
-      for (int r = 0; r < world; ++r) {
-        if (auto piece = shards->pieceOf(i, r)) parts.push_back(it->second.narrow(0, r * S + piece->shardOffset, piece->length));
+  bool anyState = false;
+  for (size_t i = 0; i < P; ++i) anyState = anyState || cell[i][0] > 0;
+  if (!anyState) return states;  // no step taken yet
+  // A state of this optimizer on rank 0, for its type and other values.
+  const OptimizerParamState* templ = nullptr;
+  for (const auto& [key, state] : optimizer->state()) {
+    templ = state.get();
+    break;
+  }
+  if (!templ) {
+    fail<UsageError>("{}: rank 0 holds no optimizer state while other ranks do (only some parameters are "
+                     "trained?), so it cannot write the checkpoint's optimizer. HINT: train every parameter the "
+                     "optimizer holds, or use distributed.strategy=ddp",
+                     who());
+  }
+  StateEntries base;
+  for (auto& [key, value] : stateEntries(*templ)) {
+    bool known = false;
+    for (const auto& col : columns) known = known || col.substr(col.find(' ') + 1) == key;
+    if (!known) base.emplace_back(key, value);
+  }
+  for (size_t i = 0; i < P; ++i) {
+    if (cell[i][0] == 0) continue;
+    StateEntries entries = base;
+    for (size_t c = 0; c < C; ++c) {
+      if (cell[i][1 + 2 * c] == 0) continue;
+      const std::string& col = columns[c];
+      const std::string key = col.substr(col.find(' ') + 1);
+      if (col[0] == 'i') {
+        entries.emplace_back(key, static_cast<int64_t>(cell[i][2 + 2 * c]));
+      } else if (col[0] == 'd') {
+        entries.emplace_back(key, cell[i][2 + 2 * c]);
+      } else {
+        // Rank r's piece of parameter i sits in rank r's shard of the gathered tensor.
+        std::vector<at::Tensor> parts;
+        for (int r = 0; r < world; ++r) {
+          if (auto piece = shards->pieceOf(i, r))
+            parts.push_back(gathered[col].narrow(0, r * S + piece->shardOffset, piece->length));
+        }
+        entries.emplace_back(key, at::cat(parts).view(params[i].sizes()).clone());
       }
-      value = (parts.empty() ? at::zeros({0}, flatParam.options()) : at::cat(parts)).view(params[i].sizes()).clone();
     }
     (*states)[stateKey(params[i])] = stateFrom(*templ, entries);
   }
@@ -375,15 +464,39 @@ torch::optim::Optimizer& ZeroStrategy::optimizer() { return *impl_->optimizer; }
 const FlatShards& ZeroStrategy::shards() const { return *impl_->shards; }
 
 void ZeroStrategy::backward(const at::Tensor& loss, bool /*lastMicroBatch*/) {
-  loss.backward();
+  if (impl_->stage == 1) {
+    loss.backward();
+    return;
+  }
   // zero2 reduces every micro-batch (it keeps no full gradient to
-  // accumulate into); its shard sums them.
-  if (impl_->stage == 2) impl_->flushBuckets();
+  // accumulate into); its shard sums them. If backward fails, the buckets
+  // still go (peers are waiting for them) and the counts are reset before
+  // the error goes on.
+  try {
+    loss.backward();
+  } catch (...) {
+    try {
+      impl_->flushBuckets();
+    } catch (...) {
+    }
+    throw;
+  }
+  impl_->flushBuckets();
 }
 
 void ZeroStrategy::step() {
   Impl& s = *impl_;
   const auto& buckets = s.shards->buckets();
+  // model.load() or module->to() after construction gives a parameter new
+  // storage: the allgathers would no longer reach it.
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    if (s.params[i].data_ptr() != s.flatParam.narrow(0, s.shards->offset(i), 1).data_ptr() && s.params[i].numel() > 0) {
+      fail<UsageError>("{}: parameter #{} no longer lives in the strategy's flat buffer (a model.load() or "
+                       "module->to() after the strategy was built?). HINT: load or move the model before "
+                       "creating the strategy",
+                       s.who(), i);
+    }
+  }
   if (s.stage == 1) {
     s.syncGradientViews();
     std::vector<WorkPtr> works;
@@ -429,6 +542,13 @@ void ZeroStrategy::saveState(torch::serialize::OutputArchive* archive) {
   // parameters and their state in, save, swap the pieces back.
   auto& groups = s.optimizer->param_groups();
   StateMap pieceStates = std::move(s.optimizer->state());
+  // Parameters the optimizer holds that this strategy does not shard (they
+  // do not require grad) keep their own state.
+  std::set<std::string> pieceKeys;
+  for (const auto& piece : s.pieces)
+    if (piece.defined()) pieceKeys.insert(stateKey(piece));
+  for (const auto& [key, state] : pieceStates)
+    if (!pieceKeys.count(key)) (*full)[key] = state->clone();
   s.optimizer->state() = std::move(*full);
   for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = s.fullGroups[g];
   auto restore = [&] {

@@ -54,8 +54,15 @@
 //   (so each rank holds one full copy of one state tensor kind at a time),
 //   and rank 0 writes the same archive as a single process would.
 //
-// Errors (UsageError, before training): parameters of two dtypes, or models
-// that differ between ranks (model_sync.hpp); a sparse gradient at step().
+// What user code sees of gradients: zero1's param.grad() holds this rank's
+// own (not averaged) gradient until step(); zero2's is always empty (it is
+// handed to the buckets as it arrives). So gradient clipping or norms on
+// param.grad() do not apply under either; that is not detected.
+//
+// Errors (UsageError, before training): parameters of two dtypes, a sparse
+// embedding, or models that differ between ranks (model_sync.hpp). At
+// step(): a sparse gradient, or a parameter moved off the flat buffer (a
+// model.load() or module->to() after construction).
 #pragma once
 
 #include <memory>
@@ -78,8 +85,8 @@ class ZeroStrategy : public ParallelStrategy {
   void step() override;
   void saveState(torch::serialize::OutputArchive* archive) override;
   // Parameters: the flat buffer the model's parameters view (this rank's
-  // shard is its slice); gradients: the flat buffer and the shard's
-  // average (1 + 1/world of DDP's).
+  // shard is its slice); gradients: zero1 the flat buffer and the shard's
+  // average (1 + 1/world of DDP's), zero2 the shard only (1/world).
   HeldBytes heldBytes() override;
 
   const FlatShards& shards() const;
