@@ -43,7 +43,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kLoopback = "127.0.0.1";
 
 struct Options {
   bool plan = false;
@@ -129,19 +128,7 @@ void runWorker(const Options& o) {
   at::set_num_threads(1);
   const int rank = o.workerRank;
   const std::chrono::milliseconds timeout(o.timeoutSeconds * 1000);
-  TCPStoreOptions storeOptions;
-  storeOptions.host = kLoopback;
-  storeOptions.isServer = rank == 0;
-  const std::string portFile = o.workerDir + "/port." + o.workerStrategy;
-  storeOptions.port = storeOptions.isServer ? 0 : awaitPort(portFile, timeout, rank);
-  storeOptions.connectTimeout = timeout;
-  storeOptions.timeout = timeout;
-  auto store = std::make_shared<TCPStore>(storeOptions);
-  if (storeOptions.isServer) publishPort(portFile, store->port());
-  ProcessGroupOptions groupOptions;
-  groupOptions.timeout = timeout;
-  groupOptions.masterAddr = kLoopback;
-  ProcessGroupPtr group = builtinBackends().create("gloo", store, rank, o.worldSize, groupOptions);
+  ProcessGroupPtr group = workerGroup(o.workerDir, o.workerStrategy, rank, o.worldSize, "gloo", timeout);
 
   torch::manual_seed(0);
   auto model = buildMlp(o.widths);
@@ -364,24 +351,9 @@ void registerStrategiesCommand(CLI::App& app) {
   cmd->add_option("--worker-strategy", options->workerStrategy)->group("");
   cmd->add_option("--worker-dir", options->workerDir)->group("");
   cmd->callback([options] {
-    if (options->workerRank >= 0) {
-      try {
-        runWorker(*options);
-      } catch (const std::exception& e) {
-        std::cerr << fmt::format("ddp-bench worker ({} rank {}): {}\n", options->workerStrategy, options->workerRank,
-                                 e.what());
-        reportWorkerError(options->workerDir, options->workerStrategy, options->workerRank, e.what());
-        std::fflush(stderr);
-        std::_Exit(1);
-      }
-      return;
-    }
-    try {
-      runLauncher(*options);
-    } catch (const std::exception& e) {
-      std::cerr << "ddp-bench strategies: error: " << e.what() << "\n";
-      throw CLI::RuntimeError(1);
-    }
+    runWorkerOrLauncher(
+        "strategies", options->workerRank, options->workerDir, options->workerRank >= 0 ? options->workerStrategy : "",
+        [&] { runWorker(*options); }, [&] { runLauncher(*options); });
   });
 }
 

@@ -66,7 +66,6 @@ using nlohmann::json;
 
 const std::vector<int64_t> kWidths = {256, 1024, 1024, 1024, 512, 10};
 constexpr int64_t kMlpBatchPerRank = 64;
-constexpr const char* kLoopback = "127.0.0.1";
 
 struct Options {
   std::string model = "mlp";  // or "cnn", "gpt"
@@ -281,20 +280,8 @@ void runWorker(const Options& o) {
   const std::string tag = workerTag(o);
   const std::chrono::milliseconds timeout(120000);
 
-  TCPStoreOptions storeOptions;
-  storeOptions.host = kLoopback;
-  storeOptions.isServer = rank == 0;
-  const std::string portFile = o.workerDir + "/port." + tag;
-  storeOptions.port = storeOptions.isServer ? 0 : awaitPort(portFile, timeout, rank);
-  storeOptions.connectTimeout = timeout;
-  storeOptions.timeout = timeout;
-  auto store = std::make_shared<TCPStore>(storeOptions);
-  if (storeOptions.isServer) publishPort(portFile, store->port());
-  ProcessGroupOptions groupOptions;
-  groupOptions.timeout = timeout;
-  groupOptions.masterAddr = kLoopback;
-  groupOptions.deviceIndex = device.is_cuda() ? device.index() : -1;
-  ProcessGroupPtr group = builtinBackends().create(backendFor(o), store, rank, o.workerWorld, groupOptions);
+  ProcessGroupPtr group = workerGroup(o.workerDir, tag, rank, o.workerWorld, backendFor(o), timeout,
+                                     device.is_cuda() ? device.index() : -1);
 
   // Same seed on every rank (DDP also broadcasts rank 0's parameters);
   // different data per rank, as in real data-parallel training.
@@ -622,26 +609,9 @@ void registerTrainStepCommand(CLI::App& app) {
   cmd->add_option("--worker-dir", options->workerDir)->group("");
 
   cmd->callback([options] {
-    if (options->workerRank >= 0) {
-      try {
-        runWorker(*options);
-      } catch (const std::exception& e) {
-        const std::string tag = workerTag(*options);
-        std::cerr << fmt::format("ddp-bench worker ({} rank {}): {}\n", tag, options->workerRank, e.what());
-        reportWorkerError(options->workerDir, tag, options->workerRank, e.what());
-        // Exit without destructors: a group whose peer has gone could block
-        // in its teardown.
-        std::fflush(stderr);
-        std::_Exit(1);
-      }
-      return;
-    }
-    try {
-      runLauncher(*options);
-    } catch (const std::exception& e) {
-      std::cerr << "ddp-bench train-step: error: " << e.what() << "\n";
-      throw CLI::RuntimeError(1);
-    }
+    runWorkerOrLauncher(
+        "train-step", options->workerRank, options->workerDir, options->workerRank >= 0 ? workerTag(*options) : "",
+        [&] { runWorker(*options); }, [&] { runLauncher(*options); });
   });
 }
 

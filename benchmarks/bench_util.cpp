@@ -1,5 +1,6 @@
 #include "benchmarks/bench_util.hpp"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -19,7 +21,10 @@
 #include "framework/core/errors.hpp"
 #include "framework/core/strings.hpp"
 #include "framework/core/system.hpp"
+#include "backends/builtin.hpp"
+#include "framework/comm/backend_registry.hpp"
 #include "framework/launch/spawn.hpp"
+#include "framework/store/tcp_store.hpp"
 
 namespace ddp::bench {
 
@@ -266,6 +271,46 @@ uint16_t awaitPort(const std::string& portFile, std::chrono::milliseconds timeou
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+void runWorkerOrLauncher(const std::string& command, int rank, const std::string& dir, const std::string& tag,
+                         const std::function<void()>& worker, const std::function<void()>& launcher) {
+  if (rank >= 0) {
+    try {
+      worker();
+    } catch (const std::exception& e) {
+      std::cerr << fmt::format("ddp-bench worker ({} rank {}): {}\n", tag, rank, e.what());
+      reportWorkerError(dir, tag, rank, e.what());
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+    return;
+  }
+  try {
+    launcher();
+  } catch (const std::exception& e) {
+    std::cerr << "ddp-bench " << command << ": error: " << e.what() << "\n";
+    throw CLI::RuntimeError(1);
+  }
+}
+
+std::shared_ptr<ProcessGroup> workerGroup(const std::string& dir, const std::string& tag, int rank, int world,
+                                          const std::string& backend, std::chrono::milliseconds timeout,
+                                          int deviceIndex) {
+  TCPStoreOptions storeOptions;
+  storeOptions.host = "127.0.0.1";
+  storeOptions.isServer = rank == 0;
+  const std::string portFile = dir + "/port." + tag;
+  storeOptions.port = storeOptions.isServer ? 0 : awaitPort(portFile, timeout, rank);
+  storeOptions.connectTimeout = timeout;
+  storeOptions.timeout = timeout;
+  auto store = std::make_shared<TCPStore>(storeOptions);
+  if (storeOptions.isServer) publishPort(portFile, store->port());
+  ProcessGroupOptions groupOptions;
+  groupOptions.timeout = timeout;
+  groupOptions.masterAddr = "127.0.0.1";
+  groupOptions.deviceIndex = deviceIndex;
+  return builtinBackends().create(backend, store, rank, world, groupOptions);
 }
 
 }  // namespace ddp::bench

@@ -13,6 +13,8 @@
 
 #include "framework/core/strings.hpp"
 
+#include "framework/comm/process_group.hpp"
+
 namespace ddp::bench {
 
 // A failure that ends a benchmark with a message for the user (exit code 1).
@@ -90,10 +92,26 @@ void launchRanks(int worldSize, const std::function<std::vector<std::string>(int
 // For a worker: records `message` where launchRanks looks for it.
 void reportWorkerError(const std::string& dir, const std::string& tag, int rank, const std::string& message);
 
+// The body of a subcommand that runs itself as workers (see launchRanks):
+// a worker (rank >= 0) runs `worker`; if that throws, it prints and reports
+// the error (reportWorkerError) and exits with 1 without destructors (a
+// group whose peer has gone could block in its teardown). Otherwise
+// `launcher` runs; if it throws, "ddp-bench COMMAND: error: ..." goes to
+// stderr and CLI::RuntimeError(1) sets the exit code.
+void runWorkerOrLauncher(const std::string& command, int rank, const std::string& dir, const std::string& tag,
+                         const std::function<void()>& worker, const std::function<void()>& launcher);
+
 // Store rendezvous between worker processes: rank 0's store listens on a
 // free port and publishes it in `portFile`; the others wait for it (no race
 // over picking a free port in the launcher).
 void publishPort(const std::string& portFile, uint16_t port);
+
+// A worker's process group over loopback: rank 0 serves a TCP store whose
+// port it publishes in DIR/port.TAG, the others wait for it; then the
+// backend's group (deviceIndex: GPU backends' device, -1 for none).
+std::shared_ptr<ProcessGroup> workerGroup(const std::string& dir, const std::string& tag, int rank, int world,
+                                          const std::string& backend, std::chrono::milliseconds timeout,
+                                          int deviceIndex = -1);
 uint16_t awaitPort(const std::string& portFile, std::chrono::milliseconds timeout, int rank);
 
 }  // namespace ddp::bench
