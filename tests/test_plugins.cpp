@@ -961,7 +961,8 @@ TEST_CASE("each built-in dataset's sample shape reaches the model context throug
     Json params = section;
     params.erase("name");
     const DatasetSplits data = spec.dataset(paramsFor(spec, params), DatasetContext{0, ""});
-    const auto sizes = data.train->range(0, 1).inputs.sizes();
+    const Batch first = data.train->range(0, 1);  // alive while `sizes` points into it
+    const auto sizes = first.inputs.sizes();
     CHECK(data.sampleShape == std::vector<int64_t>(sizes.begin() + 1, sizes.end()));
     CHECK(data.numFeatures ==
           std::accumulate(data.sampleShape.begin(), data.sampleShape.end(), int64_t{1}, std::multiplies<>()));
