@@ -147,28 +147,35 @@ void verifySameModel(ProcessGroup& group, const torch::nn::Module& module, const
   for (int r = 1; r < world; ++r) allEqual = allEqual && fps[r].item<int64_t>() == fps[0].item<int64_t>();
   if (allEqual) return;
 
-  // Some rank differs: exchange the full descriptions (packed 8 bytes per
-  // int64, padded to the longest) so every rank can name the difference.
-  at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-  at::Tensor lens = at::empty({world}, at::kLong);
-  group.allgather(len, lens, {timeout})->wait();
-  const int64_t maxLen = lens.max().item<int64_t>();
-  const int64_t words = (maxLen + 7) / 8;
-  at::Tensor packed = at::zeros({words}, at::kLong);
-  std::memcpy(packed.data_ptr(), mine.data(), mine.size());
-  at::Tensor all = at::empty({words * world}, at::kLong);
-  group.allgather(packed, all, {timeout})->wait();
+  // Some rank differs: exchange the full descriptions so every rank can
+  // name the difference.
   std::vector<std::vector<TensorSpec>> perRank;
-  for (int r = 0; r < world; ++r) {
-    const char* base = reinterpret_cast<const char*>(all.data_ptr<int64_t>() + r * words);
-    perRank.push_back(parse(std::string(base, static_cast<size_t>(lens[r].item<int64_t>()))));
-  }
+  for (const std::string& text : allgatherStrings(group, mine, timeout)) perRank.push_back(parse(text));
   for (int r = 1; r < world; ++r) {
     if (perRank[r] == perRank[0]) continue;
     fail<UsageError>("{}. HINT: every rank must build the same model from the same configuration",
                      describeMismatch(who, perRank[0], perRank[r], r));
   }
   DDP_CHECK(false, "model fingerprints differ but descriptions agree");
+}
+
+std::vector<std::string> allgatherStrings(ProcessGroup& group, const std::string& mine, Milliseconds timeout) {
+  const int world = group.size();
+  at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  at::Tensor lengths = at::empty({world}, at::kLong);
+  group.allgather(length, lengths, {timeout})->wait();
+  const int64_t words = (lengths.max().item<int64_t>() + 7) / 8;
+  std::vector<std::string> out(world);
+  if (words == 0) return out;
+  at::Tensor packed = at::zeros({words}, at::kLong);
+  std::memcpy(packed.data_ptr(), mine.data(), mine.size());
+  at::Tensor all = at::empty({words * world}, at::kLong);
+  group.allgather(packed, all, {timeout})->wait();
+  for (int r = 0; r < world; ++r) {
+    out[r].assign(reinterpret_cast<const char*>(all.data_ptr<int64_t>() + r * words),
+                  static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return out;
 }
 
 void broadcastFromRankZero(ProcessGroup& group, const std::vector<at::Tensor>& tensors, Milliseconds timeout) {

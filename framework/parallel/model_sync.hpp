@@ -15,6 +15,8 @@
 // - broadcastFromRankZero: collective. Every rank ends with rank 0's values
 //   in `tensors` (same list on every rank), coalesced by dtype into flat
 //   chunks of at most 64 MiB.
+// - allgatherStrings: collective. Every rank's string, in rank order
+//   (packed into int64 words, padded to the longest).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -34,5 +36,7 @@ void verifySameModel(ProcessGroup& group, const torch::nn::Module& module, const
                      Milliseconds timeout);
 
 void broadcastFromRankZero(ProcessGroup& group, const std::vector<at::Tensor>& tensors, Milliseconds timeout);
+
+std::vector<std::string> allgatherStrings(ProcessGroup& group, const std::string& mine, Milliseconds timeout);
 
 }  // namespace ddp

@@ -289,26 +289,6 @@ void ZeroStrategy::Impl::syncGradientViews() {
   }
 }
 
-// Every rank's string, in rank order (packed into int64 words).
-static std::vector<std::string> allgatherStrings(ProcessGroup& group, const std::string& mine, Milliseconds timeout) {
-  const int world = group.size();
-  at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-  at::Tensor lengths = at::empty({world}, at::kLong);
-  group.allgather(length, lengths, {timeout})->wait();
-  const int64_t words = (lengths.max().item<int64_t>() + 7) / 8;
-  std::vector<std::string> out(world);
-  if (words == 0) return out;
-  at::Tensor packed = at::zeros({words}, at::kLong);
-  std::memcpy(packed.data_ptr(), mine.data(), mine.size());
-  at::Tensor all = at::empty({words * world}, at::kLong);
-  group.allgather(packed, all, {timeout})->wait();
-  for (int r = 0; r < world; ++r) {
-    out[r].assign(reinterpret_cast<const char*>(all.data_ptr<int64_t>() + r * words),
-                  static_cast<size_t>(lengths[r].item<int64_t>()));
-  }
-  return out;
-}
-
 // The pieces' optimizer state, gathered into each trainable parameter's
 // full state on rank 0 (null elsewhere). Each parameter's state is decided
 // by the rank that owns its first element: whether it has state, which
