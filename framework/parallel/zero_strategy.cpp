@@ -59,6 +59,11 @@ struct ZeroStrategy::Impl {
   std::vector<std::vector<at::Tensor>> fullGroups, pieceGroups;
 
   void build();
+  [[noreturn]] void failSparseGradient(size_t i) const {
+    fail<UsageError>("{}: parameter #{} got a sparse gradient; it reduces dense gradients. HINT: use dense "
+                     "embeddings (sparse=false) or distributed.strategy=ddp",
+                     who(), i);
+  }
   void onGradient(size_t i);
   void launchBucketLocked(size_t b);
   void finishOldestLocked();
@@ -187,11 +192,7 @@ void ZeroStrategy::Impl::onGradient(size_t i) {
   std::lock_guard<std::mutex> lock(mutex);
   at::Tensor& grad = params[i].mutable_grad();
   if (!grad.defined()) return;
-  if (grad.is_sparse()) {
-    fail<UsageError>("{}: parameter #{} got a sparse gradient; it reduces dense gradients. HINT: use dense "
-                     "embeddings (sparse=false) or distributed.strategy=ddp",
-                     who(), i);
-  }
+  if (grad.is_sparse()) failSparseGradient(i);
   const size_t b = shards->bucketOf(i);
   const FlatShards::Bucket& bucket = shards->buckets()[b];
   if (!staging[b].defined()) staging[b] = at::zeros({bucket.padded(world)}, flatParam.options());
@@ -273,11 +274,7 @@ void ZeroStrategy::Impl::syncGradientViews() {
     const at::Tensor& g = params[i].grad();
     if (g.defined() && g.is_same(gradViews[i])) continue;
     if (g.defined()) {
-      if (g.is_sparse()) {
-        fail<UsageError>("{}: parameter #{} got a sparse gradient; it reduces dense gradients. HINT: use dense "
-                         "embeddings (sparse=false) or distributed.strategy=ddp",
-                         who(), i);
-      }
+      if (g.is_sparse()) failSparseGradient(i);
       // Something replaced the gradient tensor (an optimizer's zero_grad
       // with set_to_none, or a hook): take its values back into the buffer.
       if (g.data_ptr() != gradViews[i].data_ptr()) gradViews[i].copy_(g);
@@ -469,8 +466,10 @@ void ZeroStrategy::step() {
   const auto& buckets = s.shards->buckets();
   // model.load() or module->to() after construction gives a parameter new
   // storage: the allgathers would no longer reach it.
+  const char* flat = static_cast<const char*>(s.flatParam.data_ptr());
+  const int64_t elementSize = static_cast<int64_t>(s.flatParam.element_size());
   for (size_t i = 0; i < s.params.size(); ++i) {
-    if (s.params[i].data_ptr() != s.flatParam.narrow(0, s.shards->offset(i), 1).data_ptr() && s.params[i].numel() > 0) {
+    if (s.params[i].numel() > 0 && s.params[i].data_ptr() != flat + s.shards->offset(i) * elementSize) {
       fail<UsageError>("{}: parameter #{} no longer lives in the strategy's flat buffer (a model.load() or "
                        "module->to() after the strategy was built?). HINT: load or move the model before "
                        "creating the strategy",
