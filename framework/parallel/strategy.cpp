@@ -48,10 +48,13 @@ int64_t storageBytes(const std::vector<at::Tensor>& tensors) {
   return bytes;
 }
 
-ParallelStrategy::HeldBytes ParallelStrategy::heldBytes() {
+ParallelStrategy::HeldBytes ParallelStrategy::countHeldBytes(std::vector<at::Tensor> params,
+                                                             std::vector<at::Tensor> grads) {
   HeldBytes held;
-  std::vector<at::Tensor> params = model().parameters(), grads;
-  for (const at::Tensor& p : params) grads.push_back(p.grad());
+  for (const at::Tensor& p : model().parameters()) {
+    params.push_back(p);
+    grads.push_back(p.grad());
+  }
   held.parameters = storageBytes(params);
   held.gradients = storageBytes(grads);
   held.optimizerState = optimizerStateBytes(optimizer());

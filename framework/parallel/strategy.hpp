@@ -76,7 +76,11 @@ class ParallelStrategy {
   struct HeldBytes {
     int64_t parameters = 0, gradients = 0, optimizerState = 0;
   };
-  virtual HeldBytes heldBytes();
+  virtual HeldBytes heldBytes() { return countHeldBytes({}, {}); }
+
+ protected:
+  // The default count plus a strategy's own parameter and gradient tensors.
+  HeldBytes countHeldBytes(std::vector<at::Tensor> extraParameters, std::vector<at::Tensor> extraGradients);
 };
 
 // Bytes of the storages behind `tensors`, each counted once (undefined

@@ -502,15 +502,9 @@ void ZeroStrategy::step() {
 
 ParallelStrategy::HeldBytes ZeroStrategy::heldBytes() {
   Impl& s = *impl_;
-  HeldBytes held;
-  std::vector<at::Tensor> params = s.model->parameters(), grads = {s.flatGrad, s.shardGrad};
-  params.push_back(s.flatParam);
-  for (const at::Tensor& p : s.model->parameters()) grads.push_back(p.grad());
+  std::vector<at::Tensor> grads = {s.flatGrad, s.shardGrad};
   grads.insert(grads.end(), s.staging.begin(), s.staging.end());
-  held.parameters = storageBytes(params);
-  held.gradients = storageBytes(grads);
-  held.optimizerState = optimizerStateBytes(*s.optimizer);
-  return held;
+  return countHeldBytes({s.flatParam}, std::move(grads));
 }
 
 void ZeroStrategy::saveState(torch::serialize::OutputArchive* archive) {
