@@ -29,7 +29,6 @@ seconds} where seconds is the epoch loop on rank 0 (after building).
 """
 import argparse
 import json
-import os
 import time
 
 import torch
@@ -40,6 +39,7 @@ import torch.nn.functional as F
 
 from distributed_sampler import indices_for_epoch  # our sampler's order
 from models_torch import Gpt  # this folder's; the one Python definition of the models
+import rendezvous  # this folder's: a fresh file store per job
 
 
 class Windows(torch.utils.data.Dataset):
@@ -72,11 +72,9 @@ def load(cfg):
     return len(vocab), Windows(ids, 0, cut, block, stride), Windows(ids, cut, n, block, stride)
 
 
-def worker(rank, world, port, cfg, out):
+def worker(rank, world, store, cfg, out):
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rendezvous.init("gloo", rank, world, store)
     tc, m, o = cfg["training"], cfg["model"], cfg["optimizer"]
     torch.manual_seed(tc["seed"])
     vocab, train, val = load(cfg)
@@ -140,13 +138,13 @@ def worker(rank, world, port, cfg, out):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--config", required=True, help="a resolved experiment (RUN_DIR/config.json)")
-    p.add_argument("--port", type=int, default=29561)
     args = p.parse_args()
     cfg = json.load(open(args.config))
     world = cfg["distributed"]["nproc_per_node"]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.start_processes(worker, args=(world, args.port, cfg, out), nprocs=world, start_method="spawn")
+    with rendezvous.job_store() as store:
+        mp.start_processes(worker, args=(world, store, cfg, out), nprocs=world, start_method="spawn")
     print(json.dumps(out.get()), flush=True)
 
 

@@ -18,7 +18,6 @@ run it (FSDP on CPU before 2.x).
 """
 import argparse
 import json
-import os
 import resource
 import statistics
 import time
@@ -29,6 +28,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import models_torch  # this folder's; the one Python definition of the models
+import rendezvous  # this folder's: a fresh file store per job
 
 
 def storage_bytes(tensors):
@@ -52,11 +52,9 @@ def state_bytes(opt):
     return total
 
 
-def worker(rank, world, port, impl, args, out):
+def worker(rank, world, store, impl, args, out):
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rendezvous.init("gloo", rank, world, store)
     torch.manual_seed(0)
     net = models_torch.mlp(args.widths)
     torch.manual_seed(1 + rank)
@@ -120,22 +118,19 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--impls", default="torch-ddp,torch-zero,torch-fsdp")
-    p.add_argument("--port", type=int, default=29561)
     args = p.parse_args()
     args.widths = [int(w) for w in args.widths.split(",")]
     ctx = mp.get_context("spawn")
-    port = args.port
     for impl in args.impls.split(","):
         out = ctx.Queue()
         try:
-            mp.start_processes(worker, args=(args.world_size, port, impl, args, out), nprocs=args.world_size,
-                               start_method="spawn")
+            with rendezvous.job_store() as store:
+                mp.start_processes(worker, args=(args.world_size, store, impl, args, out), nprocs=args.world_size,
+                                   start_method="spawn")
         except Exception as e:
             print(json.dumps({"impl": impl, "unavailable": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}),
                   flush=True)
-            port += 1
             continue
-        port += 1
         print(json.dumps(out.get(timeout=60)), flush=True)
 
 

@@ -21,7 +21,6 @@ differs fails the run. Prints one JSON record per world size:
 """
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -31,6 +30,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import models_torch  # this folder's; the one Python definition of the models
+import rendezvous  # this folder's: a fresh file store per job
 
 WIDTHS = [256, 1024, 1024, 1024, 512, 10]
 
@@ -70,14 +70,12 @@ def make_batch(args, rank, dev):
     return x.to(dev), y.to(dev)
 
 
-def worker(rank, world, port, args, out):
+def worker(rank, world, store, args, out):
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    rendezvous.init("nccl" if cuda else "gloo", rank, world, store)
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
     net, opt_cfg = make_workload(args, dev)
     model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[rank] if cuda else None)
@@ -131,7 +129,6 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch", type=int, default=None, help="samples per rank (default: 64 for mlp, else 32)")
-    p.add_argument("--port", type=int, default=29533)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--repeats", type=int, default=1, help="runs per world size; the median run is printed")
     args = p.parse_args()
@@ -142,12 +139,11 @@ def main():
     ctx = mp.get_context("spawn")
     worlds = [int(w) for w in args.world_sizes.split(",")]
     runs = {w: [] for w in worlds}
-    port = args.port
     for _ in range(args.repeats):
         for world in worlds:
             out = ctx.Queue()
-            mp.start_processes(worker, args=(world, port, args, out), nprocs=world, start_method="spawn")
-            port += 1
+            with rendezvous.job_store() as store:
+                mp.start_processes(worker, args=(world, store, args, out), nprocs=world, start_method="spawn")
             record = out.get()
             if record["max_param_diff"] != 0:
                 raise SystemExit(f"train_step_torch_ddp.py: after {args.steps + args.warmup} steps at world size "

@@ -12,7 +12,7 @@ unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DDP_ST
 run() {  # run NAME ARGS...: ddp-bench ARGS, log in $out/NAME.log, must succeed
   local name=$1 rc=0
   shift
-  timeout -k 5 240 "$bench" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  timeout -k 5 150 "$bench" "$@" >"$out/$name.log" 2>&1 || rc=$?
   [ "$rc" -eq 0 ] || { sed 's/^/  | /' "$out/$name.log"; fail "ddp-bench $* exited with $rc"; }
 }
 
