@@ -34,6 +34,7 @@
 #include "framework/core/errors.hpp"
 #include "framework/core/strings.hpp"
 #include "framework/core/system.hpp"
+#include "framework/experiment/plugin_registry.hpp"
 #include "framework/parallel/strategy.hpp"
 #include "framework/parallel/strategy_footprint.hpp"
 #include "framework/store/tcp_store.hpp"
@@ -47,7 +48,7 @@ using nlohmann::json;
 struct Options {
   bool plan = false;
   std::vector<int> planRanks = {8, 64, 512};
-  std::vector<std::string> strategies = {"ddp", "zero1", "zero2"};
+  std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "fsdp"};
   std::vector<int64_t> widths = {2048, 4096, 4096, 4096, 2048};
   int worldSize = 2;
   int64_t batch = 32;
@@ -72,6 +73,13 @@ std::vector<int64_t> mlpNumels(const std::vector<int64_t>& widths) {
   return numels;
 }
 
+// Under fsdp each layer (weight and bias) is a unit (UnitMlp).
+std::vector<int> mlpUnits(const std::vector<int64_t>& widths) {
+  std::vector<int> units;
+  for (size_t i = 0; i + 1 < widths.size(); ++i) units.insert(units.end(), 2, static_cast<int>(i));
+  return units;
+}
+
 // A 7B-parameter decoder in Llama-7B's shapes (32 layers, width 4096, MLP
 // 11008, vocabulary 32000, untied embeddings): 6.74e9 parameters.
 std::vector<int64_t> llama7bNumels() {
@@ -88,6 +96,16 @@ std::vector<int64_t> llama7bNumels() {
   return numels;
 }
 
+// Its units under fsdp: each decoder layer; the embeddings, final norm and
+// head stay whole (the root, -1).
+std::vector<int> llama7bUnits() {
+  std::vector<int> units = {-1};
+  for (int layer = 0; layer < 32; ++layer) units.insert(units.end(), 9, layer);
+  units.push_back(-1);
+  units.push_back(-1);
+  return units;
+}
+
 // --plan: per-rank memory and bytes sent per step of each strategy for the
 // 7B model, float32 with Adam, from the same formulas the strategies'
 // layouts follow (strategyFootprint).
@@ -100,8 +118,8 @@ void printPlan(const Options& o) {
   const double gib = 1024.0 * 1024 * 1024;
   for (int world : o.planRanks) {
     for (const char* s : {"ddp", "zero1", "zero2", "fsdp"}) {
-      const StrategyFootprint f = strategyFootprint(s, numels, world, 4, 2, 25 * 1024 * 1024);
-      table.addRow({std::string(s) + (std::string(s) == "fsdp" ? " (plan)" : ""), std::to_string(world),
+      const StrategyFootprint f = strategyFootprint(s, numels, world, 4, 2, 25 * 1024 * 1024, llama7bUnits());
+      table.addRow({s, std::to_string(world),
                     formatFixed(f.parameterBytes / gib, 2), formatFixed(f.gradientBytes / gib, 2),
                     formatFixed(f.optimizerBytes / gib, 2),
                     formatFixed((f.parameterBytes + f.gradientBytes + f.optimizerBytes) / gib, 2),
@@ -115,14 +133,32 @@ std::string resultsPath(const std::string& dir, const std::string& strategy) {
   return dir + "/results." + strategy + ".json";
 }
 
-std::shared_ptr<torch::nn::Module> buildMlp(const std::vector<int64_t>& widths) {
-  torch::nn::Sequential net;
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    net->push_back(torch::nn::Linear(widths[i], widths[i + 1]));
-    if (i + 2 < widths.size()) net->push_back(torch::nn::ReLU());
+// The MLP of --widths (ReLU between layers), each Linear a unit that fsdp
+// gathers on its own (sharding_units.hpp). Same parameters, in the same
+// order and from the same draws, as models_torch.py's.
+class UnitMlp : public Model {
+ public:
+  explicit UnitMlp(const std::vector<int64_t>& widths) {
+    for (size_t i = 0; i + 1 < widths.size(); ++i)
+      layers_.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(widths[i], widths[i + 1])));
   }
-  return net.ptr();
-}
+  at::Tensor forward(const at::Tensor& input) override {
+    at::Tensor x = input;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      x = runUnit(i, [&] { return layers_[i]->forward(x); });
+      if (i + 1 < layers_.size()) x = torch::relu(x);
+    }
+    return x;
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> shardingUnits() override {
+    std::vector<std::shared_ptr<torch::nn::Module>> units;
+    for (auto& layer : layers_) units.push_back(layer.ptr());
+    return units;
+  }
+
+ private:
+  std::vector<torch::nn::Linear> layers_;
+};
 
 void runWorker(const Options& o) {
   at::set_num_threads(1);
@@ -131,8 +167,7 @@ void runWorker(const Options& o) {
   ProcessGroupPtr group = workerGroup(o.workerDir, o.workerStrategy, rank, o.worldSize, "gloo", timeout);
 
   torch::manual_seed(0);
-  auto model = buildMlp(o.widths);
-  auto* net = dynamic_cast<torch::nn::SequentialImpl*>(model.get());
+  auto model = std::make_shared<UnitMlp>(o.widths);
   torch::manual_seed(1 + rank);
   const at::Tensor x = torch::randn({o.batch, o.widths.front()});
   const at::Tensor y = torch::randint(0, o.widths.back(), {o.batch}, torch::kLong);
@@ -146,7 +181,7 @@ void runWorker(const Options& o) {
   std::vector<double> times;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    at::Tensor loss = torch::nn::functional::cross_entropy(net->forward(x), y);
+    at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
     strategy->backward(loss, true);
     strategy->step();
     if (i >= o.warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -156,9 +191,12 @@ void runWorker(const Options& o) {
   const ParallelStrategy::HeldBytes held = strategy->heldBytes();
 
   // Parameter sums, and the largest difference from rank 0's parameters.
-  std::vector<at::Tensor> flat;
-  for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
-  const at::Tensor mine = at::cat(flat);
+  at::Tensor mine;
+  strategy->withFullParameters([&] {
+    std::vector<at::Tensor> flat;
+    for (const auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}));
+    mine = at::cat(flat);
+  });
   at::Tensor first = mine.clone();
   group->broadcast(first)->wait();
   const double diff = (mine - first).abs().max().item<double>();
@@ -297,7 +335,7 @@ void runLauncher(const Options& o) {
     const std::string impl = r["impl"];
     if (impl.rfind("torch-", 0) == 0) continue;
     const StrategyFootprint f =
-        strategyFootprint(impl, mlpNumels(o.widths), o.worldSize, 4, 2, DdpOptions{}.bucketCapBytes);
+        strategyFootprint(impl, mlpNumels(o.widths), o.worldSize, 4, 2, DdpOptions{}.bucketCapBytes, mlpUnits(o.widths));
     const bool same = f.parameterBytes == r["param_bytes"].get<double>() &&
                       f.gradientBytes == r["grad_bytes"].get<double>() &&
                       f.optimizerBytes == r["optimizer_bytes"].get<double>();

@@ -1,4 +1,4 @@
-// Sharded strategies (zero1) against DDP: the same parameters after the
+// Sharded strategies (zero1, zero2, fsdp) against DDP: the same parameters after the
 // same steps, state about 1/world of DDP's, and consolidated checkpoints
 // that resume under another strategy and world size. Ranks are threads
 // over the gloo backend.
@@ -10,6 +10,8 @@
 
 #include "framework/core/errors.hpp"
 #include "framework/parallel/flat_shards.hpp"
+#include "framework/parallel/fsdp_strategy.hpp"
+#include "framework/parallel/sharding_units.hpp"
 #include "framework/parallel/optimizer_state.hpp"
 #include "framework/parallel/strategy.hpp"
 #include "framework/parallel/strategy_footprint.hpp"
@@ -28,8 +30,9 @@ ProcessGroupPtr borrow(ProcessGroup& group) {
 }
 
 // 10 -> 7 -> 3 with batch norm: 70 + 7 + 7 + 7 + 21 + 3 = 115 trainable
-// elements, which no world size from 2 to 4 divides.
-struct Net : torch::nn::Module {
+// elements, which no world size from 2 to 4 divides. Under fsdp fc1 and fc2
+// are units, batch norm's 14 stay with the root.
+struct Net : torch::nn::Module, ShardingUnits {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::BatchNorm1d bn{nullptr};
   Net() {
@@ -37,8 +40,14 @@ struct Net : torch::nn::Module {
     bn = register_module("bn", torch::nn::BatchNorm1d(7));
     fc2 = register_module("fc2", torch::nn::Linear(7, 3));
   }
-  at::Tensor forward(const at::Tensor& x) { return fc2->forward(torch::relu(bn->forward(fc1->forward(x)))); }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = runUnit(0, [&] { return fc1->forward(x); });
+    h = torch::relu(bn->forward(h));
+    return runUnit(1, [&] { return fc2->forward(h); });
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> shardingUnits() override { return {fc1.ptr(), fc2.ptr()}; }
 };
+const std::vector<int> kNetUnits = {0, 0, -1, -1, 1, 1};  // per parameter, registration order
 
 
 at::Tensor flatParameters(torch::nn::Module& module) {
@@ -107,7 +116,7 @@ std::vector<at::Tensor> run(const std::string& strategy, const std::string& opt,
     initParameters(*net, rank == 0 ? 42 : 1000 + rank);  // the strategy must start everyone from rank 0's
     auto s = makeStrategy(strategy, pg, opt, net);
     train(*s, data, rank, world, 0, steps, micro);
-    out[rank] = flatParameters(*net);
+    s->withFullParameters([&] { out[rank] = flatParameters(*net); });
     if (stateBytes) (*stateBytes)[rank] = optimizerStateBytes(s->optimizer());
     if (gradBytes) (*gradBytes)[rank] = s->heldBytes().gradients;
   });
@@ -169,9 +178,9 @@ TEST_CASE("FlatShards: buckets of equal slices, pieces tile every parameter in r
   CHECK_FALSE(FlatShards({2}, 3).pieceOf(0, 2).has_value());  // the last rank owns only padding
 }
 
-TEST_CASE("zero1 and zero2 end every step with DDP's parameters, holding 1/world of its optimizer state",
+TEST_CASE("zero1, zero2 and fsdp end every step with DDP's parameters, holding 1/world of its optimizer state",
           "[zero]") {
-  const std::string strategy = GENERATE("zero1", "zero2");
+  const std::string strategy = GENERATE("zero1", "zero2", "fsdp");
   const std::string opt = GENERATE("sgd", "adam", "adamw");
   const int world = GENERATE(1, 2, 3, 4);
   INFO(strategy << ", " << opt << ", world " << world);
@@ -189,11 +198,11 @@ TEST_CASE("zero1 and zero2 end every step with DDP's parameters, holding 1/world
   const int64_t shard = (115 + world - 1) / world;
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r << ": " << strategy << " " << zeroBytes[r] << " B, ddp " << ddpBytes[r] << " B");
-    // zero2's 64-byte buckets pad each of their slices: a few elements more.
-    CHECK(zeroBytes[r] <= (shard + (strategy == "zero2" ? 8 : 0)) * perElement + 64);
+    // 64-byte buckets pad each of their slices: a few elements more.
+    CHECK(zeroBytes[r] <= (shard + (strategy != "zero1" ? 8 : 0)) * perElement + 64);
     CHECK(ddpBytes[r] >= 115 * perElement);
-    // zero2 keeps only its gradient shard between steps.
-    if (strategy == "zero2") CHECK(zeroGrads[r] <= (shard + 8) * 4);
+    // zero2 and fsdp keep only their gradient shard between steps.
+    if (strategy != "zero1") CHECK(zeroGrads[r] <= (shard + 8) * 4);
   }
 }
 
@@ -202,10 +211,11 @@ TEST_CASE("zero1 and zero2 end every step with DDP's parameters, holding 1/world
 // design: batch norm's statistics are per micro-batch.) The two sum in
 // different orders, so SGD: Adam would blow the rounding of fc1.bias's
 // gradient, which batch norm makes zero up to rounding, into lr-sized steps.
-TEST_CASE("zero2 accumulates micro-batches as DDP does", "[zero]") {
+TEST_CASE("zero2 and fsdp accumulate micro-batches as DDP does", "[zero]") {
   const int world = GENERATE(2, 3);
-  INFO("world " << world);
-  const auto zero = run("zero2", "sgd", world, 3, nullptr, nullptr, 2);
+  const std::string strategy = GENERATE("zero2", "fsdp");
+  INFO(strategy << ", world " << world);
+  const auto zero = run(strategy, "sgd", world, 3, nullptr, nullptr, 2);
   const auto reference = run("ddp", "sgd", world, 3, nullptr, nullptr, 2);
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r);
@@ -213,9 +223,10 @@ TEST_CASE("zero2 accumulates micro-batches as DDP does", "[zero]") {
   }
 }
 
-TEST_CASE("a zero1 or zero2 checkpoint is consolidated: it resumes under any strategy at another world size", "[zero]") {
+TEST_CASE("a zero1, zero2 or fsdp checkpoint is consolidated: it resumes under any strategy at another world size",
+          "[zero]") {
   const std::string opt = GENERATE("sgd", "adam");
-  const std::string saver = GENERATE("zero1", "zero2");
+  const std::string saver = GENERATE("zero1", "zero2", "fsdp");
   INFO(opt << ", saved under " << saver);
   const Data data = makeData(64 * kBatch);
   // 3 steps at world 3 under `strategy`; rank 0's checkpoint, serialized.
@@ -258,7 +269,7 @@ TEST_CASE("a zero1 or zero2 checkpoint is consolidated: it resumes under any str
       c.group = borrow(pg);
       auto s = builtinStrategies().create(strategy, std::move(c));
       train(*s, data, rank, 2, 3, 5);
-      out[rank] = flatParameters(*net);
+      s->withFullParameters([&] { out[rank] = flatParameters(*net); });
     });
     INFO(joinErrors(errs));
     REQUIRE(joinErrors(errs).empty());
@@ -270,9 +281,10 @@ TEST_CASE("a zero1 or zero2 checkpoint is consolidated: it resumes under any str
     const std::string& saved;
     const char* strategy;
   };
-  for (const Case& c : {Case{"zero checkpoint", checkpoint, "ddp"}, Case{"zero checkpoint", checkpoint, "zero1"},
-                        Case{"zero checkpoint", checkpoint, "zero2"}, Case{"ddp checkpoint", reference, "zero1"},
-                        Case{"ddp checkpoint", reference, "zero2"}}) {
+  for (const Case& c : {Case{"sharded checkpoint", checkpoint, "ddp"}, Case{"sharded checkpoint", checkpoint, "zero1"},
+                        Case{"sharded checkpoint", checkpoint, "zero2"}, Case{"sharded checkpoint", checkpoint, "fsdp"},
+                        Case{"ddp checkpoint", reference, "zero1"}, Case{"ddp checkpoint", reference, "zero2"},
+                        Case{"ddp checkpoint", reference, "fsdp"}}) {
     INFO(c.label << " resumed under " << c.strategy);
     const auto got = resume(c.saved, c.strategy);
     CHECK(relDiff(got[0], base[0]) <= 1e-5);
@@ -280,22 +292,19 @@ TEST_CASE("a zero1 or zero2 checkpoint is consolidated: it resumes under any str
   }
 }
 
-TEST_CASE("zero1 and zero2 refuse parameters of two dtypes with one line before training", "[zero]") {
-  const std::string strategy = GENERATE("zero1", "zero2");
+TEST_CASE("zero1, zero2 and fsdp refuse parameters of two dtypes with one line before training", "[zero]") {
+  const std::string strategy = GENERATE("zero1", "zero2", "fsdp");
   auto errors = runRanks("gloo", 2, [&](int, ProcessGroup& pg) {
     auto net = std::make_shared<Net>();
     net->fc2->to(at::kDouble);
     makeStrategy(strategy, pg, "sgd", net);
   });
-  // zero2 lays the parameters out from the last one.
-  const std::string expected = strategy == "zero1"
-                                   ? "zero1: parameter 'fc2.weight' is float64 but 'fc1.weight' is float32"
-                                   : "zero2: parameter 'bn.bias' is float32 but 'fc2.bias' is float64";
+  const std::string expected = strategy + ": parameter 'fc2.weight' is float64 but 'fc1.weight' is float32";
   for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains(expected));
 }
 
-TEST_CASE("zero1 and zero2 refuse a sparse embedding before training", "[zero]") {
-  const std::string strategy = GENERATE("zero1", "zero2");
+TEST_CASE("zero1, zero2 and fsdp refuse a sparse embedding before training", "[zero]") {
+  const std::string strategy = GENERATE("zero1", "zero2", "fsdp");
   struct WithEmbedding : torch::nn::Module {
     torch::nn::Embedding table{nullptr};
     WithEmbedding() { table = register_module("table", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true))); }
@@ -315,8 +324,8 @@ TEST_CASE("zero1 and zero2 refuse a sparse embedding before training", "[zero]")
 
 // The formulas of docs/performance.md's large-model table are the layout's:
 // they must give exactly what the strategies hold.
-TEST_CASE("strategyFootprint gives what ddp, zero1 and zero2 hold on rank 0", "[zero]") {
-  const std::string strategy = GENERATE("ddp", "zero1", "zero2");
+TEST_CASE("strategyFootprint gives what ddp, zero1, zero2 and fsdp hold on rank 0", "[zero]") {
+  const std::string strategy = GENERATE("ddp", "zero1", "zero2", "fsdp");
   const int world = GENERATE(1, 2, 3, 4);
   INFO(strategy << ", world " << world);
   const Data data = makeData(64 * kBatch);
@@ -333,7 +342,7 @@ TEST_CASE("strategyFootprint gives what ddp, zero1 and zero2 hold on rank 0", "[
     }
   });
   REQUIRE(joinErrors(errors).empty());
-  const StrategyFootprint f = strategyFootprint(strategy, numels, world, 4, 2, kBucketBytes);
+  const StrategyFootprint f = strategyFootprint(strategy, numels, world, 4, 2, kBucketBytes, kNetUnits);
   CHECK(f.parameterBytes == held.parameters);
   CHECK(f.gradientBytes == held.gradients);
   CHECK(f.optimizerBytes == held.optimizerState);
@@ -342,9 +351,9 @@ TEST_CASE("strategyFootprint gives what ddp, zero1 and zero2 hold on rank 0", "[
   if (world > 1) CHECK(f.sentBytesPerStep >= 2 * (115 * 4 * (world - 1) / world));
 }
 
-TEST_CASE("zero1 and zero2: the optimizer's zero_grad works, a parameter moved off the flat buffer is an error",
+TEST_CASE("zero1, zero2, fsdp: the optimizer's zero_grad works, a parameter moved off the flat buffer is an error",
           "[zero]") {
-  const std::string strategy = GENERATE("zero1", "zero2");
+  const std::string strategy = GENERATE("zero1", "zero2", "fsdp");
   INFO(strategy);
   const Data data = makeData(64 * kBatch);
   auto errors = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
@@ -363,7 +372,10 @@ TEST_CASE("zero1 and zero2: the optimizer's zero_grad works, a parameter moved o
     s->step();
   });
   for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains(strategy + ": parameter #"));
-  for (const auto& e : errors) CHECK_THAT(e, Catch::Matchers::Contains("no longer lives in the strategy's flat buffer"));
+  for (const auto& e : errors) {
+    CHECK_THAT(e, Catch::Matchers::Contains(strategy == "fsdp" ? "no longer lives in the strategy's unit buffer"
+                                                               : "no longer lives in the strategy's flat buffer"));
+  }
 }
 
 // Optimizer state must never be dropped from a checkpoint: when rank 0

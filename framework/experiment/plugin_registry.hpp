@@ -36,12 +36,13 @@
 
 #include "framework/data/dataset.hpp"
 #include "framework/experiment/param.hpp"
+#include "framework/parallel/sharding_units.hpp"
 
 // The version of the plugin interface below (PluginSpec, the factories and
 // what they produce, PluginRegistry). A plugin library built against other
 // headers is refused by loadPluginLibrary; it is raised whenever a change
-// here would break a compiled plugin.
-#define DDP_PLUGIN_API_VERSION 2
+// here would break a compiled plugin. 3: Model is also ShardingUnits.
+#define DDP_PLUGIN_API_VERSION 3
 
 // Written once, at namespace scope, in a plugin library's source:
 //   DDP_EXPORT_PLUGIN_API_VERSION();
@@ -96,8 +97,10 @@ struct DatasetContext {
   std::string configDir;      // relative paths in the config resolve against it
 };
 
-// A model: a torch module with one tensor in and one out.
-class Model : public torch::nn::Module {
+// A model: a torch module with one tensor in and one out. A model that
+// names its units and runs them through runUnit() (sharding_units.hpp) lets
+// distributed.strategy=fsdp hold only the running unit's full parameters.
+class Model : public torch::nn::Module, public ShardingUnits {
  public:
   virtual at::Tensor forward(const at::Tensor& input) = 0;
 };

@@ -763,7 +763,9 @@ TrainResult Trainer::runStages() {
   result.signal = s.signal;
   result.steps = s.steps;
   result.loopSeconds = std::chrono::duration<double>(Clock::now() - trainStart).count();
-  for (const auto& p : s.model->parameters()) result.finalParameters.push_back(p.detach().clone());
+  s.strategy->withFullParameters([&] {
+    for (const auto& p : s.model->parameters()) result.finalParameters.push_back(p.detach().clone());
+  });
   return result;
 }
 

@@ -5,7 +5,9 @@
 // - The parameters are laid end to end, in the order given, in one flat
 //   index space, cut into buckets of consecutive parameters of at most
 //   bucketCapElements elements each (a parameter larger than that is a
-//   bucket of its own; a cap <= 0 makes one bucket of everything). Each
+//   bucket of its own; a cap <= 0 makes one bucket of everything). With
+//   `groups` (one id per parameter), a bucket also ends where the group
+//   changes, so no bucket spans two groups (FSDP's units). Each
 //   bucket is padded at its end to ranks * slice, slice = ceil(length /
 //   ranks) (at least 1), and rank r owns slice r of every bucket: it
 //   reduces, steps and gathers that slice. So a bucket is one
@@ -40,7 +42,8 @@ class FlatShards {
     int64_t length = 0;       // > 0
   };
 
-  FlatShards(const std::vector<int64_t>& numels, int ranks, int64_t bucketCapElements = 0);
+  FlatShards(const std::vector<int64_t>& numels, int ranks, int64_t bucketCapElements = 0,
+             const std::vector<int>& groups = {});
 
   int ranks() const { return ranks_; }
   int64_t total() const { return total_; }  // elements of all parameters, without padding
@@ -62,5 +65,12 @@ class FlatShards {
   std::vector<Bucket> buckets_;
   int64_t total_ = 0, shardSize_ = 0, paddedTotal_ = 0;
 };
+
+// The order fsdp lays its parameters out in (fsdp_strategy.hpp): unitOf[i]
+// is parameter i's unit (parameters in registration order), or -1 for the
+// root. Returns registration indices in flat order: the last unit's
+// parameters first, the root's last, each group's from its last registered
+// parameter to its first (the order backward produces gradients).
+std::vector<size_t> unitMajorOrder(const std::vector<int>& unitOf);
 
 }  // namespace ddp

@@ -1,6 +1,7 @@
 #include "framework/parallel/model_sync.hpp"
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/embedding.h>
 
 #include <cstring>
 #include <map>
@@ -217,6 +218,37 @@ void broadcastFromRankZero(ProcessGroup& group, const std::vector<at::Tensor>& t
       offset += t.numel();
     }
   }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> shardableParameters(const torch::nn::Module& module,
+                                                                    const char* who) {
+  // Sparse gradients would only show at the first step: refuse them now.
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    const torch::nn::Module& m = *item.value();
+    bool sparse = false;
+    if (auto* e = dynamic_cast<const torch::nn::EmbeddingImpl*>(&m)) sparse = e->options.sparse();
+    if (auto* e = dynamic_cast<const torch::nn::EmbeddingBagImpl*>(&m)) sparse = e->options.sparse();
+    if (sparse) {
+      fail<UsageError>("{}: module '{}' is an embedding with sparse gradients; {} reduces dense gradients. HINT: "
+                       "build it with sparse(false), or use distributed.strategy=ddp",
+                       who, item.key(), who);
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [name, p] : uniqueParameters(module)) {
+    if (!p.requires_grad()) continue;
+    if (!out.empty() && p.scalar_type() != out.front().second.scalar_type()) {
+      fail<UsageError>("{}: parameter '{}' is {} but '{}' is {}; it shards one flat buffer of one dtype. "
+                       "HINT: cast the model to one dtype, or use distributed.strategy=ddp",
+                       who, name, dtypeName(p), out.front().first, dtypeName(out.front().second));
+    }
+    if (!at::isFloatingType(p.scalar_type())) {
+      fail<UsageError>("{}: parameter '{}' is {}; only floating-point parameters can be trained", who, name,
+                       dtypeName(p));
+    }
+    out.emplace_back(name, p);
+  }
+  return out;
 }
 
 }  // namespace ddp

@@ -15,6 +15,10 @@
 // - broadcastFromRankZero: collective. Every rank ends with rank 0's values
 //   in `tensors` (same list on every rank), coalesced by dtype into flat
 //   chunks of at most 64 MiB.
+// - shardableParameters: the unique parameters that require grad, in
+//   registration order, after checking what flat sharding needs (zero,
+//   fsdp): one floating dtype for all, and no embedding with sparse
+//   gradients. Otherwise a UsageError prefixed by `who`, with a HINT.
 // - allgatherStrings: collective. Every rank's string, in rank order
 //   (packed into int64 words, padded to the longest).
 #pragma once
@@ -36,6 +40,9 @@ void verifySameModel(ProcessGroup& group, const torch::nn::Module& module, const
                      Milliseconds timeout);
 
 void broadcastFromRankZero(ProcessGroup& group, const std::vector<at::Tensor>& tensors, Milliseconds timeout);
+
+std::vector<std::pair<std::string, at::Tensor>> shardableParameters(const torch::nn::Module& module,
+                                                                    const char* who);
 
 std::vector<std::string> allgatherStrings(ProcessGroup& group, const std::string& mine, Milliseconds timeout);
 

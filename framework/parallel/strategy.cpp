@@ -9,6 +9,7 @@
 #include "framework/parallel/ddp_strategy.hpp"
 #include "framework/parallel/local_strategy.hpp"
 #include "framework/parallel/optimizer_state.hpp"
+#include "framework/parallel/fsdp_strategy.hpp"
 #include "framework/parallel/zero_strategy.hpp"
 
 namespace ddp {
@@ -75,15 +76,37 @@ StrategyRegistry& builtinStrategies() {
     r.add("zero2", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
       return std::make_unique<ZeroStrategy>(std::move(c), 2);
     });
+    r.add("fsdp", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+      return std::make_unique<FsdpStrategy>(std::move(c));
+    });
     return r;
   }();
   return registry;
 }
 
+namespace {
+// Module::save's layout, with copies of the tensors.
+void saveCopies(const torch::nn::Module& module, torch::serialize::OutputArchive& archive) {
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) archive.write(p.key(), p.value().detach().clone());
+  for (const auto& b : module.named_buffers(/*recurse=*/false))
+    archive.write(b.key(), b.value().detach().clone(), /*is_buffer=*/true);
+  for (const auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;
+    torch::serialize::OutputArchive childArchive(archive.compilation_unit());
+    saveCopies(*child.value(), childArchive);
+    archive.write(child.key(), childArchive);
+  }
+}
+}  // namespace
+
 void saveModelAndOptimizer(torch::serialize::OutputArchive& archive, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer) {
+                           torch::optim::Optimizer& optimizer, bool copyTensors) {
   torch::serialize::OutputArchive modelArchive, optimizerArchive;
-  model.save(modelArchive);
+  if (copyTensors) {
+    saveCopies(model, modelArchive);
+  } else {
+    model.save(modelArchive);
+  }
   optimizer.save(optimizerArchive);
   archive.write("model", modelArchive);
   archive.write("optimizer", optimizerArchive);

@@ -35,7 +35,8 @@
 // distributed.strategy. create() with an unknown name throws UsageError
 // listing the known ones. builtinStrategies() holds "ddp" (DDP at world size
 // > 1, LocalStrategy on one rank), "zero1" and "zero2" (ZeroStrategy:
-// optimizer state sharded; zero2 the gradients too).
+// optimizer state sharded; zero2 the gradients too) and "fsdp"
+// (FsdpStrategy: parameters sharded as well, gathered unit by unit).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -67,6 +68,12 @@ class ParallelStrategy {
   virtual void step() = 0;
 
   virtual void saveState(torch::serialize::OutputArchive* archive) = 0;
+
+  // Runs fn while every parameter of model() is whole, for code that reads
+  // them outside forward and backward (the trainer's final parameters,
+  // tests). Collective: every rank calls it. fsdp gathers its units for the
+  // call; every other strategy keeps parameters whole, and just calls fn.
+  virtual void withFullParameters(const std::function<void()>& fn) { fn(); }
 
   // What this rank holds between steps, in bytes, summed over the tensors
   // it keeps (a storage shared by several tensors counted once): for the
@@ -115,9 +122,11 @@ StrategyRegistry& builtinStrategies();
 
 // Saves or loads "model" and "optimizer" of a module and its optimizer as
 // one process holds them (the format of every checkpoint). Load before the
-// strategy is created.
+// strategy is created. With copyTensors the archive holds copies of the
+// model's parameters and buffers (in Module::save's layout) instead of the
+// tensors themselves.
 void saveModelAndOptimizer(torch::serialize::OutputArchive& archive, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer);
+                           torch::optim::Optimizer& optimizer, bool copyTensors = false);
 void loadModelAndOptimizer(torch::serialize::InputArchive& archive, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer);
 

@@ -22,7 +22,8 @@ int64_t ringShare(int64_t bytes, int world) { return bytes * (world - 1) / world
 }  // namespace
 
 StrategyFootprint strategyFootprint(const std::string& strategy, const std::vector<int64_t>& numels, int world,
-                                    int64_t elementSize, int optimizerTensors, int64_t bucketCapBytes) {
+                                    int64_t elementSize, int optimizerTensors, int64_t bucketCapBytes,
+                                    const std::vector<int>& unitOf) {
   DDP_CHECK(world >= 1 && elementSize > 0, "strategyFootprint: world and elementSize must be positive");
   int64_t total = 0;
   for (int64_t n : numels) total += n;
@@ -35,27 +36,35 @@ StrategyFootprint strategyFootprint(const std::string& strategy, const std::vect
     f.sentBytesPerStep = 2 * ringShare(total * e, world);
     return f;
   }
-  if (strategy == "zero1" || strategy == "zero2" || strategy == "fsdp") {
+  if (strategy == "zero1" || strategy == "zero2") {
     std::vector<int64_t> order = numels;
-    const bool bucketed = strategy != "zero1";
+    const bool bucketed = strategy == "zero2";
     if (bucketed) std::reverse(order.begin(), order.end());
     const FlatShards shards(order, world, bucketed ? std::max<int64_t>(1, bucketCapBytes / e) : 0);
     const int64_t padded = shards.paddedTotal() * e, shard = shards.shardSize() * e;
     f.optimizerBytes = optimizerTensors * rankZeroElements(shards) * e;
-    if (strategy == "zero1") {
-      f.parameterBytes = padded;
-      f.gradientBytes = padded + shard;
-      f.sentBytesPerStep = 2 * ringShare(padded, world);
-    } else if (strategy == "zero2") {
-      f.parameterBytes = padded;
-      f.gradientBytes = shard;
-      f.sentBytesPerStep = 2 * ringShare(padded, world);
-    } else {
-      int64_t largest = 0;
-      for (const auto& b : shards.buckets()) largest = std::max(largest, b.padded(world) * e);
-      f.parameterBytes = shard + largest;
-      f.gradientBytes = shard;
-      f.sentBytesPerStep = 3 * ringShare(padded, world);  // gather for forward, again for backward, reduce-scatter
+    f.parameterBytes = padded;
+    f.gradientBytes = strategy == "zero1" ? padded + shard : shard;
+    f.sentBytesPerStep = 2 * ringShare(padded, world);
+    return f;
+  }
+  if (strategy == "fsdp") {
+    std::vector<int> units = unitOf;
+    units.resize(numels.size(), -1);
+    std::vector<int64_t> order;
+    std::vector<int> groups;
+    for (size_t i : unitMajorOrder(units)) {
+      order.push_back(numels[i]);
+      groups.push_back(units[i]);
+    }
+    const FlatShards shards(order, world, std::max<int64_t>(1, bucketCapBytes / e), groups);
+    f.optimizerBytes = optimizerTensors * rankZeroElements(shards) * e;
+    f.gradientBytes = shards.shardSize() * e;
+    f.parameterBytes = shards.shardSize() * e;
+    for (const auto& b : shards.buckets()) {
+      const bool root = groups[b.firstParam] < 0;
+      if (root) f.parameterBytes += b.padded(world) * e;
+      f.sentBytesPerStep += (root ? 2 : 3) * ringShare(b.padded(world) * e, world);
     }
     return f;
   }

@@ -14,8 +14,11 @@
 // - sentBytesPerStep: what one rank sends per optimizer step with ring
 //   algorithms: (world - 1) / world of the buffer for a reduce-scatter or
 //   an allgather, twice that for an allreduce.
-// - "fsdp" is the plan, not a built strategy: parameters sharded, units of
-//   bucketCapBytes gathered for forward and again for backward.
+// - fsdp: unitOf[i] is parameter i's unit, -1 (or unitOf empty) the root,
+//   laid out as FsdpStrategy does (unitMajorOrder). Parameters held: the
+//   shard plus the root, whole; sent: each unit gathered for forward and
+//   again for backward and reduce-scattered, the root reduce-scattered and
+//   gathered after the step.
 // - Unknown strategy names throw UsageError.
 #pragma once
 
@@ -31,6 +34,7 @@ struct StrategyFootprint {
 };
 
 StrategyFootprint strategyFootprint(const std::string& strategy, const std::vector<int64_t>& numels, int world,
-                                    int64_t elementSize, int optimizerTensors, int64_t bucketCapBytes);
+                                    int64_t elementSize, int optimizerTensors, int64_t bucketCapBytes,
+                                    const std::vector<int>& unitOf = {});
 
 }  // namespace ddp

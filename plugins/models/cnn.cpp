@@ -99,11 +99,21 @@ class Cnn : public Model {
                        c10::str(input.sizes()));
     }
     if (flatInput_) x = x.unsqueeze(1);  // [B, H, W] -> [B, 1, H, W]
-    for (auto& block : typedBlocks_) x = block->forward(x);
+    // Units (sharding_units.hpp): each conv block, the hidden layer, the head.
+    size_t unit = 0;
+    for (auto& block : typedBlocks_) x = runUnit(unit++, [&] { return block->forward(x); });
     x = x.flatten(1);
     x = torch::dropout(x, dropout_, is_training());
-    if (hidden_) x = activate(hidden_->forward(x), activation_);
-    return head_->forward(x);
+    if (hidden_) x = activate(runUnit(unit++, [&] { return hidden_->forward(x); }), activation_);
+    return runUnit(unit, [&] { return head_->forward(x); });
+  }
+
+  std::vector<std::shared_ptr<torch::nn::Module>> shardingUnits() override {
+    std::vector<std::shared_ptr<torch::nn::Module>> units;
+    for (auto& block : typedBlocks_) units.push_back(block.ptr());
+    if (hidden_) units.push_back(hidden_.ptr());
+    units.push_back(head_.ptr());
+    return units;
   }
 
  private:

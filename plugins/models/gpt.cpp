@@ -141,12 +141,20 @@ class Gpt : public Model {
     initialise();
   }
 
+  std::vector<std::shared_ptr<torch::nn::Module>> shardingUnits() override {
+    std::vector<std::shared_ptr<torch::nn::Module>> units;
+    for (auto& block : typedBlocks_) units.push_back(block.ptr());
+    return units;
+  }
+
   at::Tensor forward(const at::Tensor& input) override {
     checkInput(input);
     const int64_t T = input.size(1);
     const at::Tensor positions = torch::arange(T, input.options());  // [T], broadcast over the batch
     at::Tensor x = torch::dropout(wte_->forward(input) + wpe_->forward(positions), config_.dropout, is_training());
-    for (auto& block : typedBlocks_) x = block->forward(x);
+    // Each block is a unit (sharding_units.hpp); the embeddings, ln_f and
+    // the head stay with the model itself.
+    for (size_t i = 0; i < typedBlocks_.size(); ++i) x = runUnit(i, [&] { return typedBlocks_[i]->forward(x); });
     x = ln_f_->forward(x);
     // Tied: the head's weight is the token embedding's [vocab, n_embd].
     return config_.tieWeights ? torch::linear(x, wte_->weight) : lm_head_->forward(x);

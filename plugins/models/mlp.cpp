@@ -234,6 +234,12 @@ class Mlp : public Model {
     }
   }
 
+  std::vector<std::shared_ptr<torch::nn::Module>> shardingUnits() override {
+    std::vector<std::shared_ptr<torch::nn::Module>> units;
+    for (auto& linear : linears_) units.push_back(linear.ptr());
+    return units;
+  }
+
   at::Tensor forward(const at::Tensor& input) override {
     const int64_t inWidth = linears_.front()->options.in_features();
     if (input.dim() != 2 || input.size(1) != inWidth) {
@@ -247,14 +253,14 @@ class Mlp : public Model {
       const bool last = i + 1 == linears_.size();
       const Activation activation = last ? Activation::None : activation_;
       const auto& linear = linears_[i];
-      const bool needsGrad = record && (x.requires_grad() || linear->weight.requires_grad() ||
-                                        (linear->bias.defined() && linear->bias.requires_grad()));
-      if (needsGrad) {
-        x = linearActivationNode(x, linear->weight, linear->bias, activation);
-      } else {
+      // Each layer is a unit (sharding_units.hpp).
+      x = runUnit(i, [&] {
+        const bool needsGrad = record && (x.requires_grad() || linear->weight.requires_grad() ||
+                                          (linear->bias.defined() && linear->bias.requires_grad()));
+        if (needsGrad) return linearActivationNode(x, linear->weight, linear->bias, activation);
         at::AutoDispatchBelowADInplaceOrView belowAutograd;
-        x = linearActivation(x, linear->weight, linear->bias, activation);
-      }
+        return linearActivation(x, linear->weight, linear->bias, activation);
+      });
       if (last) break;
       if (dropout_ > 0 && is_training()) x = torch::dropout(x, dropout_, /*train=*/true);
     }

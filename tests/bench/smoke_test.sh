@@ -117,12 +117,12 @@ fi
 
 # Strategies on a small MLP, with PyTorch's DDP and ZeRO where installed:
 # every strategy (and PyTorch) ends with ddp's parameters, zero1 holds half
-# of ddp's Adam state at 2 ranks.
+# of ddp's Adam state at 2 ranks, fsdp half of the parameters as well.
 run strategies strategies --widths 64,128,32 --steps 2 --warmup 1 --json "$out/strategies.json"
 python3 - "$out/strategies.json" <<'PY'
 import json, sys
 records = {r["impl"]: r for r in json.load(open(sys.argv[1]))}
-assert {"ddp", "zero1", "zero2"} <= set(records), records.keys()
+assert {"ddp", "zero1", "zero2", "fsdp"} <= set(records), records.keys()
 params = 64 * 128 + 128 + 128 * 32 + 32
 for name, r in records.items():
     assert r["params"] == params and r["world_size"] == 2 and r["step_ms"] > 0, r
@@ -134,12 +134,18 @@ assert zero1["optimizer_bytes"] == 2 * 4 * ((params + 1) // 2), zero1
 zero2 = records["zero2"]  # one bucket at this size: the same shard, and only the shard of the gradients
 assert zero2["optimizer_bytes"] == zero1["optimizer_bytes"], zero2
 assert zero2["grad_bytes"] == 4 * ((params + 1) // 2), zero2
+# fsdp: each layer a unit of its own bucket (weight and bias), padded to
+# 2 ranks; between steps only its shard of the parameters is held.
+fsdp = records["fsdp"]
+shard = sum((n + 1) // 2 for n in (64 * 128 + 128, 128 * 32 + 32))
+assert fsdp["param_bytes"] == 4 * shard and fsdp["grad_bytes"] == 4 * shard, fsdp
+assert fsdp["optimizer_bytes"] == 2 * 4 * shard, fsdp
 print("strategies:", sorted(records))
 PY
 grep -q "as measured" "$out/strategies.log" || fail "strategies printed no formula check"
 ! grep -q "DIFFERS" "$out/strategies.log" || fail "strategies: a formula differs from the measurement"
 run strategies-plan strategies --plan
-[ "$(grep -cE '^(ddp|zero1|zero2|fsdp \(plan\)) +(8|64|512) ' "$out/strategies-plan.log")" -eq 12 ] ||
+[ "$(grep -cE '^(ddp|zero1|zero2|fsdp) +(8|64|512) ' "$out/strategies-plan.log")" -eq 12 ] ||
   { cat "$out/strategies-plan.log"; fail "strategies --plan: expected 12 rows"; }
 expect_strategy_error() {
   local rc=0

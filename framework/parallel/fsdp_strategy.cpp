@@ -1,0 +1,338 @@
+#include "framework/parallel/fsdp_strategy.hpp"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "framework/core/errors.hpp"
+#include "framework/parallel/grad_ready_hooks.hpp"
+#include "framework/parallel/model_sync.hpp"
+#include "framework/parallel/shard_grad_reducer.hpp"
+#include "framework/parallel/sharded_optimizer.hpp"
+#include "framework/parallel/sharding_units.hpp"
+
+namespace ddp {
+
+namespace {
+
+// A tensor's memory is released and restored under the same storage, so
+// the views of it (the parameters) and the tensors autograd saved from
+// them see the memory again once it is restored and refilled.
+void releaseMemory(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
+
+void restoreMemory(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (storage->nbytes() == nbytes) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+}  // namespace
+
+struct FsdpStrategy::Impl : UnitHooks {
+  std::shared_ptr<torch::nn::Module> model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  ProcessGroupPtr group;
+  Milliseconds timeout;
+  int64_t bucketCapBytes = 0;
+  int rank = 0, world = 1;
+  ShardingUnits* seam = nullptr;
+
+  std::vector<at::Tensor> params;  // trainable, in flat order
+  std::vector<at::Tensor> buffers;
+  std::optional<FlatShards> shards;
+  // Groups 0 .. units-1 are the model's units; group `units` is the root.
+  size_t units = 0;
+  struct Group {
+    size_t paramCount = 0;
+    size_t firstBucket = 0, endBucket = 0;
+    int64_t offset = 0, length = 0;  // the flat range of its buckets, padded
+    at::Tensor full;                 // its parameters' memory (they are views of it)
+    std::vector<WorkPtr> pending;    // its allgathers in flight
+    bool gathered = false;
+    size_t arrived = 0;  // gradients that arrived in this backward
+  };
+  std::vector<Group> groups;
+  std::vector<size_t> groupOf;  // per parameter
+  at::Tensor shardParam, shardGrad;
+  std::vector<at::Tensor> pieces;
+  std::unique_ptr<ShardedOptimizer> sharded;
+  std::unique_ptr<ShardGradReducer> reducer;
+  std::unique_ptr<GradReadyHooks> hooks;
+  std::mutex mutex;  // the groups' state; hooks run on autograd's threads
+
+  ~Impl() override {
+    hooks.reset();
+    if (seam) seam->setUnitHooks(nullptr);
+  }
+
+  void build();
+  bool isUnit(const Group& g) const { return &g != &groups[units]; }
+
+  void startGatherLocked(Group& g) {
+    if (g.gathered || !g.pending.empty() || g.length == 0) return;
+    restoreMemory(g.full);
+    for (size_t b = g.firstBucket; b < g.endBucket; ++b) {
+      const FlatShards::Bucket& bucket = shards->buckets()[b];
+      at::Tensor whole = g.full.narrow(0, bucket.offset - g.offset, bucket.padded(world));
+      g.pending.push_back(group->allgather(shardParam.narrow(0, bucket.shardOffset, bucket.slice), whole, {timeout}));
+    }
+  }
+  void finishGatherLocked(Group& g) {
+    startGatherLocked(g);
+    // Cleared first: a failed wait leaves no stale work behind.
+    std::vector<WorkPtr> works = std::move(g.pending);
+    g.pending.clear();
+    for (auto& w : works) w->wait();
+    g.gathered = true;
+  }
+  void releaseLocked(Group& g) {
+    if (!isUnit(g)) return;
+    std::vector<WorkPtr> works = std::move(g.pending);
+    g.pending.clear();
+    for (auto& w : works) w->wait();  // a prefetch nobody used: the memory is being written
+    releaseMemory(g.full);
+    g.gathered = false;
+  }
+  void releaseUnitsLocked() {
+    for (size_t u = 0; u < units; ++u) releaseLocked(groups[u]);
+  }
+
+  // UnitHooks: what runUnit() calls.
+  void beforeForward(size_t u) override {
+    DDP_CHECK(u < units, fmt::format("fsdp: the model ran unit {} but named {} unit(s)", u, units));
+    std::lock_guard<std::mutex> lock(mutex);
+    finishGatherLocked(groups[u]);
+    if (u + 1 < units) startGatherLocked(groups[u + 1]);  // prefetch
+  }
+  at::Tensor afterForward(size_t u, at::Tensor output) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    releaseLocked(groups[u]);
+    // Backward needs the unit again: gather it when the gradient of its
+    // output is ready, that is, just before backward enters the unit.
+    if (output.requires_grad()) {
+      output.register_hook([this, u](const at::Tensor&) {
+        std::lock_guard<std::mutex> lock(mutex);
+        finishGatherLocked(groups[u]);
+        if (u > 0) startGatherLocked(groups[u - 1]);  // prefetch, in backward's order
+      });
+    }
+    return output;
+  }
+
+  void onGradient(size_t i) {
+    reducer->add(i);
+    std::lock_guard<std::mutex> lock(mutex);
+    Group& g = groups[groupOf[i]];
+    // A unit whose gradients have all arrived is done with its parameters.
+    if (++g.arrived == g.paramCount) releaseLocked(g);
+  }
+
+  void afterBackward() {
+    struct Reset {  // also when a collective fails
+      Impl& s;
+      ~Reset() {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        for (auto& g : s.groups) g.arrived = 0;
+      }
+    } reset{*this};
+    reducer->flush();
+    std::lock_guard<std::mutex> lock(mutex);
+    releaseUnitsLocked();
+  }
+
+  void gatherAllLocked() {
+    for (size_t u = 0; u < units; ++u) startGatherLocked(groups[u]);
+    for (size_t u = 0; u < units; ++u) finishGatherLocked(groups[u]);
+  }
+};
+
+void FsdpStrategy::Impl::build() {
+  rank = group->rank();
+  world = group->size();
+  at::NoGradGuard noGrad;
+  verifySameModel(*group, *model, "fsdp", timeout);
+  auto named = shardableParameters(*model, "fsdp");
+
+  // Units: a parameter held by exactly one unit belongs to it; the rest
+  // (shared by two units, or outside all) to the root.
+  seam = dynamic_cast<ShardingUnits*>(model.get());
+  std::vector<std::shared_ptr<torch::nn::Module>> unitModules;
+  if (seam) unitModules = seam->shardingUnits();
+  units = unitModules.size();
+  std::unordered_map<const void*, size_t> unitOfParam;
+  std::unordered_map<const void*, int> holders;
+  for (size_t u = 0; u < units; ++u) {
+    for (auto& [name, p] : uniqueParameters(*unitModules[u])) {
+      unitOfParam.emplace(p.unsafeGetTensorImpl(), u);
+      ++holders[p.unsafeGetTensorImpl()];
+    }
+  }
+  std::vector<int> unitOf;  // per parameter, registration order; -1: the root
+  for (auto& [name, p] : named) {
+    auto it = unitOfParam.find(p.unsafeGetTensorImpl());
+    unitOf.push_back(it != unitOfParam.end() && holders[p.unsafeGetTensorImpl()] == 1 ? static_cast<int>(it->second)
+                                                                                        : -1);
+  }
+  std::vector<int64_t> numels;
+  std::vector<int> flatGroups;
+  groups.resize(units + 1);
+  for (size_t k : unitMajorOrder(unitOf)) {
+    const at::Tensor& p = named[k].second;
+    params.push_back(p);
+    numels.push_back(p.numel());
+    groupOf.push_back(unitOf[k] < 0 ? units : static_cast<size_t>(unitOf[k]));
+    flatGroups.push_back(static_cast<int>(groupOf.back()));
+    ++groups[groupOf.back()].paramCount;
+  }
+  for (auto& [name, b] : uniqueBuffers(*model)) buffers.push_back(b);
+  const auto options = params.empty() ? at::TensorOptions(at::kFloat) : params.front().options().requires_grad(false);
+  const int64_t elementSize = static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()));
+  shards.emplace(numels, world, std::max<int64_t>(1, bucketCapBytes / elementSize), flatGroups);
+  shardParam = at::zeros({shards->shardSize()}, options);
+  shardGrad = at::zeros({shards->shardSize()}, options);
+
+  // Rank 0's parameters and buffers everywhere, as DDP starts.
+  std::vector<at::Tensor> everything(params.begin(), params.end());
+  for (auto& [name, p] : uniqueParameters(*model))
+    if (!p.requires_grad()) everything.push_back(p);
+  everything.insert(everything.end(), buffers.begin(), buffers.end());
+  broadcastFromRankZero(*group, everything, timeout);
+
+  // Each group's buckets, and its flat range.
+  const auto& buckets = shards->buckets();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    Group& g = groups[groupOf[buckets[b].firstParam]];
+    if (g.endBucket == 0) {
+      g.firstBucket = b;
+      g.offset = buckets[b].offset;
+    }
+    g.endBucket = b + 1;
+    g.length = buckets[b].offset + buckets[b].padded(world) - g.offset;
+  }
+  for (Group& g : groups) g.full = at::zeros({g.length}, options);
+
+  // This rank's pieces, in its shard; the parameters become views of their
+  // group's buffer (their autograd identity is kept).
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor& p = params[i];
+    const at::Tensor flat = p.detach().reshape({-1});
+    if (auto piece = shards->pieceOf(i, rank)) {
+      pieces.push_back(shardParam.narrow(0, piece->shardOffset, piece->length));
+      pieces.back().copy_(flat.narrow(0, piece->paramOffset, piece->length));
+      // On shardGrad's storage, not a view: an optimizer's zero_grad()
+      // detaches gradients in place, which views refuse.
+      pieces.back().mutable_grad() = at::empty({0}, shardGrad.options())
+                                         .set_(shardGrad.storage(), shardGrad.storage_offset() + piece->shardOffset,
+                                               {piece->length}, {1});
+    } else {
+      pieces.emplace_back();
+    }
+    Group& g = groups[groupOf[i]];
+    at::Tensor slot = g.full.narrow(0, shards->offset(i) - g.offset, p.numel());
+    slot.copy_(flat);
+    p.set_data(slot.view(p.sizes()));
+    p.mutable_grad().reset();
+  }
+  groups[units].gathered = true;  // the root stays whole
+  for (size_t u = 0; u < units; ++u) releaseLocked(groups[u]);
+
+  reducer = std::make_unique<ShardGradReducer>(params, *shards, *group, timeout, shardGrad, "fsdp");
+  hooks = std::make_unique<GradReadyHooks>(params, [this](size_t i) { onGradient(i); });
+  sharded = std::make_unique<ShardedOptimizer>(*optimizer, params, pieces, *shards, *group, timeout, "fsdp");
+  if (seam) seam->setUnitHooks(this);
+}
+
+FsdpStrategy::FsdpStrategy(StrategyContext context) : impl_(std::make_unique<Impl>()) {
+  impl_->bucketCapBytes = static_cast<int64_t>(context.ddp.bucketCapBytes);
+  impl_->model = std::move(context.model);
+  impl_->optimizer = std::move(context.optimizer);
+  impl_->group = std::move(context.group);
+  impl_->timeout = context.ddp.timeout;
+  impl_->build();
+}
+
+FsdpStrategy::~FsdpStrategy() = default;
+
+torch::nn::Module& FsdpStrategy::model() { return *impl_->model; }
+torch::optim::Optimizer& FsdpStrategy::optimizer() { return *impl_->optimizer; }
+const FlatShards& FsdpStrategy::shards() const { return *impl_->shards; }
+size_t FsdpStrategy::unitCount() const { return impl_->units; }
+
+void FsdpStrategy::backward(const at::Tensor& loss, bool /*lastMicroBatch*/) {
+  // Every micro-batch reduces (no full gradient is kept to accumulate
+  // into); the shard sums them. If backward fails, the buckets still go
+  // (peers wait for them) before the error goes on.
+  try {
+    loss.backward();
+  } catch (...) {
+    try {
+      impl_->afterBackward();
+    } catch (...) {
+    }
+    throw;
+  }
+  impl_->afterBackward();
+}
+
+void FsdpStrategy::step() {
+  Impl& s = *impl_;
+  // model.load() or a set_() after construction gives a parameter storage
+  // of its own: the gathers would no longer reach it.
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const Impl::Group& g = s.groups[s.groupOf[i]];
+    if (!s.params[i].storage().is_alias_of(g.full.storage())) {
+      fail<UsageError>("fsdp: parameter #{} no longer lives in the strategy's unit buffer (a model.load() or "
+                       "module->to() after the strategy was built?). HINT: load or move the model before "
+                       "creating the strategy",
+                       i);
+    }
+  }
+  s.optimizer->step();
+  // The root, whole again from every rank's updated slices.
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    Impl::Group& root = s.groups[s.units];
+    root.gathered = false;
+    s.finishGatherLocked(root);
+  }
+  s.shardGrad.zero_();
+  if (!s.buffers.empty() && s.world > 1) broadcastFromRankZero(*s.group, s.buffers, s.timeout);
+}
+
+void FsdpStrategy::withFullParameters(const std::function<void()>& fn) {
+  Impl& s = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.gatherAllLocked();
+  }
+  struct Release {
+    Impl& s;
+    ~Release() {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.releaseUnitsLocked();
+    }
+  } release{s};
+  fn();
+}
+
+void FsdpStrategy::saveState(torch::serialize::OutputArchive* archive) {
+  // The archive keeps the tensors it is given until it is written out,
+  // after the units are released again: it gets copies.
+  withFullParameters([&] { impl_->sharded->save(archive, *impl_->model, /*copyModel=*/true); });
+}
+
+ParallelStrategy::HeldBytes FsdpStrategy::heldBytes() {
+  Impl& s = *impl_;
+  std::vector<at::Tensor> held = {s.shardParam};
+  for (const auto& g : s.groups) held.push_back(g.full);
+  std::vector<at::Tensor> grads = s.reducer->staging();
+  grads.push_back(s.shardGrad);
+  return countHeldBytes(std::move(held), std::move(grads));
+}
+
+}  // namespace ddp

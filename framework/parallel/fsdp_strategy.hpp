@@ -1,0 +1,83 @@
+// FsdpStrategy: ParallelStrategy (strategy.hpp) that shards parameters,
+// gradients and optimizer state between ranks ("fsdp", fully sharded data
+// parallel, ZeRO stage 3).
+//
+// Units
+// - The model's units (sharding_units.hpp; a GPT's blocks, an MLP's
+//   layers) are what is gathered and freed. Parameters outside every unit
+//   (embeddings, final norm, a tied head; everything, for a model that
+//   names no units) form the root, which stays whole, as under zero2.
+// - Layout (flat_shards.hpp): the trainable parameters are laid out from
+//   the last unit to the first, then the root, each unit's in reverse
+//   registration order (the order backward produces them); buckets never
+//   span two units, and are cut at DdpOptions::bucketCapBytes within one.
+//   A rank owns a slice of every bucket: its shard, kept between steps, is
+//   all it holds of a unit.
+//
+// Each step
+// - Forward, unit i (runUnit): its full parameters are allgathered from the
+//   shards into one buffer, of which the parameters are views (waiting for
+//   the prefetch if one was started), the allgather of unit i + 1 is
+//   started, the unit runs, and the buffer's memory is released (the
+//   parameters keep their shapes; autograd's saved tensors keep the
+//   storage, now empty). An autograd hook on the unit's output gathers the
+//   unit again when backward reaches it, and starts the gather of unit
+//   i - 1.
+// - Backward: gradients go to their buckets as they arrive and complete
+//   buckets are reduce-scattered (shard_grad_reducer.hpp); when all of a
+//   unit's gradients have arrived, its buffer is released again. After
+//   backward every unit is released, and this rank's gradient shard holds
+//   the average (summed over micro-batches).
+// - step(): the optimizer steps this rank's pieces (sharded_optimizer.hpp),
+//   the root is allgathered back whole, rank 0's buffers (batch norm
+//   statistics) are broadcast.
+// - So every rank ends a step with DDP's parameters (up to float rounding),
+//   for the optimizers ZeroStrategy serves (zero_strategy.hpp).
+//
+// Memory held between steps: the root whole, this rank's shard of
+// everything, its gradient shard, its optimizer state: about 1/world of
+// DDP's plus the root. Gathered at a time: two units (the one running and
+// the prefetched one) in forward, up to three in backward.
+//
+// What user code sees
+// - Between steps a unit's parameters have no memory: read them inside
+//   withFullParameters() (collective), which gathers every unit for the
+//   call. saveState() does so too, and writes the consolidated checkpoint.
+// - param.grad() is always empty (gradients live in the shard); clipping or
+//   norms on it do not apply.
+// - A unit that runs twice in one forward is gathered twice.
+//
+// Errors (UsageError, before training): as ZeroStrategy's (two dtypes, a
+// sparse embedding, models that differ between ranks).
+#pragma once
+
+#include <memory>
+
+#include "framework/parallel/flat_shards.hpp"
+#include "framework/parallel/strategy.hpp"
+
+namespace ddp {
+
+class FsdpStrategy : public ParallelStrategy {
+ public:
+  explicit FsdpStrategy(StrategyContext context);
+  ~FsdpStrategy() override;
+
+  const char* name() const override { return "fsdp"; }
+  torch::nn::Module& model() override;
+  torch::optim::Optimizer& optimizer() override;
+  void backward(const at::Tensor& loss, bool lastMicroBatch) override;
+  void step() override;
+  void saveState(torch::serialize::OutputArchive* archive) override;
+  void withFullParameters(const std::function<void()>& fn) override;
+  HeldBytes heldBytes() override;
+
+  const FlatShards& shards() const;
+  size_t unitCount() const;  // the model's units, the root not counted
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp
