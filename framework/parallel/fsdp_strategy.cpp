@@ -193,15 +193,15 @@ void FsdpStrategy::Impl::build() {
   const auto options = params.empty() ? at::TensorOptions(at::kFloat) : params.front().options().requires_grad(false);
   const int64_t elementSize = static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType()));
   shards.emplace(numels, world, std::max<int64_t>(1, bucketCapBytes / elementSize), flatGroups);
-  shardParam = at::zeros({shards->shardSize()}, options);
-  shardGrad = at::zeros({shards->shardSize()}, options);
-
   // Rank 0's parameters and buffers everywhere, as DDP starts.
   std::vector<at::Tensor> everything(params.begin(), params.end());
   for (auto& [name, p] : uniqueParameters(*model))
     if (!p.requires_grad()) everything.push_back(p);
   everything.insert(everything.end(), buffers.begin(), buffers.end());
   broadcastFromRankZero(*group, everything, timeout);
+  // After the broadcast, whose staging is as large as the model.
+  shardParam = at::zeros({shards->shardSize()}, options);
+  shardGrad = at::zeros({shards->shardSize()}, options);
 
   // Each group's buckets, and its flat range.
   const auto& buckets = shards->buckets();
@@ -214,34 +214,39 @@ void FsdpStrategy::Impl::build() {
     g.endBucket = b + 1;
     g.length = buckets[b].offset + buckets[b].padded(world) - g.offset;
   }
-  for (Group& g : groups) g.full = at::zeros({g.length}, options);
-
-  // This rank's pieces, in its shard; the parameters become views of their
-  // group's buffer (their autograd identity is kept).
-  for (size_t i = 0; i < params.size(); ++i) {
-    at::Tensor& p = params[i];
-    const at::Tensor flat = p.detach().reshape({-1});
-    if (auto piece = shards->pieceOf(i, rank)) {
-      pieces.push_back(shardParam.narrow(0, piece->shardOffset, piece->length));
-      pieces.back().copy_(flat.narrow(0, piece->paramOffset, piece->length));
-      // On shardGrad's storage, not a view: an optimizer's zero_grad()
-      // detaches gradients in place, which views refuse.
-      pieces.back().mutable_grad() = at::empty({0}, shardGrad.options())
-                                         .set_(shardGrad.storage(), shardGrad.storage_offset() + piece->shardOffset,
-                                               {piece->length}, {1});
-    } else {
-      pieces.emplace_back();
+  // Group by group, so that at most one unit's buffer exists besides the
+  // model as built: this rank's pieces go to its shard, the parameters
+  // become views of their group's buffer (their autograd identity is kept,
+  // their own memory is freed), and a unit's buffer is released at once.
+  pieces.resize(params.size());
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    Group& g = groups[gi];
+    g.full = at::zeros({g.length}, options);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (groupOf[i] != gi) continue;
+      at::Tensor& p = params[i];
+      const at::Tensor flat = p.detach().reshape({-1});
+      if (auto piece = shards->pieceOf(i, rank)) {
+        pieces[i] = shardParam.narrow(0, piece->shardOffset, piece->length);
+        pieces[i].copy_(flat.narrow(0, piece->paramOffset, piece->length));
+        // On shardGrad's storage, not a view: an optimizer's zero_grad()
+        // detaches gradients in place, which views refuse.
+        pieces[i].mutable_grad() = at::empty({0}, shardGrad.options())
+                                       .set_(shardGrad.storage(), shardGrad.storage_offset() + piece->shardOffset,
+                                             {piece->length}, {1});
+      }
+      at::Tensor slot = g.full.narrow(0, shards->offset(i) - g.offset, p.numel());
+      slot.copy_(flat);
+      p.set_data(slot.view(p.sizes()));
+      p.mutable_grad().reset();
     }
-    Group& g = groups[groupOf[i]];
-    at::Tensor slot = g.full.narrow(0, shards->offset(i) - g.offset, p.numel());
-    slot.copy_(flat);
-    p.set_data(slot.view(p.sizes()));
-    p.mutable_grad().reset();
+    if (isUnit(g)) releaseLocked(g);
   }
   groups[units].gathered = true;  // the root stays whole
-  for (size_t u = 0; u < units; ++u) releaseLocked(groups[u]);
 
-  reducer = std::make_unique<ShardGradReducer>(params, *shards, *group, timeout, shardGrad, "fsdp");
+  // One bucket in flight: a unit's gradients are as large as the unit, and
+  // holding two costs more memory than the extra overlap gains.
+  reducer = std::make_unique<ShardGradReducer>(params, *shards, *group, timeout, shardGrad, "fsdp", 1);
   hooks = std::make_unique<GradReadyHooks>(params, [this](size_t i) { onGradient(i); });
   sharded = std::make_unique<ShardedOptimizer>(*optimizer, params, pieces, *shards, *group, timeout, "fsdp");
   if (seam) seam->setUnitHooks(this);

@@ -1,11 +1,14 @@
 #include "framework/parallel/shard_grad_reducer.hpp"
 
+#include <algorithm>
+
 #include "framework/core/errors.hpp"
 
 namespace ddp {
 
 ShardGradReducer::ShardGradReducer(std::vector<at::Tensor> params, const FlatShards& shards, ProcessGroup& group,
-                                   Milliseconds timeout, at::Tensor shardGrad, const char* who)
+                                   Milliseconds timeout, at::Tensor shardGrad, const char* who,
+                                   size_t maxInFlight)
     : params_(std::move(params)),
       shards_(shards),
       group_(group),
@@ -14,7 +17,8 @@ ShardGradReducer::ShardGradReducer(std::vector<at::Tensor> params, const FlatSha
       who_(who),
       staging_(shards.buckets().size()),
       scratch_(shards.buckets().size()),
-      arrived_(shards.buckets().size(), 0) {}
+      arrived_(shards.buckets().size(), 0),
+      maxInFlight_(std::max<size_t>(1, maxInFlight)) {}
 
 void ShardGradReducer::add(size_t i) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -27,8 +31,15 @@ void ShardGradReducer::add(size_t i) {
   }
   const size_t b = shards_.bucketOf(i);
   const FlatShards::Bucket& bucket = shards_.buckets()[b];
-  if (!staging_[b].defined()) staging_[b] = at::zeros({bucket.padded(group_.size())}, shardGrad_.options());
-  staging_[b].narrow(0, shards_.offset(i) - bucket.offset, params_[i].numel()).copy_(grad.reshape({-1}));
+  const bool alone = bucket.endParam - bucket.firstParam == 1 && bucket.padded(group_.size()) == grad.numel();
+  if (alone && grad.is_contiguous() && grad.scalar_type() == shardGrad_.scalar_type()) {
+    // A bucket of this one gradient, needing no padding: it is sent as it
+    // is (autograd handed it over; nothing else refers to it), no copy.
+    staging_[b] = grad.view({-1});
+  } else {
+    if (!staging_[b].defined()) staging_[b] = at::zeros({bucket.padded(group_.size())}, shardGrad_.options());
+    staging_[b].narrow(0, shards_.offset(i) - bucket.offset, params_[i].numel()).copy_(grad.reshape({-1}));
+  }
   grad.reset();  // the bucket holds it now
   ++arrived_[b];
   // Buckets start in index order on every rank, whatever order the hooks
@@ -45,7 +56,7 @@ void ShardGradReducer::launchLocked(size_t b) {
   if (!staging_[b].defined()) staging_[b] = at::zeros({bucket.padded(group_.size())}, shardGrad_.options());
   scratch_[b] = at::empty({bucket.slice}, shardGrad_.options());
   inFlight_.emplace_back(b, group_.reduceScatter(staging_[b], scratch_[b], {ReduceOp::Avg, timeout_}));
-  while (inFlight_.size() > kMaxInFlight) finishOldestLocked();
+  while (inFlight_.size() > maxInFlight_) finishOldestLocked();
 }
 
 void ShardGradReducer::finishOldestLocked() {

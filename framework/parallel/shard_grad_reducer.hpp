@@ -8,10 +8,13 @@
 //   elements), which the average of each backward is added to.
 // - add(i), once backward has put parameter i's gradient in
 //   params[i].grad() (GradReadyHooks): the gradient is copied into its
-//   bucket's staging buffer and param.grad() is reset. A bucket whose
+//   bucket's staging buffer (a bucket of one gradient without padding sends
+//   the gradient itself) and param.grad() is reset. A bucket whose
 //   parameters have all arrived is reduce-scattered (Avg) at once, in
 //   bucket order on every rank whatever order gradients arrive in; at most
-//   two buckets' staging is held at a time. Thread-safe (autograd's threads).
+//   maxInFlight buckets are in flight (their staging held) at a time: more
+//   overlaps more communication with backward, fewer holds less memory.
+//   Thread-safe (autograd's threads).
 // - flush(), after backward: buckets not yet sent go now (gradients that
 //   did not arrive count as zeros), every reduce-scatter is waited for and
 //   added to shardGrad. Also after a failed backward (peers wait for the
@@ -33,7 +36,7 @@ namespace ddp {
 class ShardGradReducer {
  public:
   ShardGradReducer(std::vector<at::Tensor> params, const FlatShards& shards, ProcessGroup& group,
-                   Milliseconds timeout, at::Tensor shardGrad, const char* who);
+                   Milliseconds timeout, at::Tensor shardGrad, const char* who, size_t maxInFlight = 2);
   void add(size_t i);
   void flush();
   // The staging buffers held now (for the memory count).
@@ -54,7 +57,7 @@ class ShardGradReducer {
   std::vector<size_t> arrived_;  // per bucket, this backward pass
   size_t nextLaunch_ = 0;
   std::deque<std::pair<size_t, WorkPtr>> inFlight_;
-  static constexpr size_t kMaxInFlight = 2;
+  size_t maxInFlight_;
 };
 
 }  // namespace ddp
