@@ -58,6 +58,7 @@ struct Options {
   bool noReference = false;
   std::string jsonPath;
   int timeoutSeconds = 900;
+  bool fsdpBackwardPrefetch = true;
 
   int workerRank = -1;
   std::string workerStrategy, workerDir;
@@ -176,6 +177,7 @@ void runWorker(const Options& o) {
   context.model = model;
   context.optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(o.lr));
   context.group = group;
+  context.fsdp.backwardPrefetch = o.fsdpBackwardPrefetch;
   std::unique_ptr<ParallelStrategy> strategy = builtinStrategies().create(o.workerStrategy, std::move(context));
 
   std::vector<double> times;
@@ -240,6 +242,7 @@ std::vector<std::string> workerArguments(const Options& o, const std::string& st
           "--warmup",         std::to_string(o.warmup),
           "--lr",             fmt::format("{}", o.lr),
           "--timeout",        std::to_string(o.timeoutSeconds),
+          "--fsdp-backward-prefetch", o.fsdpBackwardPrefetch ? "true" : "false",
           "--worker-rank",    std::to_string(rank),
           "--worker-strategy", strategy,
           "--worker-dir",     dir};
@@ -383,6 +386,9 @@ void registerStrategiesCommand(CLI::App& app) {
   cmd->add_option("--lr", options->lr, "Adam's learning rate")->capture_default_str();
   cmd->add_flag("--no-reference", options->noReference, "Do not run PyTorch");
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->add_option("--fsdp-backward-prefetch", options->fsdpBackwardPrefetch,
+                  "fsdp: gather the next unit for backward while one computes (distributed.fsdp_backward_prefetch)")
+      ->capture_default_str();
   cmd->add_option("--timeout", options->timeoutSeconds, "Seconds all ranks of one strategy may take")
       ->capture_default_str();
   cmd->add_option("--worker-rank", options->workerRank)->group("");

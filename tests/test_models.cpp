@@ -595,7 +595,7 @@ TEST_CASE("models mlp, cnn and gpt train under ddp, zero1, zero2 and fsdp to the
   for (const Case& c : cases) {
     std::map<std::string, std::vector<at::Tensor>> finals;
     std::map<std::string, std::pair<int64_t, int64_t>> held;  // parameter bytes held, and all of them
-    for (const std::string strategy : {"ddp", "zero1", "zero2", "fsdp"}) {
+    for (const std::string strategy : {"ddp", "zero1", "zero2", "fsdp", "fsdp without backward prefetch"}) {
       INFO(c.name << " under " << strategy);
       std::vector<std::vector<at::Tensor>> params(kWorld);
       auto errors = runRanks("gloo", kWorld, [&](int rank, ProcessGroup& pg) {
@@ -606,7 +606,8 @@ TEST_CASE("models mlp, cnn and gpt train under ddp, zero1, zero2 and fsdp to the
         context.optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
         context.group = ProcessGroupPtr(&pg, [](ProcessGroup*) {});
         context.ddp.bucketCapBytes = 2048;  // several buckets, some inside a unit
-        auto s = builtinStrategies().create(strategy, std::move(context));
+        context.fsdp.backwardPrefetch = strategy == "fsdp";
+        auto s = builtinStrategies().create(strategy.substr(0, strategy.find(' ')), std::move(context));
         model->train();
         at::Generator gen = at::detail::createCPUGenerator(300 + rank);
         for (int step = 0; step < kSteps; ++step) {
@@ -627,7 +628,7 @@ TEST_CASE("models mlp, cnn and gpt train under ddp, zero1, zero2 and fsdp to the
       for (size_t i = 0; i < params[0].size(); ++i) CHECK(at::equal(params[0][i], params[1][i]));
       finals[strategy] = params[0];
     }
-    for (const std::string strategy : {"zero1", "zero2", "fsdp"}) {
+    for (const std::string strategy : {"zero1", "zero2", "fsdp", "fsdp without backward prefetch"}) {
       INFO(c.name << ": " << strategy << " against ddp");
       for (size_t i = 0; i < finals["ddp"].size(); ++i) {
         const at::Tensor& want = finals["ddp"][i];

@@ -458,6 +458,8 @@ const std::vector<ParamSpec>& distributedParamSpecs() {
         floatParam("bucket_cap_mb", 25, 0, true, "gradient bucket size"),
         floatParam("first_bucket_cap_mb", 1, 0, true, "first gradient bucket size, small to start early"),
         stringParam("strategy", "ddp", {}, "how ranks share the training (parallel strategy)"),
+        boolParam("fsdp_backward_prefetch", true,
+                  "fsdp: gather the next unit for backward while one computes (faster, one unit more memory)"),
     };
     return s;
   }();
@@ -599,6 +601,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.distributed.bucketCapMb = distributed["bucket_cap_mb"];
   config.distributed.firstBucketCapMb = distributed["first_bucket_cap_mb"];
   config.distributed.strategy = distributed["strategy"];
+  config.distributed.fsdpBackwardPrefetch = distributed["fsdp_backward_prefetch"];
 
   for (const auto& o : overrides) {
     if (!o.used) fail<ConfigError>("--set {}: nothing to set; the section is not in this experiment", o.path);

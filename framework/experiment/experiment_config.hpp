@@ -62,6 +62,7 @@ struct DistributedConfig {
   double bucketCapMb = 25;
   double firstBucketCapMb = 1;
   std::string strategy = "ddp";  // a name in builtinStrategies() (framework/parallel/strategy.hpp)
+  bool fsdpBackwardPrefetch = true;
 };
 
 struct ExperimentConfig {

@@ -48,6 +48,7 @@ const Rule kRules[] = {
     {"distributed.find_unused_parameters", true, "applies at once"},
     {"distributed.bucket_cap_mb", true, "applies at once"},
     {"distributed.first_bucket_cap_mb", true, "applies at once"},
+    {"distributed.fsdp_backward_prefetch", true, "applies at once"},
 };
 const Rule kUnlisted = {"", false, "not known to be safe to change on resume"};
 

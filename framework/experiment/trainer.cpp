@@ -462,6 +462,7 @@ void Trainer::build() {
   context.ddp.bucketCapBytes = static_cast<size_t>(config.distributed.bucketCapMb * 1024 * 1024);
   context.ddp.firstBucketCapBytes = static_cast<size_t>(config.distributed.firstBucketCapMb * 1024 * 1024);
   context.ddp.findUnusedParameters = config.distributed.findUnusedParameters;
+  context.fsdp.backwardPrefetch = config.distributed.fsdpBackwardPrefetch;
   s.strategy = builtinStrategies().create(config.distributed.strategy, std::move(context));
 
   const int r = rank(), world = worldSize();

@@ -21,10 +21,12 @@
 //   started, the unit runs, and the buffer's memory is released (the
 //   parameters keep their shapes; autograd's saved tensors keep the
 //   storage, now empty). An autograd hook on the unit's output gathers the
-//   unit again when backward reaches it, and starts the gather of unit
-//   i - 1.
+//   unit again when backward reaches it, and (StrategyContext::fsdp.
+//   backwardPrefetch, distributed.fsdp_backward_prefetch) starts the gather
+//   of unit i - 1.
 // - Backward: gradients go to their buckets as they arrive and complete
-//   buckets are reduce-scattered (shard_grad_reducer.hpp); when all of a
+//   buckets are reduce-scattered (shard_grad_reducer.hpp), each waited for
+//   at once, so only the running unit's gradients are held; when all of a
 //   unit's gradients have arrived, its buffer is released again. After
 //   backward every unit is released, and this rank's gradient shard holds
 //   the average (summed over micro-batches).
@@ -36,8 +38,10 @@
 //
 // Memory held between steps: the root whole, this rank's shard of
 // everything, its gradient shard, its optimizer state: about 1/world of
-// DDP's plus the root. Gathered at a time: two units (the one running and
-// the prefetched one) in forward, up to three in backward.
+// DDP's plus the root. During a step, besides: two units (the one running
+// and the prefetched one) in forward; in backward the running unit, the
+// prefetched one (without backward prefetch, none) and the running unit's
+// full gradients.
 //
 // What user code sees
 // - Between steps a unit's parameters have no memory: read them inside

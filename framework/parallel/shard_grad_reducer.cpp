@@ -1,7 +1,5 @@
 #include "framework/parallel/shard_grad_reducer.hpp"
 
-#include <algorithm>
-
 #include "framework/core/errors.hpp"
 
 namespace ddp {
@@ -18,7 +16,13 @@ ShardGradReducer::ShardGradReducer(std::vector<at::Tensor> params, const FlatSha
       staging_(shards.buckets().size()),
       scratch_(shards.buckets().size()),
       arrived_(shards.buckets().size(), 0),
-      maxInFlight_(std::max<size_t>(1, maxInFlight)) {}
+      fresh_(shards.buckets().size(), true),
+      maxInFlight_(maxInFlight) {}
+
+void ShardGradReducer::shardZeroed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::fill(fresh_.begin(), fresh_.end(), true);
+}
 
 void ShardGradReducer::add(size_t i) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -54,8 +58,12 @@ void ShardGradReducer::add(size_t i) {
 void ShardGradReducer::launchLocked(size_t b) {
   const FlatShards::Bucket& bucket = shards_.buckets()[b];
   if (!staging_[b].defined()) staging_[b] = at::zeros({bucket.padded(group_.size())}, shardGrad_.options());
-  scratch_[b] = at::empty({bucket.slice}, shardGrad_.options());
-  inFlight_.emplace_back(b, group_.reduceScatter(staging_[b], scratch_[b], {ReduceOp::Avg, timeout_}));
+  // The first reduction into a zeroed shard writes it directly; later ones
+  // (micro-batches) are added from a scratch buffer.
+  at::Tensor out = shardGrad_.narrow(0, bucket.shardOffset, bucket.slice);
+  if (!fresh_[b]) out = scratch_[b] = at::empty({bucket.slice}, shardGrad_.options());
+  fresh_[b] = false;
+  inFlight_.emplace_back(b, group_.reduceScatter(staging_[b], out, {ReduceOp::Avg, timeout_}));
   while (inFlight_.size() > maxInFlight_) finishOldestLocked();
 }
 
@@ -64,7 +72,7 @@ void ShardGradReducer::finishOldestLocked() {
   inFlight_.pop_front();
   work->wait();
   const FlatShards::Bucket& bucket = shards_.buckets()[b];
-  shardGrad_.narrow(0, bucket.shardOffset, bucket.slice).add_(scratch_[b]);
+  if (scratch_[b].defined()) shardGrad_.narrow(0, bucket.shardOffset, bucket.slice).add_(scratch_[b]);
   staging_[b].reset();
   scratch_[b].reset();
 }

@@ -13,7 +13,11 @@
 //   parameters have all arrived is reduce-scattered (Avg) at once, in
 //   bucket order on every rank whatever order gradients arrive in; at most
 //   maxInFlight buckets are in flight (their staging held) at a time: more
-//   overlaps more communication with backward, fewer holds less memory.
+//   overlaps more communication with backward, fewer holds less memory; 0
+//   waits for each bucket as soon as it is sent.
+// - The first reduction of a bucket after shardZeroed() (and after
+//   construction: shardGrad must start zeroed) is written straight into the
+//   shard; later ones (micro-batches) are added to it from a scratch buffer.
 //   Thread-safe (autograd's threads).
 // - flush(), after backward: buckets not yet sent go now (gradients that
 //   did not arrive count as zeros), every reduce-scatter is waited for and
@@ -39,6 +43,8 @@ class ShardGradReducer {
                    Milliseconds timeout, at::Tensor shardGrad, const char* who, size_t maxInFlight = 2);
   void add(size_t i);
   void flush();
+  // The owner zeroed shardGrad (after its optimizer step).
+  void shardZeroed();
   // The staging buffers held now (for the memory count).
   std::vector<at::Tensor> staging() const;
 
@@ -55,6 +61,7 @@ class ShardGradReducer {
   mutable std::mutex mutex_;
   std::vector<at::Tensor> staging_, scratch_;
   std::vector<size_t> arrived_;  // per bucket, this backward pass
+  std::vector<bool> fresh_;      // per bucket: its shard is zero
   size_t nextLaunch_ = 0;
   std::deque<std::pair<size_t, WorkPtr>> inFlight_;
   size_t maxInFlight_;

@@ -100,6 +100,11 @@ struct StrategyContext {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   ProcessGroupPtr group;
   DdpOptions ddp;  // bucket sizes, unused parameters, timeout
+  struct FsdpOptions {
+    // Gather unit i - 1 while unit i runs backward: overlaps the gather
+    // with compute, holds one unit more (PyTorch's BACKWARD_PRE).
+    bool backwardPrefetch = true;
+  } fsdp;
 };
 
 using StrategyFactory = std::function<std::unique_ptr<ParallelStrategy>(StrategyContext context)>;

@@ -205,7 +205,10 @@ void ZeroStrategy::step() {
   }
   for (auto& w : works) w->wait();
   if (s.stage == 1) s.flatGrad.zero_();
-  if (s.stage == 2) s.shardGrad.zero_();
+  if (s.stage == 2) {
+    s.shardGrad.zero_();
+    s.reducer->shardZeroed();
+  }
   if (!s.buffers.empty() && s.world > 1) broadcastFromRankZero(*s.group, s.buffers, s.timeout);
 }
 
