@@ -35,9 +35,12 @@
 #include "framework/core/strings.hpp"
 #include "framework/core/system.hpp"
 #include "framework/experiment/plugin_registry.hpp"
+#include "framework/parallel/fsdp_strategy.hpp"
+#include "framework/parallel/model_sync.hpp"
 #include "framework/parallel/strategy.hpp"
 #include "framework/parallel/strategy_footprint.hpp"
 #include "framework/store/tcp_store.hpp"
+#include "plugins/builtin.hpp"
 
 namespace ddp::bench {
 namespace {
@@ -50,6 +53,8 @@ struct Options {
   std::vector<int> planRanks = {8, 64, 512};
   std::vector<std::string> strategies = {"ddp", "zero1", "zero2", "fsdp"};
   std::vector<int64_t> widths = {2048, 4096, 4096, 4096, 2048};
+  std::string model = "mlp";  // or "gpt"
+  int64_t gptLayers = 13, gptWidth = 576, gptBlock = 64;  // 51.9M parameters
   int worldSize = 2;
   int64_t batch = 32;
   int steps = 5;
@@ -63,23 +68,6 @@ struct Options {
   int workerRank = -1;
   std::string workerStrategy, workerDir;
 };
-
-// The MLP's trainable tensors, in registration order (weight, bias per layer).
-std::vector<int64_t> mlpNumels(const std::vector<int64_t>& widths) {
-  std::vector<int64_t> numels;
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    numels.push_back(widths[i] * widths[i + 1]);
-    numels.push_back(widths[i + 1]);
-  }
-  return numels;
-}
-
-// Under fsdp each layer (weight and bias) is a unit (UnitMlp).
-std::vector<int> mlpUnits(const std::vector<int64_t>& widths) {
-  std::vector<int> units;
-  for (size_t i = 0; i + 1 < widths.size(); ++i) units.insert(units.end(), 2, static_cast<int>(i));
-  return units;
-}
 
 // A 7B-parameter decoder in Llama-7B's shapes (32 layers, width 4096, MLP
 // 11008, vocabulary 32000, untied embeddings): 6.74e9 parameters.
@@ -161,6 +149,29 @@ class UnitMlp : public Model {
   std::vector<torch::nn::Linear> layers_;
 };
 
+constexpr int64_t kGptVocab = 96;
+
+// The built-in gpt (plugins/models/gpt.hpp) of --gpt-layers blocks of width
+// --gpt-width (heads of 64), --gpt-block tokens, a 96-token vocabulary,
+// tied head, no dropout; each block is a unit under fsdp.
+ModelPtr buildGpt(const Options& o) {
+  const PluginSpec& spec = builtinPlugins().get(PluginKind::Model, "gpt");
+  json values = json::object();
+  for (const auto& p : spec.params)
+    if (!p.defaultValue.is_null()) values[p.name] = p.defaultValue;
+  values["n_layer"] = o.gptLayers;
+  values["n_embd"] = o.gptWidth;
+  values["n_head"] = std::max<int64_t>(1, o.gptWidth / 64);
+  values["block_size"] = o.gptBlock;
+  values["dropout"] = 0.0;
+  ModelContext context;
+  context.sampleShape = {o.gptBlock};
+  context.numFeatures = o.gptBlock;
+  context.numClasses = kGptVocab;
+  context.vocabSize = kGptVocab;
+  return spec.model(Params(values), context);
+}
+
 void runWorker(const Options& o) {
   at::set_num_threads(1);
   const int rank = o.workerRank;
@@ -168,10 +179,14 @@ void runWorker(const Options& o) {
   ProcessGroupPtr group = workerGroup(o.workerDir, o.workerStrategy, rank, o.worldSize, "gloo", timeout);
 
   torch::manual_seed(0);
-  auto model = std::make_shared<UnitMlp>(o.widths);
+  const bool gpt = o.model == "gpt";
+  ModelPtr model = gpt ? buildGpt(o) : std::make_shared<UnitMlp>(o.widths);
   torch::manual_seed(1 + rank);
-  const at::Tensor x = torch::randn({o.batch, o.widths.front()});
-  const at::Tensor y = torch::randint(0, o.widths.back(), {o.batch}, torch::kLong);
+  const at::Tensor x = gpt ? torch::randint(0, kGptVocab, {o.batch, o.gptBlock}, torch::kLong)
+                           : torch::randn({o.batch, o.widths.front()});
+  const at::Tensor y = gpt ? torch::randint(0, kGptVocab, {o.batch * o.gptBlock}, torch::kLong)
+                           : torch::randint(0, o.widths.back(), {o.batch}, torch::kLong);
+  const int64_t classes = gpt ? kGptVocab : o.widths.back();
 
   StrategyContext context;
   context.model = model;
@@ -183,7 +198,7 @@ void runWorker(const Options& o) {
   std::vector<double> times;
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x).reshape({-1, classes}), y);
     strategy->backward(loss, true);
     strategy->step();
     if (i >= o.warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -214,7 +229,11 @@ void runWorker(const Options& o) {
   const at::Tensor table = gathered.view({o.worldSize, kFields});
   auto largest = [&](int f) { return table.select(1, f).max().item<double>(); };
   int64_t params = 0;
-  for (const auto& p : model->parameters()) params += p.numel();
+  std::vector<int64_t> numels;  // the trainable tensors, for the formulas
+  for (const auto& [name, p] : shardableParameters(*model, "ddp-bench")) {
+    params += p.numel();
+    numels.push_back(p.numel());
+  }
   const at::Tensor asDouble = mine.to(at::kDouble);
   writeJsonFile(resultsPath(o.workerDir, o.workerStrategy),
                 json{{"impl", o.workerStrategy},
@@ -227,6 +246,9 @@ void runWorker(const Options& o) {
                      {"optimizer_bytes", largest(3)},
                      {"peak_rss_bytes", largest(4)},
                      {"max_param_diff", largest(5)},
+                     {"model", o.model},
+                     {"numels", numels},
+                     {"units", fsdpUnitOf(*model)},
                      {"param_sum", asDouble.sum().item<double>()},
                      {"param_abs_sum", asDouble.abs().sum().item<double>()}});
 }
@@ -236,6 +258,10 @@ std::vector<std::string> workerArguments(const Options& o, const std::string& st
   std::string widths;
   for (int64_t w : o.widths) widths += (widths.empty() ? "" : ",") + std::to_string(w);
   return {"strategies",       "--widths",          widths,
+          "--model",          o.model,
+          "--gpt-layers",     std::to_string(o.gptLayers),
+          "--gpt-width",      std::to_string(o.gptWidth),
+          "--gpt-block",      std::to_string(o.gptBlock),
           "--world-size",     std::to_string(o.worldSize),
           "--batch",          std::to_string(o.batch),
           "--steps",          std::to_string(o.steps),
@@ -278,7 +304,9 @@ void runLauncher(const Options& o) {
     }
     records.push_back(record);
   }
-  if (!o.noReference) {
+  if (!o.noReference && o.model != "mlp") {
+    std::cout << "PyTorch reference: skipped, strategies_torch.py runs the mlp only\n";
+  } else if (!o.noReference) {
     if (auto why = pythonTorchUnavailable()) {
       std::cerr << "skipping the PyTorch reference: " << *why << "\n";
     } else {
@@ -338,7 +366,8 @@ void runLauncher(const Options& o) {
     const std::string impl = r["impl"];
     if (impl.rfind("torch-", 0) == 0) continue;
     const StrategyFootprint f =
-        strategyFootprint(impl, mlpNumels(o.widths), o.worldSize, 4, 2, DdpOptions{}.bucketCapBytes, mlpUnits(o.widths));
+        strategyFootprint(impl, r["numels"].get<std::vector<int64_t>>(), o.worldSize, 4, 2,
+                          DdpOptions{}.bucketCapBytes, r["units"].get<std::vector<int>>());
     const bool same = f.parameterBytes == r["param_bytes"].get<double>() &&
                       f.gradientBytes == r["grad_bytes"].get<double>() &&
                       f.optimizerBytes == r["optimizer_bytes"].get<double>();
@@ -386,6 +415,12 @@ void registerStrategiesCommand(CLI::App& app) {
   cmd->add_option("--lr", options->lr, "Adam's learning rate")->capture_default_str();
   cmd->add_flag("--no-reference", options->noReference, "Do not run PyTorch");
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->add_option("--model", options->model, "mlp (of --widths) or gpt (of --gpt-layers, --gpt-width, --gpt-block)")
+      ->check(CLI::IsMember({"mlp", "gpt"}))
+      ->capture_default_str();
+  cmd->add_option("--gpt-layers", options->gptLayers, "gpt: blocks")->capture_default_str();
+  cmd->add_option("--gpt-width", options->gptWidth, "gpt: n_embd (heads of 64)")->capture_default_str();
+  cmd->add_option("--gpt-block", options->gptBlock, "gpt: tokens per sample")->capture_default_str();
   cmd->add_option("--fsdp-backward-prefetch", options->fsdpBackwardPrefetch,
                   "fsdp: gather the next unit for backward while one computes (distributed.fsdp_backward_prefetch)")
       ->capture_default_str();

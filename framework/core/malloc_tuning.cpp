@@ -62,4 +62,10 @@ MallocTuning tuneMallocForTensors() {
   return result;
 }
 
+void returnFreedMemory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 }  // namespace ddp

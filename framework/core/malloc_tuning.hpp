@@ -38,4 +38,10 @@ struct MallocTuning {
 
 MallocTuning tuneMallocForTensors();
 
+// Gives the free memory inside the heap back to the kernel (glibc's
+// malloc_trim; nothing elsewhere), for a moment when much was freed and
+// will not be needed again: a sharded strategy just built, which replaced
+// the model's own parameters by views of its buffers.
+void returnFreedMemory();
+
 }  // namespace ddp

@@ -2,12 +2,17 @@
 
 #include <torch/torch.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/malloc_tuning.hpp"
 #include "framework/parallel/grad_ready_hooks.hpp"
 #include "framework/parallel/model_sync.hpp"
 #include "framework/parallel/shard_grad_reducer.hpp"
@@ -23,15 +28,60 @@ namespace {
 // them see the memory again once it is restored and refilled.
 void releaseMemory(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
 
+// On the CPU a unit's memory is mapped for it and unmapped on release:
+// through malloc, a released buffer smaller than glibc's mmap threshold
+// stays resident (freed chunks inside the heap are not returned), and the
+// process grew by the units' size within a few steps.
+struct Mapping {
+  void* address;
+  size_t bytes;
+};
+
+void unmap(void* context) {
+  auto* m = static_cast<Mapping*>(context);
+  munmap(m->address, m->bytes);
+  delete m;
+}
+
+c10::DataPtr mapCpuMemory(size_t nbytes) {
+  void* address = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (address == MAP_FAILED) {
+    fail<std::runtime_error>("fsdp: cannot map {} bytes for a unit's parameters: {}", nbytes, std::strerror(errno));
+  }
+  return c10::DataPtr(address, new Mapping{address, nbytes}, &unmap, c10::Device(c10::kCPU));
+}
+
 void restoreMemory(const at::Tensor& t) {
   c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
   if (storage->nbytes() == nbytes) return;
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_data_ptr_noswap(t.is_cpu() && nbytes > 0 ? mapCpuMemory(nbytes) : storage->allocator()->allocate(nbytes));
   storage->set_nbytes(nbytes);
 }
 
 }  // namespace
+
+std::vector<int> fsdpUnitOf(torch::nn::Module& model) {
+  auto* seam = dynamic_cast<ShardingUnits*>(&model);
+  std::vector<std::shared_ptr<torch::nn::Module>> unitModules;
+  if (seam) unitModules = seam->shardingUnits();
+  // A parameter held by exactly one unit belongs to it; the rest (shared by
+  // two units, or outside all) to the root.
+  std::unordered_map<const void*, int> unitOfParam, holders;
+  for (size_t u = 0; u < unitModules.size(); ++u) {
+    for (auto& [name, p] : uniqueParameters(*unitModules[u])) {
+      unitOfParam.emplace(p.unsafeGetTensorImpl(), static_cast<int>(u));
+      ++holders[p.unsafeGetTensorImpl()];
+    }
+  }
+  std::vector<int> unitOf;
+  for (auto& [name, p] : uniqueParameters(model)) {
+    if (!p.requires_grad()) continue;
+    auto it = unitOfParam.find(p.unsafeGetTensorImpl());
+    unitOf.push_back(it != unitOfParam.end() && holders[p.unsafeGetTensorImpl()] == 1 ? it->second : -1);
+  }
+  return unitOf;
+}
 
 struct FsdpStrategy::Impl : UnitHooks {
   std::shared_ptr<torch::nn::Module> model;
@@ -159,26 +209,9 @@ void FsdpStrategy::Impl::build() {
   verifySameModel(*group, *model, "fsdp", timeout);
   auto named = shardableParameters(*model, "fsdp");
 
-  // Units: a parameter held by exactly one unit belongs to it; the rest
-  // (shared by two units, or outside all) to the root.
   seam = dynamic_cast<ShardingUnits*>(model.get());
-  std::vector<std::shared_ptr<torch::nn::Module>> unitModules;
-  if (seam) unitModules = seam->shardingUnits();
-  units = unitModules.size();
-  std::unordered_map<const void*, size_t> unitOfParam;
-  std::unordered_map<const void*, int> holders;
-  for (size_t u = 0; u < units; ++u) {
-    for (auto& [name, p] : uniqueParameters(*unitModules[u])) {
-      unitOfParam.emplace(p.unsafeGetTensorImpl(), u);
-      ++holders[p.unsafeGetTensorImpl()];
-    }
-  }
-  std::vector<int> unitOf;  // per parameter, registration order; -1: the root
-  for (auto& [name, p] : named) {
-    auto it = unitOfParam.find(p.unsafeGetTensorImpl());
-    unitOf.push_back(it != unitOfParam.end() && holders[p.unsafeGetTensorImpl()] == 1 ? static_cast<int>(it->second)
-                                                                                        : -1);
-  }
+  units = seam ? seam->shardingUnits().size() : 0;
+  const std::vector<int> unitOf = fsdpUnitOf(*model);
   std::vector<int64_t> numels;
   std::vector<int> flatGroups;
   groups.resize(units + 1);
@@ -254,6 +287,7 @@ void FsdpStrategy::Impl::build() {
   hooks = std::make_unique<GradReadyHooks>(params, [this](size_t i) { onGradient(i); });
   sharded = std::make_unique<ShardedOptimizer>(*optimizer, params, pieces, *shards, *group, timeout, "fsdp");
   if (seam) seam->setUnitHooks(this);
+  returnFreedMemory();  // the model's own parameters, now in the shards
 }
 
 FsdpStrategy::FsdpStrategy(StrategyContext context) : impl_(std::make_unique<Impl>()) {

@@ -56,11 +56,17 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "framework/parallel/flat_shards.hpp"
 #include "framework/parallel/strategy.hpp"
 
 namespace ddp {
+
+// Per trainable parameter of `model`, in registration order (the order of
+// shardableParameters, model_sync.hpp): the unit fsdp gathers it with, or
+// -1 for the root. A model that is not ShardingUnits has only the root.
+std::vector<int> fsdpUnitOf(torch::nn::Module& model);
 
 class FsdpStrategy : public ParallelStrategy {
  public:

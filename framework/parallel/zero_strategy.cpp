@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/malloc_tuning.hpp"
 #include "framework/parallel/grad_ready_hooks.hpp"
 #include "framework/parallel/model_sync.hpp"
 #include "framework/parallel/shard_grad_reducer.hpp"
@@ -112,6 +113,7 @@ void ZeroStrategy::Impl::build() {
   }
 
   sharded = std::make_unique<ShardedOptimizer>(*optimizer, params, pieces, *shards, *group, timeout, who());
+  returnFreedMemory();  // the model's own parameters, now in flatParam
 }
 
 void ZeroStrategy::Impl::syncGradientViews() {
