@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <sstream>
 
 #include "benchmarks/bench_util.hpp"
@@ -82,6 +83,9 @@ std::optional<std::string> pythonTorchUnavailable() {
 std::vector<nlohmann::json> runJsonLines(const std::string& command) {
   const CommandResult r = capture(command);
   if (r.status != 0) {
+    // What it printed last (a traceback, or the stacks of a watchdog), then one line.
+    const size_t keep = 6000;
+    std::cerr << (r.output.size() > keep ? "...\n" + r.output.substr(r.output.size() - keep) : r.output) << "\n";
     fail<BenchError>("'{}' failed (exit {}): {}", command, r.status, lastLine(r.output));
   }
   std::vector<nlohmann::json> lines;

@@ -136,6 +136,7 @@ def worker(rank, world, store, cfg, out):
 
 
 def main():
+    rendezvous.watchdog()
     p = argparse.ArgumentParser()
     p.add_argument("--config", required=True, help="a resolved experiment (RUN_DIR/config.json)")
     args = p.parse_args()

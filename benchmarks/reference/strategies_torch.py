@@ -110,6 +110,7 @@ def worker(rank, world, store, impl, args, out):
 
 
 def main():
+    rendezvous.watchdog()
     p = argparse.ArgumentParser()
     p.add_argument("--widths", default="2048,4096,4096,4096,2048")
     p.add_argument("--world-size", type=int, default=2)

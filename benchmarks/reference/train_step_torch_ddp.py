@@ -119,6 +119,7 @@ def worker(rank, world, store, args, out):
 
 
 def main():
+    rendezvous.watchdog()
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=["mlp", "cnn", "gpt"], default="mlp")
     p.add_argument("--model-config", type=json.loads, default=None,

@@ -8,11 +8,14 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 fail() { echo "FAILED: $*" >&2; exit 1; }
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DDP_STORE_TOKEN
+# A PyTorch reference that hangs prints its stacks and exits (rendezvous.py)
+# before the run's own timeout below kills it without a word.
+export DDP_REFERENCE_WATCHDOG_S=150
 
 run() {  # run NAME ARGS...: ddp-bench ARGS, log in $out/NAME.log, must succeed
   local name=$1 rc=0
   shift
-  timeout -k 5 150 "$bench" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  timeout -k 5 240 "$bench" "$@" >"$out/$name.log" 2>&1 || rc=$?
   [ "$rc" -eq 0 ] || { sed 's/^/  | /' "$out/$name.log"; fail "ddp-bench $* exited with $rc"; }
 }
 
