@@ -47,6 +47,8 @@
 // - Between steps a unit's parameters have no memory: read them inside
 //   withFullParameters() (collective), which gathers every unit for the
 //   call. saveState() does so too, and writes the consolidated checkpoint.
+//   Once the strategy is gone the units' parameters stay empty: take what
+//   is needed (a checkpoint, copies) before.
 // - param.grad() is always empty (gradients live in the shard); clipping or
 //   norms on it do not apply.
 // - A unit that runs twice in one forward is gathered twice.
