@@ -573,6 +573,18 @@ std::vector<double> Trainer::evaluate() {
       }
     }
   }
+  // A strategy whose forward runs collectives (fsdp gathers its units)
+  // needs the same number of forwards on every rank: a rank with fewer
+  // test rows runs the missing ones on one row, discarded. Rows are dealt
+  // rank by rank, so rank 0 has the most: ceil(total / world).
+  if (s.strategy->collectiveForward() && s.data.test->size() > 0) {
+    const int64_t world = worldSize(), total = s.data.test->size();
+    const int64_t most = ((total + world - 1) / world + step - 1) / step;
+    const int64_t row = 0;
+    for (int64_t k = (n + step - 1) / step; k < most; ++k) {
+      s.model->forward(s.data.test->get(c10::ArrayRef<int64_t>(&row, 1)).inputs.to(s.device));
+    }
+  }
   return sums;
 }
 

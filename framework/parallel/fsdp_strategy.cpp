@@ -65,20 +65,23 @@ std::vector<int> fsdpUnitOf(torch::nn::Module& model) {
   auto* seam = dynamic_cast<ShardingUnits*>(&model);
   std::vector<std::shared_ptr<torch::nn::Module>> unitModules;
   if (seam) unitModules = seam->shardingUnits();
-  // A parameter held by exactly one unit belongs to it; the rest (shared by
-  // two units, or outside all) to the root.
-  std::unordered_map<const void*, int> unitOfParam, holders;
+  // A parameter belongs to a unit when every name the model registers it
+  // under lies inside that unit; the rest (shared by two units, or also
+  // registered outside them, as a tied weight can be) to the root.
+  std::unordered_map<const void*, int> names;  // registrations in the whole model
+  for (const auto& item : model.named_parameters()) ++names[item.value().unsafeGetTensorImpl()];
+  std::unordered_map<const void*, int> unitOfParam;
   for (size_t u = 0; u < unitModules.size(); ++u) {
-    for (auto& [name, p] : uniqueParameters(*unitModules[u])) {
-      unitOfParam.emplace(p.unsafeGetTensorImpl(), static_cast<int>(u));
-      ++holders[p.unsafeGetTensorImpl()];
-    }
+    std::unordered_map<const void*, int> inUnit;
+    for (const auto& item : unitModules[u]->named_parameters()) ++inUnit[item.value().unsafeGetTensorImpl()];
+    for (const auto& [impl, count] : inUnit)
+      if (count == names[impl]) unitOfParam.emplace(impl, static_cast<int>(u));
   }
   std::vector<int> unitOf;
   for (auto& [name, p] : uniqueParameters(model)) {
     if (!p.requires_grad()) continue;
     auto it = unitOfParam.find(p.unsafeGetTensorImpl());
-    unitOf.push_back(it != unitOfParam.end() && holders[p.unsafeGetTensorImpl()] == 1 ? it->second : -1);
+    unitOf.push_back(it != unitOfParam.end() ? it->second : -1);
   }
   return unitOf;
 }
@@ -115,6 +118,7 @@ struct FsdpStrategy::Impl : UnitHooks {
   std::unique_ptr<ShardGradReducer> reducer;
   std::unique_ptr<GradReadyHooks> hooks;
   std::mutex mutex;  // the groups' state; hooks run on autograd's threads
+  int pinned = 0;    // withFullParameters() calls running: nothing is released
 
   ~Impl() override {
     hooks.reset();
@@ -142,7 +146,7 @@ struct FsdpStrategy::Impl : UnitHooks {
     g.gathered = true;
   }
   void releaseLocked(Group& g) {
-    if (!isUnit(g)) return;
+    if (!isUnit(g) || pinned > 0) return;
     std::vector<WorkPtr> works = std::move(g.pending);
     g.pending.clear();
     for (auto& w : works) w->wait();  // a prefetch nobody used: the memory is being written
@@ -151,6 +155,15 @@ struct FsdpStrategy::Impl : UnitHooks {
   }
   void releaseUnitsLocked() {
     for (size_t u = 0; u < units; ++u) releaseLocked(groups[u]);
+  }
+  // After a failure: every unit marked not gathered (the next use gathers
+  // it again), nothing waited for; the memory goes with the works' end.
+  void forgetUnitsLocked() noexcept {
+    for (size_t u = 0; u < units; ++u) {
+      groups[u].pending.clear();
+      groups[u].gathered = false;
+      groups[u].arrived = 0;
+    }
   }
 
   // UnitHooks: what runUnit() calls.
@@ -162,6 +175,13 @@ struct FsdpStrategy::Impl : UnitHooks {
   }
   at::Tensor afterForward(size_t u, at::Tensor output) override {
     std::lock_guard<std::mutex> lock(mutex);
+    if (output.defined() && output.has_storage() && groups[u].full.numel() > 0 &&
+        output.storage().is_alias_of(groups[u].full.storage())) {
+      fail<UsageError>("fsdp: unit {} returned a view of its own parameters, whose memory is released after the "
+                       "unit runs. HINT: return a computed tensor (x + p, not p.narrow(...)), or leave that "
+                       "module out of shardingUnits()",
+                       u);
+    }
     releaseLocked(groups[u]);
     // Backward needs the unit again: gather it when the gradient of its
     // output is ready, that is, just before backward enters the unit.
@@ -184,16 +204,16 @@ struct FsdpStrategy::Impl : UnitHooks {
   }
 
   void afterBackward() {
-    struct Reset {  // also when a collective fails
-      Impl& s;
-      ~Reset() {
-        std::lock_guard<std::mutex> lock(s.mutex);
-        for (auto& g : s.groups) g.arrived = 0;
-      }
-    } reset{*this};
-    reducer->flush();
-    std::lock_guard<std::mutex> lock(mutex);
-    releaseUnitsLocked();
+    try {
+      reducer->flush();
+      std::lock_guard<std::mutex> lock(mutex);
+      releaseUnitsLocked();
+      for (auto& g : groups) g.arrived = 0;
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex);
+      forgetUnitsLocked();
+      throw;
+    }
   }
 
   void gatherAllLocked() {
@@ -306,18 +326,18 @@ torch::nn::Module& FsdpStrategy::model() { return *impl_->model; }
 torch::optim::Optimizer& FsdpStrategy::optimizer() { return *impl_->optimizer; }
 const FlatShards& FsdpStrategy::shards() const { return *impl_->shards; }
 size_t FsdpStrategy::unitCount() const { return impl_->units; }
+bool FsdpStrategy::collectiveForward() const { return impl_->units > 0; }
 
 void FsdpStrategy::backward(const at::Tensor& loss, bool /*lastMicroBatch*/) {
   // Every micro-batch reduces (no full gradient is kept to accumulate
-  // into); the shard sums them. If backward fails, the buckets still go
-  // (peers wait for them) before the error goes on.
+  // into); the shard sums them. A backward that fails leaves the ranks at
+  // different points of their gathers, which no further collective can
+  // line up again: the error goes on at once, the units marked empty.
   try {
     loss.backward();
   } catch (...) {
-    try {
-      impl_->afterBackward();
-    } catch (...) {
-    }
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->forgetUnitsLocked();
     throw;
   }
   impl_->afterBackward();
@@ -353,22 +373,52 @@ void FsdpStrategy::withFullParameters(const std::function<void()>& fn) {
   Impl& s = *impl_;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    s.gatherAllLocked();
+    try {
+      s.gatherAllLocked();
+    } catch (...) {
+      s.forgetUnitsLocked();
+      throw;
+    }
+    ++s.pinned;  // a forward inside fn must not release them
   }
   struct Release {
     Impl& s;
     ~Release() {
       std::lock_guard<std::mutex> lock(s.mutex);
-      s.releaseUnitsLocked();
+      --s.pinned;
+      try {
+        s.releaseUnitsLocked();
+      } catch (...) {
+        s.forgetUnitsLocked();
+      }
     }
   } release{s};
   fn();
 }
 
 void FsdpStrategy::saveState(torch::serialize::OutputArchive* archive) {
+  Impl& s = *impl_;
   // The archive keeps the tensors it is given until it is written out,
-  // after the units are released again: it gets copies.
-  withFullParameters([&] { impl_->sharded->save(archive, *impl_->model, /*copyModel=*/true); });
+  // after the units are released again: it gets copies, taken unit by unit
+  // (one unit whole at a time besides rank 0's copy of the model).
+  TensorCopies copies;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    try {
+      for (size_t u = 0; u < s.units; ++u) {
+        s.finishGatherLocked(s.groups[u]);
+        if (archive) {
+          for (size_t i = 0; i < s.params.size(); ++i)
+            if (s.groupOf[i] == u) copies[s.params[i].unsafeGetTensorImpl()] = s.params[i].detach().clone();
+        }
+        s.releaseLocked(s.groups[u]);
+      }
+    } catch (...) {
+      s.forgetUnitsLocked();
+      throw;
+    }
+  }
+  s.sharded->save(archive, *s.model, &copies);
 }
 
 ParallelStrategy::HeldBytes FsdpStrategy::heldBytes() {

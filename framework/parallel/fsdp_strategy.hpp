@@ -82,6 +82,7 @@ class FsdpStrategy : public ParallelStrategy {
   void step() override;
   void saveState(torch::serialize::OutputArchive* archive) override;
   void withFullParameters(const std::function<void()>& fn) override;
+  bool collectiveForward() const override;
   HeldBytes heldBytes() override;
 
   const FlatShards& shards() const;

@@ -238,7 +238,8 @@ std::unique_ptr<StateMap> ShardedOptimizer::Impl::gatherFullStates() {
   return states;
 }
 
-void ShardedOptimizer::save(torch::serialize::OutputArchive* archive, torch::nn::Module& model, bool copyModel) {
+void ShardedOptimizer::save(torch::serialize::OutputArchive* archive, torch::nn::Module& model,
+                            const std::unordered_map<const void*, at::Tensor>* modelCopies) {
   Impl& s = *impl_;
   std::unique_ptr<StateMap> full = s.gatherFullStates();
   if (!archive) return;
@@ -260,7 +261,7 @@ void ShardedOptimizer::save(torch::serialize::OutputArchive* archive, torch::nn:
     s.optimizer.state() = std::move(pieceStates);
   };
   try {
-    saveModelAndOptimizer(*archive, model, s.optimizer, copyModel);
+    saveModelAndOptimizer(*archive, model, s.optimizer, modelCopies);
   } catch (...) {
     restore();
     throw;

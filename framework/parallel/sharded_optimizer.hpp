@@ -20,9 +20,9 @@
 //   at a time), and on rank 0 (archive non-null) the full parameters and
 //   their state are swapped in while the model and optimizer are written,
 //   so the checkpoint is what one process would write. The strategy makes
-//   the model's parameters whole before calling it (fsdp gathers them);
-//   copyModel writes copies of the model's tensors, for memory that is
-//   released before the archive is written out.
+//   the model's parameters whole before calling it, or (fsdp) hands their
+//   copies in `modelCopies` (saveModelAndOptimizer, strategy.hpp): the
+//   archive is written out after the units are released again.
 // - The optimizer, the parameters and the pieces must outlive this.
 #pragma once
 
@@ -32,6 +32,7 @@
 
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "framework/comm/process_group.hpp"
@@ -48,7 +49,8 @@ class ShardedOptimizer {
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
 
-  void save(torch::serialize::OutputArchive* archive, torch::nn::Module& model, bool copyModel = false);
+  void save(torch::serialize::OutputArchive* archive, torch::nn::Module& model,
+            const std::unordered_map<const void*, at::Tensor>* modelCopies = nullptr);
 
  private:
   struct Impl;

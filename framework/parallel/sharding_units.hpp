@@ -13,9 +13,11 @@
 //   default, no units, keeps everything whole.
 // - forward() runs unit i as runUnit(i, [&] { return unit->forward(x); }):
 //   the lambda runs every use of unit i's parameters in this forward, and
-//   returns the tensor that the rest of the model uses. Each unit runs at
-//   most once per forward. Nothing outside the lambda may touch the unit's
-//   parameters.
+//   returns the tensor that the rest of the model uses (computed, not a
+//   view of the unit's parameters). A unit may run more than once per
+//   forward; it is gathered each time. Nothing outside the lambda may touch
+//   the unit's parameters, and nothing computed from them may reach
+//   backward except through the returned tensor.
 //
 // Contract, for a strategy
 // - setUnitHooks(hooks) while it owns the model, setUnitHooks(nullptr) when

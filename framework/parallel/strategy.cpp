@@ -86,24 +86,28 @@ StrategyRegistry& builtinStrategies() {
 
 namespace {
 // Module::save's layout, with copies of the tensors.
-void saveCopies(const torch::nn::Module& module, torch::serialize::OutputArchive& archive) {
-  for (const auto& p : module.named_parameters(/*recurse=*/false)) archive.write(p.key(), p.value().detach().clone());
+void saveCopies(const torch::nn::Module& module, torch::serialize::OutputArchive& archive, const TensorCopies& copies) {
+  auto copyOf = [&](const at::Tensor& t) {
+    auto it = copies.find(t.unsafeGetTensorImpl());
+    return it != copies.end() ? it->second : t.detach().clone();
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) archive.write(p.key(), copyOf(p.value()));
   for (const auto& b : module.named_buffers(/*recurse=*/false))
-    archive.write(b.key(), b.value().detach().clone(), /*is_buffer=*/true);
+    archive.write(b.key(), copyOf(b.value()), /*is_buffer=*/true);
   for (const auto& child : module.named_children()) {
     if (!child.value()->is_serializable()) continue;
     torch::serialize::OutputArchive childArchive(archive.compilation_unit());
-    saveCopies(*child.value(), childArchive);
+    saveCopies(*child.value(), childArchive, copies);
     archive.write(child.key(), childArchive);
   }
 }
 }  // namespace
 
 void saveModelAndOptimizer(torch::serialize::OutputArchive& archive, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, bool copyTensors) {
+                           torch::optim::Optimizer& optimizer, const TensorCopies* copies) {
   torch::serialize::OutputArchive modelArchive, optimizerArchive;
-  if (copyTensors) {
-    saveCopies(model, modelArchive);
+  if (copies) {
+    saveCopies(model, modelArchive, *copies);
   } else {
     model.save(modelArchive);
   }

@@ -47,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "framework/comm/process_group.hpp"
@@ -74,6 +75,10 @@ class ParallelStrategy {
   // tests). Collective: every rank calls it. fsdp gathers its units for the
   // call; every other strategy keeps parameters whole, and just calls fn.
   virtual void withFullParameters(const std::function<void()>& fn) { fn(); }
+
+  // Whether model()'s forward runs collectives (fsdp's gathers), so that
+  // every rank must run the same number of forwards, evaluation included.
+  virtual bool collectiveForward() const { return false; }
 
   // What this rank holds between steps, in bytes, summed over the tensors
   // it keeps (a storage shared by several tensors counted once): for the
@@ -127,11 +132,13 @@ StrategyRegistry& builtinStrategies();
 
 // Saves or loads "model" and "optimizer" of a module and its optimizer as
 // one process holds them (the format of every checkpoint). Load before the
-// strategy is created. With copyTensors the archive holds copies of the
+// strategy is created. With `copies` the archive holds copies of the
 // model's parameters and buffers (in Module::save's layout) instead of the
-// tensors themselves.
+// tensors themselves: the copy in `copies` (by TensorImpl) where there is
+// one, else a fresh clone.
+using TensorCopies = std::unordered_map<const void*, at::Tensor>;
 void saveModelAndOptimizer(torch::serialize::OutputArchive& archive, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, bool copyTensors = false);
+                           torch::optim::Optimizer& optimizer, const TensorCopies* copies = nullptr);
 void loadModelAndOptimizer(torch::serialize::InputArchive& archive, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer);
 
