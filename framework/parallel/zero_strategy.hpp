@@ -23,13 +23,13 @@
 // - The flat space is cut into buckets (DdpOptions::bucketCapBytes), laid
 //   out from the last registered parameter to the first, the order in
 //   which backward produces gradients; a rank owns a slice of every bucket.
-// - As backward hands over a parameter's gradient (GradReadyHooks), it is
-//   copied into its bucket's staging buffer and param.grad() is dropped; a
-//   complete bucket is reduce-scattered (Avg) at once, in bucket order on
-//   every rank, at most two buckets' staging held at a time. After
-//   backward, unfinished buckets go too (missing gradients as zeros), and
-//   each bucket's average is added to this rank's gradient shard, which is
-//   all the gradient memory kept between steps (1/world of DDP's).
+// - As backward hands over a parameter's gradient (GradReadyHooks), it goes
+//   to its bucket and param.grad() is dropped; a complete bucket is
+//   reduce-scattered (Avg) at once, in bucket order on every rank, at most
+//   two buckets in flight (shard_grad_reducer.hpp). After backward,
+//   unfinished buckets go too (missing gradients as zeros), and each
+//   bucket's average lands in this rank's gradient shard, which is all the
+//   gradient memory kept between steps (1/world of DDP's).
 // - Every backward reduces, micro-batches of gradient accumulation
 //   included (their shard sums them, as DDP's buckets do).
 // - step(): the optimizer steps the pieces, bucket allgathers in place.
@@ -43,7 +43,7 @@
 // - Parameters that got no gradient count as zero gradients (DDP with
 //   find_unused_parameters).
 //
-// Optimizer and state
+// Optimizer and state (sharded_optimizer.hpp, shared with fsdp)
 // - optimizer() is the optimizer it was given, whose param groups (same
 //   options, learning rates set by the trainer) hold this rank's pieces;
 //   its state exists for them only: about 1/world of DDP's.
