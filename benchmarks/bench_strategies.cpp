@@ -64,6 +64,7 @@ struct Options {
   std::string jsonPath;
   int timeoutSeconds = 900;
   bool fsdpBackwardPrefetch = true;
+  double fsdpUnitMb = 0;
 
   int workerRank = -1;
   std::string workerStrategy, workerDir;
@@ -193,6 +194,7 @@ void runWorker(const Options& o) {
   context.optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(o.lr));
   context.group = group;
   context.fsdp.backwardPrefetch = o.fsdpBackwardPrefetch;
+  context.fsdp.unitBytes = static_cast<int64_t>(o.fsdpUnitMb * 1024 * 1024);
   std::unique_ptr<ParallelStrategy> strategy = builtinStrategies().create(o.workerStrategy, std::move(context));
 
   std::vector<double> times;
@@ -248,7 +250,7 @@ void runWorker(const Options& o) {
                      {"max_param_diff", largest(5)},
                      {"model", o.model},
                      {"numels", numels},
-                     {"units", fsdpUnitOf(*model)},
+                     {"units", fsdpUnitOf(*model, static_cast<int64_t>(o.fsdpUnitMb * 1024 * 1024))},
                      {"param_sum", asDouble.sum().item<double>()},
                      {"param_abs_sum", asDouble.abs().sum().item<double>()}});
 }
@@ -269,6 +271,7 @@ std::vector<std::string> workerArguments(const Options& o, const std::string& st
           "--lr",             fmt::format("{}", o.lr),
           "--timeout",        std::to_string(o.timeoutSeconds),
           "--fsdp-backward-prefetch", o.fsdpBackwardPrefetch ? "true" : "false",
+          "--fsdp-unit-mb",   fmt::format("{}", o.fsdpUnitMb),
           "--worker-rank",    std::to_string(rank),
           "--worker-strategy", strategy,
           "--worker-dir",     dir};
@@ -421,6 +424,9 @@ void registerStrategiesCommand(CLI::App& app) {
   cmd->add_option("--gpt-layers", options->gptLayers, "gpt: blocks")->capture_default_str();
   cmd->add_option("--gpt-width", options->gptWidth, "gpt: n_embd (heads of 64)")->capture_default_str();
   cmd->add_option("--gpt-block", options->gptBlock, "gpt: tokens per sample")->capture_default_str();
+  cmd->add_option("--fsdp-unit-mb", options->fsdpUnitMb,
+                  "fsdp: join consecutive units until each holds this many MiB (distributed.fsdp_unit_mb)")
+      ->capture_default_str();
   cmd->add_option("--fsdp-backward-prefetch", options->fsdpBackwardPrefetch,
                   "fsdp: gather the next unit for backward while one computes (distributed.fsdp_backward_prefetch)")
       ->capture_default_str();

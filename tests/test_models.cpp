@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -20,6 +21,7 @@
 #include "framework/experiment/plugin_registry.hpp"
 #include "framework/launch/spawn.hpp"
 #include "framework/parallel/ddp.hpp"
+#include "framework/parallel/fsdp_strategy.hpp"
 #include "framework/parallel/strategy.hpp"
 #include "plugins/builtin.hpp"
 #include "tests/plugin_params.hpp"
@@ -593,9 +595,17 @@ TEST_CASE("models mlp, cnn and gpt train under ddp, zero1, zero2 and fsdp to the
        11},
   };
   for (const Case& c : cases) {
+    {
+      INFO(c.name << ": units alone and joined up to 20 KB");
+      ModelPtr model = c.make();
+      const auto alone = fsdpUnitOf(*model), joined = fsdpUnitOf(*model, 20000);
+      CHECK(*std::max_element(alone.begin(), alone.end()) >= 1);
+      CHECK(*std::max_element(joined.begin(), joined.end()) == 0);
+    }
     std::map<std::string, std::vector<at::Tensor>> finals;
     std::map<std::string, std::pair<int64_t, int64_t>> held;  // parameter bytes held, and all of them
-    for (const std::string strategy : {"ddp", "zero1", "zero2", "fsdp", "fsdp without backward prefetch"}) {
+    for (const std::string strategy :
+         {"ddp", "zero1", "zero2", "fsdp", "fsdp without backward prefetch", "fsdp with units joined"}) {
       INFO(c.name << " under " << strategy);
       std::vector<std::vector<at::Tensor>> params(kWorld);
       auto errors = runRanks("gloo", kWorld, [&](int rank, ProcessGroup& pg) {
@@ -606,7 +616,10 @@ TEST_CASE("models mlp, cnn and gpt train under ddp, zero1, zero2 and fsdp to the
         context.optimizer = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
         context.group = ProcessGroupPtr(&pg, [](ProcessGroup*) {});
         context.ddp.bucketCapBytes = 2048;  // several buckets, some inside a unit
-        context.fsdp.backwardPrefetch = strategy == "fsdp";
+        context.fsdp.backwardPrefetch = strategy != "fsdp without backward prefetch";
+        // Units joined until 20 KB: the gpt's two blocks (13 KB each) are
+        // one group, as are all of the mlp's and the cnn's units.
+        if (strategy == "fsdp with units joined") context.fsdp.unitBytes = 20000;
         auto s = builtinStrategies().create(strategy.substr(0, strategy.find(' ')), std::move(context));
         model->train();
         at::Generator gen = at::detail::createCPUGenerator(300 + rank);
@@ -628,7 +641,8 @@ TEST_CASE("models mlp, cnn and gpt train under ddp, zero1, zero2 and fsdp to the
       for (size_t i = 0; i < params[0].size(); ++i) CHECK(at::equal(params[0][i], params[1][i]));
       finals[strategy] = params[0];
     }
-    for (const std::string strategy : {"zero1", "zero2", "fsdp", "fsdp without backward prefetch"}) {
+    for (const std::string strategy :
+         {"zero1", "zero2", "fsdp", "fsdp without backward prefetch", "fsdp with units joined"}) {
       INFO(c.name << ": " << strategy << " against ddp");
       for (size_t i = 0; i < finals["ddp"].size(); ++i) {
         const at::Tensor& want = finals["ddp"][i];

@@ -460,6 +460,8 @@ const std::vector<ParamSpec>& distributedParamSpecs() {
         stringParam("strategy", "ddp", {}, "how ranks share the training (parallel strategy)"),
         boolParam("fsdp_backward_prefetch", true,
                   "fsdp: gather the next unit for backward while one computes (faster, one unit more memory)"),
+        floatParam("fsdp_unit_mb", 0, 0, true,
+                   "fsdp: join the model's consecutive units until each holds this many MiB (0: each alone)"),
     };
     return s;
   }();
@@ -602,6 +604,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.distributed.firstBucketCapMb = distributed["first_bucket_cap_mb"];
   config.distributed.strategy = distributed["strategy"];
   config.distributed.fsdpBackwardPrefetch = distributed["fsdp_backward_prefetch"];
+  config.distributed.fsdpUnitMb = distributed["fsdp_unit_mb"];
 
   for (const auto& o : overrides) {
     if (!o.used) fail<ConfigError>("--set {}: nothing to set; the section is not in this experiment", o.path);

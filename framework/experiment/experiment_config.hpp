@@ -63,6 +63,7 @@ struct DistributedConfig {
   double firstBucketCapMb = 1;
   std::string strategy = "ddp";  // a name in builtinStrategies() (framework/parallel/strategy.hpp)
   bool fsdpBackwardPrefetch = true;
+  double fsdpUnitMb = 0;
 };
 
 struct ExperimentConfig {

@@ -49,6 +49,7 @@ const Rule kRules[] = {
     {"distributed.bucket_cap_mb", true, "applies at once"},
     {"distributed.first_bucket_cap_mb", true, "applies at once"},
     {"distributed.fsdp_backward_prefetch", true, "applies at once"},
+    {"distributed.fsdp_unit_mb", true, "checkpoints are consolidated, whatever the units"},
 };
 const Rule kUnlisted = {"", false, "not known to be safe to change on resume"};
 

@@ -463,6 +463,7 @@ void Trainer::build() {
   context.ddp.firstBucketCapBytes = static_cast<size_t>(config.distributed.firstBucketCapMb * 1024 * 1024);
   context.ddp.findUnusedParameters = config.distributed.findUnusedParameters;
   context.fsdp.backwardPrefetch = config.distributed.fsdpBackwardPrefetch;
+  context.fsdp.unitBytes = static_cast<int64_t>(config.distributed.fsdpUnitMb * 1024 * 1024);
   s.strategy = builtinStrategies().create(config.distributed.strategy, std::move(context));
 
   const int r = rank(), world = worldSize();

@@ -61,7 +61,7 @@ void restoreMemory(const at::Tensor& t) {
 
 }  // namespace
 
-std::vector<int> fsdpUnitOf(torch::nn::Module& model) {
+std::vector<int> fsdpUnitOf(torch::nn::Module& model, int64_t unitBytes) {
   auto* seam = dynamic_cast<ShardingUnits*>(&model);
   std::vector<std::shared_ptr<torch::nn::Module>> unitModules;
   if (seam) unitModules = seam->shardingUnits();
@@ -78,11 +78,28 @@ std::vector<int> fsdpUnitOf(torch::nn::Module& model) {
       if (count == names[impl]) unitOfParam.emplace(impl, static_cast<int>(u));
   }
   std::vector<int> unitOf;
+  std::vector<int64_t> bytes(unitModules.size(), 0);
   for (auto& [name, p] : uniqueParameters(model)) {
     if (!p.requires_grad()) continue;
     auto it = unitOfParam.find(p.unsafeGetTensorImpl());
     unitOf.push_back(it != unitOfParam.end() ? it->second : -1);
+    if (unitOf.back() >= 0) bytes[unitOf.back()] += p.numel() * static_cast<int64_t>(p.element_size());
   }
+  // Consecutive units joined until each group holds at least unitBytes
+  // (the last may hold less).
+  std::vector<int> groupOfUnit(unitModules.size(), 0);
+  int group = 0;
+  int64_t held = 0;
+  for (size_t u = 0; u < unitModules.size(); ++u) {
+    if (u > 0 && held >= unitBytes) {
+      ++group;
+      held = 0;
+    }
+    groupOfUnit[u] = group;
+    held += bytes[u];
+  }
+  for (int& u : unitOf)
+    if (u >= 0) u = groupOfUnit[u];
   return unitOf;
 }
 
@@ -99,8 +116,12 @@ struct FsdpStrategy::Impl : UnitHooks {
   std::vector<at::Tensor> params;  // trainable, in flat order
   std::vector<at::Tensor> buffers;
   std::optional<FlatShards> shards;
-  // Groups 0 .. units-1 are the model's units; group `units` is the root.
+  // Groups 0 .. units-1 are the model's units (joined up to
+  // fsdp.unitBytes); group `units` is the root.
   size_t units = 0;
+  int64_t unitBytes = 0;
+  std::vector<size_t> groupOfUnit;  // per unit the model names
+  std::vector<size_t> lastUnitOf;   // per group: the last unit of it to run
   struct Group {
     size_t paramCount = 0;
     size_t firstBucket = 0, endBucket = 0;
@@ -167,29 +188,33 @@ struct FsdpStrategy::Impl : UnitHooks {
   }
 
   // UnitHooks: what runUnit() calls.
+  // Unit u of the model is in group g = groupOfUnit[u].
   void beforeForward(size_t u) override {
-    DDP_CHECK(u < units, fmt::format("fsdp: the model ran unit {} but named {} unit(s)", u, units));
+    DDP_CHECK(u < groupOfUnit.size(),
+              fmt::format("fsdp: the model ran unit {} but named {} unit(s)", u, groupOfUnit.size()));
+    const size_t g = groupOfUnit[u];
     std::lock_guard<std::mutex> lock(mutex);
-    finishGatherLocked(groups[u]);
-    if (u + 1 < units) startGatherLocked(groups[u + 1]);  // prefetch
+    finishGatherLocked(groups[g]);
+    if (g + 1 < units) startGatherLocked(groups[g + 1]);  // prefetch
   }
   at::Tensor afterForward(size_t u, at::Tensor output) override {
+    const size_t g = groupOfUnit[u];
     std::lock_guard<std::mutex> lock(mutex);
-    if (output.defined() && output.has_storage() && groups[u].full.numel() > 0 &&
-        output.storage().is_alias_of(groups[u].full.storage())) {
+    if (output.defined() && output.has_storage() && groups[g].full.numel() > 0 &&
+        output.storage().is_alias_of(groups[g].full.storage())) {
       fail<UsageError>("fsdp: unit {} returned a view of its own parameters, whose memory is released after the "
                        "unit runs. HINT: return a computed tensor (x + p, not p.narrow(...)), or leave that "
                        "module out of shardingUnits()",
                        u);
     }
-    releaseLocked(groups[u]);
+    if (u == lastUnitOf[g]) releaseLocked(groups[g]);
     // Backward needs the unit again: gather it when the gradient of its
     // output is ready, that is, just before backward enters the unit.
     if (output.requires_grad()) {
-      output.register_hook([this, u](const at::Tensor&) {
+      output.register_hook([this, g](const at::Tensor&) {
         std::lock_guard<std::mutex> lock(mutex);
-        finishGatherLocked(groups[u]);
-        if (u > 0 && backwardPrefetch) startGatherLocked(groups[u - 1]);  // in backward's order
+        finishGatherLocked(groups[g]);
+        if (g > 0 && backwardPrefetch) startGatherLocked(groups[g - 1]);  // in backward's order
       });
     }
     return output;
@@ -230,8 +255,25 @@ void FsdpStrategy::Impl::build() {
   auto named = shardableParameters(*model, "fsdp");
 
   seam = dynamic_cast<ShardingUnits*>(model.get());
-  units = seam ? seam->shardingUnits().size() : 0;
-  const std::vector<int> unitOf = fsdpUnitOf(*model);
+  const size_t modelUnits = seam ? seam->shardingUnits().size() : 0;
+  const std::vector<int> unitOf = fsdpUnitOf(*model, unitBytes);
+  // The groups the units were joined into (fsdpUnitOf numbers them in
+  // order; a unit without trainable parameters joins its predecessor's).
+  {
+    const std::vector<int> alone = fsdpUnitOf(*model, 0);
+    std::vector<int> groupOfModelUnit(modelUnits, -1);
+    for (size_t k = 0; k < unitOf.size(); ++k)
+      if (alone[k] >= 0) groupOfModelUnit[alone[k]] = unitOf[k];
+    int last = 0;
+    for (size_t u = 0; u < modelUnits; ++u) {
+      if (groupOfModelUnit[u] < 0) groupOfModelUnit[u] = last;
+      last = groupOfModelUnit[u];
+      groupOfUnit.push_back(static_cast<size_t>(last));
+    }
+    units = groupOfUnit.empty() ? 0 : groupOfUnit.back() + 1;
+    lastUnitOf.assign(units, 0);
+    for (size_t u = 0; u < modelUnits; ++u) lastUnitOf[groupOfUnit[u]] = u;
+  }
   std::vector<int64_t> numels;
   std::vector<int> flatGroups;
   groups.resize(units + 1);
@@ -317,6 +359,7 @@ FsdpStrategy::FsdpStrategy(StrategyContext context) : impl_(std::make_unique<Imp
   impl_->group = std::move(context.group);
   impl_->timeout = context.ddp.timeout;
   impl_->backwardPrefetch = context.fsdp.backwardPrefetch;
+  impl_->unitBytes = context.fsdp.unitBytes;
   impl_->build();
 }
 

@@ -13,6 +13,10 @@
 //   span two units, and are cut at DdpOptions::bucketCapBytes within one.
 //   A rank owns a slice of every bucket: its shard, kept between steps, is
 //   all it holds of a unit.
+// - StrategyContext::fsdp.unitBytes (distributed.fsdp_unit_mb) joins
+//   consecutive units into groups of at least that many bytes, gathered
+//   and released as one (fewer, larger collectives for small units); 0
+//   keeps each unit alone. Below, "unit" means such a group.
 //
 // Each step
 // - Forward, unit i (runUnit): its full parameters are allgathered from the
@@ -57,6 +61,7 @@
 // sparse embedding, models that differ between ranks).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -66,9 +71,11 @@
 namespace ddp {
 
 // Per trainable parameter of `model`, in registration order (the order of
-// shardableParameters, model_sync.hpp): the unit fsdp gathers it with, or
-// -1 for the root. A model that is not ShardingUnits has only the root.
-std::vector<int> fsdpUnitOf(torch::nn::Module& model);
+// shardableParameters, model_sync.hpp): the group of units fsdp gathers it
+// with, or -1 for the root. Consecutive units are joined into one group
+// until it holds at least unitBytes of parameters (0: each unit alone). A
+// model that is not ShardingUnits has only the root.
+std::vector<int> fsdpUnitOf(torch::nn::Module& model, int64_t unitBytes = 0);
 
 class FsdpStrategy : public ParallelStrategy {
  public:

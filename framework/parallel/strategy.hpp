@@ -109,6 +109,9 @@ struct StrategyContext {
     // Gather unit i - 1 while unit i runs backward: overlaps the gather
     // with compute, holds one unit more (PyTorch's BACKWARD_PRE).
     bool backwardPrefetch = true;
+    // Consecutive units joined until each group holds this many bytes of
+    // parameters (0: each unit alone).
+    int64_t unitBytes = 0;
   } fsdp;
 };
 
