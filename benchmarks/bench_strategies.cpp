@@ -155,7 +155,7 @@ constexpr int64_t kGptVocab = 96;
 // The built-in gpt (plugins/models/gpt.hpp) of --gpt-layers blocks of width
 // --gpt-width (heads of 64), --gpt-block tokens, a 96-token vocabulary,
 // tied head, no dropout; each block is a unit under fsdp.
-ModelPtr buildGpt(const Options& o) {
+json gptValues(const Options& o) {
   const PluginSpec& spec = builtinPlugins().get(PluginKind::Model, "gpt");
   json values = json::object();
   for (const auto& p : spec.params)
@@ -165,12 +165,25 @@ ModelPtr buildGpt(const Options& o) {
   values["n_head"] = std::max<int64_t>(1, o.gptWidth / 64);
   values["block_size"] = o.gptBlock;
   values["dropout"] = 0.0;
+  return values;
+}
+
+ModelPtr buildGpt(const Options& o) {
   ModelContext context;
   context.sampleShape = {o.gptBlock};
   context.numFeatures = o.gptBlock;
   context.numClasses = kGptVocab;
   context.vocabSize = kGptVocab;
-  return spec.model(Params(values), context);
+  return builtinPlugins().get(PluginKind::Model, "gpt").model(Params(gptValues(o)), context);
+}
+
+// The reference's --model gpt --gpt '{...}': the same resolved parameters,
+// and the vocabulary (models_torch.Gpt).
+std::string gptReferenceArguments(const Options& o) {
+  if (o.model != "gpt") return "";
+  json cfg = gptValues(o);
+  cfg["vocab"] = kGptVocab;
+  return " --model gpt --gpt " + shellQuote(cfg.dump());
 }
 
 void runWorker(const Options& o) {
@@ -307,9 +320,7 @@ void runLauncher(const Options& o) {
     }
     records.push_back(record);
   }
-  if (!o.noReference && o.model != "mlp") {
-    std::cout << "PyTorch reference: skipped, strategies_torch.py runs the mlp only\n";
-  } else if (!o.noReference) {
+  if (!o.noReference) {
     if (auto why = pythonTorchUnavailable()) {
       std::cerr << "skipping the PyTorch reference: " << *why << "\n";
     } else {
@@ -317,9 +328,9 @@ void runLauncher(const Options& o) {
       for (int64_t w : o.widths) widths += (widths.empty() ? "" : ",") + std::to_string(w);
       std::cerr << "running PyTorch's DDP, ZeroRedundancyOptimizer and FSDP...\n";
       const auto lines = runJsonLines(fmt::format(
-          "{} {} --widths {} --world-size {} --batch {} --steps {} --warmup {} --lr {}", pythonCommand(),
+          "{} {} --widths {} --world-size {} --batch {} --steps {} --warmup {} --lr {}{}", pythonCommand(),
           shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/strategies_torch.py"), widths, o.worldSize,
-          o.batch, o.steps, o.warmup, o.lr));
+          o.batch, o.steps, o.warmup, o.lr, gptReferenceArguments(o)));
       for (const json& line : lines) {
         if (line.contains("unavailable")) {
           std::cout << fmt::format("{}: not run: {}\n", line.value("impl", "?"), line["unavailable"].get<std::string>());

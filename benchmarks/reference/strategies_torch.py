@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reference for `ddp-bench strategies`: PyTorch's DDP, ZeroRedundancyOptimizer
 (optimizer state sharded, as our zero1) and FSDP over gloo on the CPU, on the
-MLP of --widths with Adam, batch --batch per rank of random data.
+MLP of --widths (or, with --model gpt, models_torch.Gpt of --gpt on random
+token ids) with Adam, batch --batch per rank of random data.
 
 Same seeds and initialisation as ddp-bench's own ranks (torch.manual_seed(0)
 before the model, 1 + rank before the batch), so on the same LibTorch version
@@ -56,9 +57,15 @@ def worker(rank, world, store, impl, args, out):
     torch.set_num_threads(1)
     rendezvous.init("gloo", rank, world, store)
     torch.manual_seed(0)
-    net = models_torch.mlp(args.widths)
+    gpt = args.model == "gpt"
+    net = models_torch.Gpt(args.gpt) if gpt else models_torch.mlp(args.widths)
     torch.manual_seed(1 + rank)
-    x, y = torch.randn(args.batch, args.widths[0]), torch.randint(0, args.widths[-1], (args.batch,))
+    if gpt:
+        vocab, block = args.gpt["vocab"], args.gpt["block_size"]
+        x, y = torch.randint(0, vocab, (args.batch, block)), torch.randint(0, vocab, (args.batch * block,))
+    else:
+        vocab = args.widths[-1]
+        x, y = torch.randn(args.batch, args.widths[0]), torch.randint(0, vocab, (args.batch,))
     try:
         if impl == "torch-fsdp":
             from torch.distributed.fsdp import FullyShardedDataParallel
@@ -78,7 +85,7 @@ def worker(rank, world, store, impl, args, out):
         for i in range(args.warmup + args.steps):
             start = time.perf_counter()
             opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            F.cross_entropy(model(x).reshape(-1, vocab), y).backward()
             opt.step()
             if i >= args.warmup:
                 times.append(time.perf_counter() - start)
@@ -119,7 +126,12 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--impls", default="torch-ddp,torch-zero,torch-fsdp")
+    p.add_argument("--model", choices=["mlp", "gpt"], default="mlp")
+    p.add_argument("--gpt", type=json.loads, default=None,
+                   help="--model gpt: JSON of the gpt's parameters and vocab (see models_torch.py)")
     args = p.parse_args()
+    if args.model == "gpt" and args.gpt is None:
+        p.error("--model gpt needs --gpt")
     args.widths = [int(w) for w in args.widths.split(",")]
     ctx = mp.get_context("spawn")
     for impl in args.impls.split(","):
