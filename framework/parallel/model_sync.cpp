@@ -182,40 +182,58 @@ std::vector<std::string> allgatherStrings(ProcessGroup& group, const std::string
 void broadcastFromRankZero(ProcessGroup& group, const std::vector<at::Tensor>& tensors, Milliseconds timeout) {
   if (group.size() == 1) return;
   at::NoGradGuard noGrad;
-  // Group by dtype and device, in order, then cut into chunks.
+  // Packed as bytes, whatever their dtypes (so batch norm's float
+  // statistics and its int64 counter are one collective, not two), by
+  // device, in order, each at a 16-byte aligned offset, cut into chunks.
+  constexpr int64_t kAlign = 16;
   struct Chunk {
     std::vector<at::Tensor> members;
-    size_t bytes = 0;
+    std::vector<int64_t> offsets;
+    int64_t bytes = 0;
   };
   std::vector<Chunk> chunks;
-  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> index into chunks
+  std::map<std::string, size_t> open;  // device -> index into chunks
   for (const auto& t : tensors) {
     if (t.numel() == 0) continue;
-    const auto key = std::make_pair(static_cast<int>(t.scalar_type()), t.device().str());
-    const size_t bytes = t.numel() * t.element_size();
-    auto it = open.find(key);
-    if (it == open.end() || (chunks[it->second].bytes + bytes > kBroadcastChunkBytes && chunks[it->second].bytes > 0)) {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    auto it = open.find(t.device().str());
+    if (it == open.end() ||
+        (chunks[it->second].bytes + bytes > static_cast<int64_t>(kBroadcastChunkBytes) && chunks[it->second].bytes > 0)) {
       chunks.emplace_back();
-      it = open.insert_or_assign(key, chunks.size() - 1).first;
+      it = open.insert_or_assign(t.device().str(), chunks.size() - 1).first;
     }
-    chunks[it->second].members.push_back(t);
-    chunks[it->second].bytes += bytes;
+    Chunk& chunk = chunks[it->second];
+    chunk.members.push_back(t);
+    chunk.offsets.push_back(chunk.bytes);
+    chunk.bytes += (bytes + kAlign - 1) / kAlign * kAlign;
   }
-  std::vector<at::Tensor> flats;
+  auto bytesOf = [](const at::Tensor& t) { return t.detach().reshape({-1}).contiguous().view(at::kByte); };
+  std::vector<at::Tensor> flats, words;
+  flats.reserve(chunks.size());
+  words.reserve(chunks.size());  // broadcast() keeps a reference: no reallocation
   std::vector<WorkPtr> works;
   for (auto& chunk : chunks) {
-    std::vector<at::Tensor> pieces;
-    for (auto& t : chunk.members) pieces.push_back(t.detach().reshape({-1}));
-    flats.push_back(at::cat(pieces));
-    works.push_back(group.broadcast(flats.back(), {0, timeout}));
+    at::Tensor flat = at::zeros({chunk.bytes}, chunk.members.front().options().dtype(at::kByte));
+    if (group.rank() == 0) {
+      for (size_t m = 0; m < chunk.members.size(); ++m) {
+        const at::Tensor b = bytesOf(chunk.members[m]);
+        flat.narrow(0, chunk.offsets[m], b.numel()).copy_(b);
+      }
+    }
+    flats.push_back(flat);
+    // Sent as int32 words (every backend has them; the length is a multiple
+    // of 16 bytes): the same bytes.
+    words.push_back(flat.view(at::kInt));
+    works.push_back(group.broadcast(words.back(), {0, timeout}));
   }
   for (size_t c = 0; c < chunks.size(); ++c) {
     works[c]->wait();
     if (group.rank() == 0) continue;
-    int64_t offset = 0;
-    for (auto& t : chunks[c].members) {
-      t.detach().copy_(flats[c].narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
+    for (size_t m = 0; m < chunks[c].members.size(); ++m) {
+      at::Tensor& t = chunks[c].members[m];
+      const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+      const at::Tensor values = flats[c].narrow(0, chunks[c].offsets[m], bytes).view(t.scalar_type());
+      t.detach().copy_(values.view(t.sizes()));
     }
   }
 }

@@ -13,8 +13,9 @@
 //   shape [4, 3] on rank 0 but [4, 2] on rank 1"). One 8-byte allgather when
 //   they agree.
 // - broadcastFromRankZero: collective. Every rank ends with rank 0's values
-//   in `tensors` (same list on every rank), coalesced by dtype into flat
-//   chunks of at most 64 MiB.
+//   in `tensors` (same list on every rank), packed as bytes whatever their
+//   dtypes into flat chunks of at most 64 MiB per device (one collective
+//   for a model's float and int64 buffers), sent as int32 words.
 // - shardableParameters: the unique parameters that require grad, in
 //   registration order, after checking what flat sharding needs (zero,
 //   fsdp): one floating dtype for all, and no embedding with sparse
