@@ -13,6 +13,7 @@
 
 #include "framework/core/errors.hpp"
 #include "framework/core/malloc_tuning.hpp"
+#include "framework/parallel/flat_shards.hpp"
 #include "framework/parallel/grad_ready_hooks.hpp"
 #include "framework/parallel/model_sync.hpp"
 #include "framework/parallel/shard_grad_reducer.hpp"
@@ -59,9 +60,13 @@ void restoreMemory(const at::Tensor& t) {
   storage->set_nbytes(nbytes);
 }
 
-}  // namespace
+// fsdpUnitOf, and per unit the model names, the group it joins.
+struct UnitGroups {
+  std::vector<int> ofParameter;  // per trainable parameter; -1: the root
+  std::vector<int> ofUnit;       // per unit of shardingUnits()
+};
 
-std::vector<int> fsdpUnitOf(torch::nn::Module& model, int64_t unitBytes) {
+UnitGroups unitGroups(torch::nn::Module& model, int64_t unitBytes) {
   auto* seam = dynamic_cast<ShardingUnits*>(&model);
   std::vector<std::shared_ptr<torch::nn::Module>> unitModules;
   if (seam) unitModules = seam->shardingUnits();
@@ -86,21 +91,31 @@ std::vector<int> fsdpUnitOf(torch::nn::Module& model, int64_t unitBytes) {
     if (unitOf.back() >= 0) bytes[unitOf.back()] += p.numel() * static_cast<int64_t>(p.element_size());
   }
   // Consecutive units joined until each group holds at least unitBytes
-  // (the last may hold less).
-  std::vector<int> groupOfUnit(unitModules.size(), 0);
+  // (the last may hold less). A unit without trainable parameters joins
+  // the group before it (the first such, the one after), so no group is
+  // empty.
+  UnitGroups out;
+  out.ofUnit.assign(unitModules.size(), 0);
   int group = 0;
   int64_t held = 0;
   for (size_t u = 0; u < unitModules.size(); ++u) {
-    if (u > 0 && held >= unitBytes) {
+    if (held > 0 && held >= unitBytes && bytes[u] > 0) {
       ++group;
       held = 0;
     }
-    groupOfUnit[u] = group;
+    out.ofUnit[u] = group;
     held += bytes[u];
   }
   for (int& u : unitOf)
-    if (u >= 0) u = groupOfUnit[u];
-  return unitOf;
+    if (u >= 0) u = out.ofUnit[u];
+  out.ofParameter = std::move(unitOf);
+  return out;
+}
+
+}  // namespace
+
+std::vector<int> fsdpUnitOf(torch::nn::Module& model, int64_t unitBytes) {
+  return unitGroups(model, unitBytes).ofParameter;
 }
 
 struct FsdpStrategy::Impl : UnitHooks {
@@ -255,25 +270,12 @@ void FsdpStrategy::Impl::build() {
   auto named = shardableParameters(*model, "fsdp");
 
   seam = dynamic_cast<ShardingUnits*>(model.get());
-  const size_t modelUnits = seam ? seam->shardingUnits().size() : 0;
-  const std::vector<int> unitOf = fsdpUnitOf(*model, unitBytes);
-  // The groups the units were joined into (fsdpUnitOf numbers them in
-  // order; a unit without trainable parameters joins its predecessor's).
-  {
-    const std::vector<int> alone = fsdpUnitOf(*model, 0);
-    std::vector<int> groupOfModelUnit(modelUnits, -1);
-    for (size_t k = 0; k < unitOf.size(); ++k)
-      if (alone[k] >= 0) groupOfModelUnit[alone[k]] = unitOf[k];
-    int last = 0;
-    for (size_t u = 0; u < modelUnits; ++u) {
-      if (groupOfModelUnit[u] < 0) groupOfModelUnit[u] = last;
-      last = groupOfModelUnit[u];
-      groupOfUnit.push_back(static_cast<size_t>(last));
-    }
-    units = groupOfUnit.empty() ? 0 : groupOfUnit.back() + 1;
-    lastUnitOf.assign(units, 0);
-    for (size_t u = 0; u < modelUnits; ++u) lastUnitOf[groupOfUnit[u]] = u;
-  }
+  const UnitGroups layout = unitGroups(*model, unitBytes);
+  const std::vector<int>& unitOf = layout.ofParameter;
+  groupOfUnit.assign(layout.ofUnit.begin(), layout.ofUnit.end());
+  units = groupOfUnit.empty() ? 0 : groupOfUnit.back() + 1;
+  lastUnitOf.assign(units, 0);
+  for (size_t u = 0; u < groupOfUnit.size(); ++u) lastUnitOf[groupOfUnit[u]] = u;
   std::vector<int64_t> numels;
   std::vector<int> flatGroups;
   groups.resize(units + 1);
@@ -367,8 +369,6 @@ FsdpStrategy::~FsdpStrategy() = default;
 
 torch::nn::Module& FsdpStrategy::model() { return *impl_->model; }
 torch::optim::Optimizer& FsdpStrategy::optimizer() { return *impl_->optimizer; }
-const FlatShards& FsdpStrategy::shards() const { return *impl_->shards; }
-size_t FsdpStrategy::unitCount() const { return impl_->units; }
 bool FsdpStrategy::collectiveForward() const { return impl_->units > 0; }
 
 void FsdpStrategy::backward(const at::Tensor& loss, bool /*lastMicroBatch*/) {

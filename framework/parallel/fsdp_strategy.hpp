@@ -65,7 +65,6 @@
 #include <memory>
 #include <vector>
 
-#include "framework/parallel/flat_shards.hpp"
 #include "framework/parallel/strategy.hpp"
 
 namespace ddp {
@@ -91,9 +90,6 @@ class FsdpStrategy : public ParallelStrategy {
   void withFullParameters(const std::function<void()>& fn) override;
   bool collectiveForward() const override;
   HeldBytes heldBytes() override;
-
-  const FlatShards& shards() const;
-  size_t unitCount() const;  // the model's units, the root not counted
 
  private:
   struct Impl;
