@@ -10,6 +10,7 @@ void registerBuiltinPlugins(PluginRegistry& registry) {
   plugins::registerOptimizers(registry);
   plugins::registerSchedulers(registry);
   plugins::registerLosses(registry);
+  plugins::registerCommHooks(registry);
 }
 
 PluginRegistry& builtinPlugins() {

@@ -22,6 +22,7 @@ void registerModels(PluginRegistry& registry);
 void registerOptimizers(PluginRegistry& registry);
 void registerSchedulers(PluginRegistry& registry);
 void registerLosses(PluginRegistry& registry);
+void registerCommHooks(PluginRegistry& registry);
 
 // "optimizer.momentum: must be < 1, got 1": a UsageError naming the
 // parameter, its message built by fmt.

@@ -205,7 +205,7 @@ class Validator {
     for (auto& o : overrides_) {
       if (o.path.rfind(path + ".", 0) != 0) continue;
       std::string key = o.path.substr(path.size() + 1);
-      if (reserved.count(key)) continue;  // handled by the caller
+      if (reserved.count(key) || reserved.count(key.substr(0, key.find('.')))) continue;  // handled by the caller
       auto it = byName.find(key);
       if (it == byName.end()) {
         fail("--set " + o.path, "unknown key{}", suggestion(key, known));
@@ -534,19 +534,20 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   }
   resolved["plugins"] = config.pluginLibraries;
 
-  for (const auto& [section, kind] : kPluginSections) {
-    const bool optional = kind == PluginKind::Scheduler;
+  // A plugin section: a name, or an object with "name" and the plugin's
+  // parameters. --set SECTION=NAME and --set SECTION.name=NAME both choose it.
+  auto choosePlugin = [&](const std::string& section, PluginKind kind, Json body,
+                          bool optional) -> std::optional<std::pair<PluginChoice, Json>> {
     const std::string known = joinNames(registry.names(kind));  // "mlp, linear": for errors listing what exists
-    Json body = root.contains(section) ? root[section] : Json();
     for (auto& o : overrides) {
-      if (o.path == section + ".name") {
-        if (body.is_null()) body = Json::object();
+      if (o.path == section + ".name" || o.path == section) {
+        if (body.is_null() || body.is_string()) body = Json::object();
         if (body.is_object()) body["name"] = o.raw;
         o.used = true;
       }
     }
     if (body.is_null()) {
-      if (optional) continue;
+      if (optional) return std::nullopt;
       fail<ConfigError>("{}: required section is missing; it names a {} plugin, e.g. {}: {{\"name\": {}}}", section,
                         pluginKindName(kind), inQuotes(section),
                         inQuotes(registry.names(kind).empty() ? std::string("...") : registry.names(kind).front()));
@@ -564,15 +565,24 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
     }
     const PluginSpec& spec = registry.get(kind, name);
     Json params = v.validateSection(section, body, spec.params, {"name"});
-    resolved[section] = params;
+    Json shownParams = params;
     params.erase("name");
-    PluginChoice choice{name, Params(params)};
+    return std::make_pair(PluginChoice{name, Params(params)}, shownParams);
+  };
+
+  for (const auto& [section, kind] : kPluginSections) {
+    auto chosen = choosePlugin(section, kind, root.contains(section) ? root[section] : Json(),
+                               /*optional=*/kind == PluginKind::Scheduler);
+    if (!chosen) continue;
+    resolved[section] = chosen->second;
+    const PluginChoice& choice = chosen->first;
     switch (kind) {
       case PluginKind::Dataset: config.dataset = choice; break;
       case PluginKind::Model: config.model = choice; break;
       case PluginKind::Optimizer: config.optimizer = choice; break;
       case PluginKind::Scheduler: config.scheduler = choice; break;
       case PluginKind::Loss: config.loss = choice; break;
+      case PluginKind::CommHook: break;  // not a top-level section: distributed.comm_hook
     }
   }
 
@@ -592,8 +602,17 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.training.stopOnNonfiniteLoss = training["on_nonfinite_loss"] == "stop";
   config.training.checkpointOnSignal = training["checkpoint_on_signal"];
 
-  const Json distributed = v.validateSection(
-      "distributed", root.contains("distributed") ? root["distributed"] : Json::object(), distributedParamSpecs());
+  Json distributedBody = root.contains("distributed") ? root["distributed"] : Json::object();
+  Json commHookBody;
+  if (distributedBody.is_object() && distributedBody.contains("comm_hook")) {
+    commHookBody = distributedBody["comm_hook"];
+    distributedBody.erase("comm_hook");
+  }
+  Json distributed = v.validateSection("distributed", distributedBody, distributedParamSpecs(), {"comm_hook"});
+  if (auto hook = choosePlugin("distributed.comm_hook", PluginKind::CommHook, commHookBody, /*optional=*/true)) {
+    config.distributed.commHook = hook->first;
+    distributed["comm_hook"] = hook->second;
+  }
   resolved["distributed"] = distributed;
   config.distributed.backend = distributed["backend"];
   config.distributed.device = distributed["device"];
@@ -605,6 +624,11 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.distributed.strategy = distributed["strategy"];
   config.distributed.fsdpBackwardPrefetch = distributed["fsdp_backward_prefetch"];
   config.distributed.fsdpUnitMb = distributed["fsdp_unit_mb"];
+  if (config.distributed.commHook && config.distributed.strategy != "ddp") {
+    v.fail("distributed.comm_hook", "applies to distributed.strategy \"ddp\" only, not {}. HINT: remove the hook, or "
+           "train with --set distributed.strategy=ddp (zero and fsdp reduce-scatter their gradients)",
+           inQuotes(config.distributed.strategy));
+  }
 
   for (const auto& o : overrides) {
     if (!o.used) fail<ConfigError>("--set {}: nothing to set; the section is not in this experiment", o.path);

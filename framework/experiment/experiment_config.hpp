@@ -64,6 +64,8 @@ struct DistributedConfig {
   std::string strategy = "ddp";  // a name in builtinStrategies() (framework/parallel/strategy.hpp)
   bool fsdpBackwardPrefetch = true;
   double fsdpUnitMb = 0;
+  // distributed.comm_hook: how DDP averages its buckets (null: allreduce).
+  std::optional<PluginChoice> commHook;
 };
 
 struct ExperimentConfig {

@@ -18,7 +18,7 @@ namespace ddp {
 namespace {
 
 constexpr PluginKind kAllKinds[] = {PluginKind::Dataset, PluginKind::Model, PluginKind::Optimizer,
-                                    PluginKind::Scheduler, PluginKind::Loss};
+                                    PluginKind::Scheduler, PluginKind::Loss,  PluginKind::CommHook};
 
 std::string namesOrNone(const std::vector<std::string>& names) {
   return names.empty() ? "(none)" : joinNames(names);
@@ -104,6 +104,8 @@ const char* pluginKindName(PluginKind kind) {
       return "scheduler";
     case PluginKind::Loss:
       return "loss";
+    case PluginKind::CommHook:
+      return "comm_hook";
   }
   return "unknown";
 }
@@ -142,6 +144,8 @@ static_assert(std::is_same_v<std::variant_alternative_t<static_cast<size_t>(Plug
                              SchedulerFactory>);
 static_assert(std::is_same_v<std::variant_alternative_t<static_cast<size_t>(PluginKind::Loss), PluginFactory>,
                              LossFactory>);
+static_assert(std::is_same_v<std::variant_alternative_t<static_cast<size_t>(PluginKind::CommHook), PluginFactory>,
+                             CommHookFactory>);
 static_assert(std::variant_size_v<PluginFactory> == std::size(kAllKinds));
 
 namespace {
@@ -176,6 +180,9 @@ std::unique_ptr<LrScheduler> PluginSpec::scheduler(const Params& values) const {
 }
 
 LossFn PluginSpec::loss(const Params& values) const { return factoryOf<LossFactory>(*this, PluginKind::Loss)(values); }
+CommHookPtr PluginSpec::commHook(const Params& values, Milliseconds timeout) const {
+  return factoryOf<CommHookFactory>(*this, PluginKind::CommHook)(values, timeout);
+}
 
 const char* taskName(Task task) {
   switch (task) {

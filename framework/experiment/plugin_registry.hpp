@@ -1,5 +1,5 @@
-// PluginRegistry: the datasets, models, optimizers, lr schedulers and losses
-// that an experiment JSON can name.
+// PluginRegistry: the datasets, models, optimizers, lr schedulers, losses
+// and communication hooks that an experiment JSON can name.
 //
 // Contract
 // - Each plugin (PluginSpec) has a unique name within its kind, a one-line
@@ -36,13 +36,15 @@
 
 #include "framework/data/dataset.hpp"
 #include "framework/experiment/param.hpp"
+#include "framework/parallel/comm_hook.hpp"
 #include "framework/parallel/sharding_units.hpp"
 
 // The version of the plugin interface below (PluginSpec, the factories and
 // what they produce, PluginRegistry). A plugin library built against other
 // headers is refused by loadPluginLibrary; it is raised whenever a change
 // here would break a compiled plugin. 3: Model is also ShardingUnits.
-#define DDP_PLUGIN_API_VERSION 3
+// 4: communication hooks (PluginKind::CommHook).
+#define DDP_PLUGIN_API_VERSION 4
 
 // Written once, at namespace scope, in a plugin library's source:
 //   DDP_EXPORT_PLUGIN_API_VERSION();
@@ -56,7 +58,7 @@
 
 namespace ddp {
 
-enum class PluginKind { Dataset, Model, Optimizer, Scheduler, Loss };
+enum class PluginKind { Dataset, Model, Optimizer, Scheduler, Loss, CommHook };
 const char* pluginKindName(PluginKind kind);  // "dataset", "model", ...
 std::optional<PluginKind> pluginKindFromName(const std::string& name);
 
@@ -133,10 +135,15 @@ using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> parameters, const Params&)>;
 using SchedulerFactory = std::function<std::unique_ptr<LrScheduler>(const Params&)>;
 using LossFactory = std::function<LossFn(const Params&)>;
+// How DDP reduces its gradient buckets (distributed.comm_hook): the
+// contract is in framework/parallel/comm_hook.hpp. `timeout` is the
+// collective timeout of the run, for the hook's own collectives.
+using CommHookFactory = std::function<CommHookPtr(const Params&, Milliseconds timeout)>;
 
 // A plugin's factory; which of these it is, is the plugin's kind (the
 // alternatives are in PluginKind's order).
-using PluginFactory = std::variant<DatasetFactory, ModelFactory, OptimizerFactory, SchedulerFactory, LossFactory>;
+using PluginFactory =
+    std::variant<DatasetFactory, ModelFactory, OptimizerFactory, SchedulerFactory, LossFactory, CommHookFactory>;
 
 // One plugin. An aggregate, so a registration reads as one statement:
 //   registry.add({"mlp", "multi-layer perceptron", {Param(...), ...}, makeMlp});
@@ -155,6 +162,7 @@ struct PluginSpec {
   std::unique_ptr<torch::optim::Optimizer> optimizer(std::vector<at::Tensor> parameters, const Params& values) const;
   std::unique_ptr<LrScheduler> scheduler(const Params& values) const;
   LossFn loss(const Params& values) const;
+  CommHookPtr commHook(const Params& values, Milliseconds timeout) const;
 };
 
 class PluginRegistry {

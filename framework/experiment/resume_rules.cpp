@@ -50,6 +50,7 @@ const Rule kRules[] = {
     {"distributed.first_bucket_cap_mb", true, "applies at once"},
     {"distributed.fsdp_backward_prefetch", true, "applies at once"},
     {"distributed.fsdp_unit_mb", true, "checkpoints are consolidated, whatever the units"},
+    {"distributed.comm_hook", true, "the hook only averages gradients; its own state (PowerSGD's) starts afresh"},
 };
 const Rule kUnlisted = {"", false, "not known to be safe to change on resume"};
 

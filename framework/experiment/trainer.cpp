@@ -462,6 +462,11 @@ void Trainer::build() {
   context.ddp.bucketCapBytes = static_cast<size_t>(config.distributed.bucketCapMb * 1024 * 1024);
   context.ddp.firstBucketCapBytes = static_cast<size_t>(config.distributed.firstBucketCapMb * 1024 * 1024);
   context.ddp.findUnusedParameters = config.distributed.findUnusedParameters;
+  if (config.distributed.commHook) {
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
+    context.ddp.commHook = registry.get(PluginKind::CommHook, config.distributed.commHook->name)
+                               .commHook(config.distributed.commHook->params, timeout);
+  }
   context.fsdp.backwardPrefetch = config.distributed.fsdpBackwardPrefetch;
   context.fsdp.unitBytes = static_cast<int64_t>(config.distributed.fsdpUnitMb * 1024 * 1024);
   s.strategy = builtinStrategies().create(config.distributed.strategy, std::move(context));

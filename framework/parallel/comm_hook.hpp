@@ -22,6 +22,10 @@
 //   It must not block on its own Work.
 // - Set through DdpOptions::commHook or registerCommHook() before the first
 //   backward pass; afterwards it is a UsageError.
+// - A hook object serves one DDP instance: it may keep state per bucket
+//   index (PowerSGD's error feedback), and each DDP gets its own from the
+//   plugin registry (distributed.comm_hook; plugins/comm_hooks.cpp holds
+//   the built-in ones: allreduce, fp16, bf16, powersgd).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -38,6 +42,10 @@ struct GradBucket {
   size_t index = 0;
   at::Tensor& buffer;                        // flat, this rank's gradients in, the result out
   const std::vector<at::Tensor>& parameters;  // the parameters in the buffer, in order
+
+  // The buffer's slice of each parameter, in its shape: the parameters lie
+  // one after the other, with no padding.
+  std::vector<at::Tensor> gradients() const;
 };
 
 class CommHook {

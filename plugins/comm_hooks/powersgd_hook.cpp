@@ -1,0 +1,305 @@
+#include "plugins/comm_hooks/powersgd_hook.hpp"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "framework/core/errors.hpp"
+
+namespace ddp::plugins {
+namespace {
+
+// One compressed gradient: its place in the bucket and in the packed
+// buffers, and its Q (kept across steps).
+struct Matrix {
+  int64_t offset = 0, rows = 0, cols = 0;
+  int64_t pOffset = 0;  // in the first packed buffer, after the exact part
+  int64_t qOffset = 0;  // in the second
+  at::Tensor q;         // cols x rank
+};
+
+// A gradient averaged exactly: its place in the bucket and in the first
+// packed buffer.
+struct Exact {
+  int64_t offset = 0, numel = 0, packedOffset = 0;
+};
+
+struct Layout {
+  std::vector<Matrix> matrices;
+  std::vector<Exact> exact;
+  int64_t firstNumel = 0;   // the exact part, then every P
+  int64_t secondNumel = 0;  // every Q
+};
+
+Layout planLayout(const std::vector<at::Tensor>& parameters, const PowerSgdHook::Options& o) {
+  Layout layout;
+  int64_t offset = 0, exactNumel = 0;
+  std::vector<std::pair<int64_t, int64_t>> matrices;  // (offset, index into parameters)
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const at::Tensor& p = parameters[i];
+    const int64_t numel = p.numel();
+    bool compress = false;
+    if (p.dim() >= 2 && numel > 0) {
+      const int64_t rows = p.size(0), cols = numel / rows;
+      compress = static_cast<double>(rows) * static_cast<double>(cols) >=
+                 o.minCompressionRate * static_cast<double>(o.rank) * static_cast<double>(rows + cols);
+      if (compress) {
+        Matrix m;
+        m.offset = offset;
+        m.rows = rows;
+        m.cols = cols;
+        layout.matrices.push_back(m);
+      }
+    }
+    if (!compress) {
+      layout.exact.push_back({offset, numel, exactNumel});
+      exactNumel += numel;
+    }
+    offset += numel;
+  }
+  layout.firstNumel = exactNumel;
+  for (Matrix& m : layout.matrices) {
+    m.pOffset = layout.firstNumel;
+    layout.firstNumel += m.rows * o.rank;
+    m.qOffset = layout.secondNumel;
+    layout.secondNumel += m.cols * o.rank;
+  }
+  return layout;
+}
+
+// Columns of `m` (n x r) made orthonormal in place (Gram-Schmidt). The
+// epsilon keeps a zero column (a gradient of zeros) at zero, not NaN.
+void orthogonalize(at::Tensor m) {
+  const int64_t r = m.size(1);
+  for (int64_t i = 0; i < r; ++i) {
+    at::Tensor col = m.narrow(1, i, 1);
+    col.div_(col.norm() + 1e-8);
+    if (i + 1 < r) {
+      at::Tensor rest = m.narrow(1, i + 1, r - i - 1);
+      rest.sub_(at::mm(col, at::mm(col.t(), rest)));
+    }
+  }
+}
+
+// The same pseudo-random numbers in [-1, 1) on every rank (splitmix64).
+at::Tensor startingQ(int64_t cols, int64_t rank, uint64_t seed, const at::TensorOptions& options) {
+  at::Tensor q = at::empty({cols, rank}, at::TensorOptions().dtype(at::kDouble));
+  double* out = q.data_ptr<double>();
+  uint64_t state = seed;
+  for (int64_t i = 0; i < cols * rank; ++i) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    out[i] = static_cast<double>(z >> 11) / static_cast<double>(1ull << 52) - 1.0;
+  }
+  q = q.to(options);
+  orthogonalize(q);
+  return q;
+}
+
+}  // namespace
+
+struct PowerSgdHook::Impl {
+  struct Bucket {
+    Layout layout;
+    at::Tensor error;          // this rank's input (with feedback), then what compression lost
+    at::Tensor first, second;  // packed: exact part and Ps; Qs
+  };
+  // A collective to issue, once `after` (if set) has been issued and has
+  // completed.
+  struct Step {
+    std::shared_ptr<WorkPtr> after;
+    std::function<void()> issue;
+  };
+
+  explicit Impl(Options o) : options(o) {}
+
+  Options options;
+  std::mutex mutex;  // everything below
+  std::map<size_t, Bucket> buckets;
+  int64_t steps = 0;
+  std::deque<Step> queue;
+  bool pumping = false, again = false;
+
+  // Issues the queued collectives whose predecessors are done, in order.
+  // Re-entrant calls (a collective that completes inside issue()) only
+  // ask the running pump to look again.
+  void pump() {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (pumping) {
+      again = true;
+      return;
+    }
+    pumping = true;
+    do {
+      again = false;
+      while (!queue.empty()) {
+        const Step& front = queue.front();
+        if (front.after && !(*front.after && (*front.after)->isCompleted())) break;
+        std::function<void()> issue = std::move(queue.front().issue);
+        queue.pop_front();
+        lock.unlock();
+        issue();
+        lock.lock();
+      }
+    } while (again);
+    pumping = false;
+  }
+
+  void enqueue(std::vector<Step> steps) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (Step& s : steps) queue.push_back(std::move(s));
+    }
+    pump();
+  }
+
+  Bucket& bucketFor(size_t index, const at::Tensor& buffer, const std::vector<at::Tensor>& parameters) {
+    Bucket& b = buckets[index];
+    if (!b.error.defined() || b.error.numel() != buffer.numel()) {
+      b.layout = planLayout(parameters, options);
+      b.error = at::zeros({buffer.numel()}, buffer.options());
+      b.first = at::empty({b.layout.firstNumel}, buffer.options());
+      b.second = at::empty({b.layout.secondNumel}, buffer.options());
+      for (size_t i = 0; i < b.layout.matrices.size(); ++i) {
+        Matrix& m = b.layout.matrices[i];
+        m.q = startingQ(m.cols, options.rank, 0x5eed0000ull + 7919ull * index + i, buffer.options());
+      }
+    }
+    return b;
+  }
+};
+
+PowerSgdHook::PowerSgdHook(Options options) : impl_(std::make_shared<Impl>(options)) {
+  if (options.rank < 1) fail<UsageError>("comm_hook.powersgd: rank must be >= 1, got {}", options.rank);
+  if (options.startSteps < 0) fail<UsageError>("comm_hook.powersgd: start_steps must be >= 0, got {}", options.startSteps);
+  DDP_CHECK(options.timeout.count() > 0, "PowerSgdHook: the timeout must be given");
+}
+
+PowerSgdHook::~PowerSgdHook() = default;
+
+PowerSgdHook::Sizes PowerSgdHook::sizesFor(const std::vector<at::Tensor>& parameters, const Options& options) {
+  const Layout layout = planLayout(parameters, options);
+  Sizes s;
+  s.compressed = layout.firstNumel + layout.secondNumel;
+  for (const at::Tensor& p : parameters) s.uncompressed += p.numel();
+  return s;
+}
+
+WorkPtr PowerSgdHook::run(ProcessGroup& group, GradBucket& bucket) {
+  const Options& o = impl_->options;
+  auto done = std::make_shared<Work>(
+      fmt::format("[rank {}/{}] powersgd bucket {} ({} x {})", group.rank(), group.size(), bucket.index,
+                  bucket.buffer.numel(), dtypeName(bucket.buffer)),
+      o.timeout);
+  ProcessGroup* g = &group;  // DDP keeps the group alive while its buckets' Works run
+  at::Tensor buffer = bucket.buffer;
+  const double world = static_cast<double>(group.size());
+  auto finishWith = [done](const WorkPtr& w) { done->finish(w->exception()); };
+
+  bool exact = false;
+  Impl::Bucket* state = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (bucket.index == 0) ++impl_->steps;
+    const bool floating = buffer.scalar_type() == at::kFloat || buffer.scalar_type() == at::kDouble;
+    exact = impl_->steps <= o.startSteps || !floating;
+    if (!exact) {
+      state = &impl_->bucketFor(bucket.index, buffer, bucket.parameters);
+      exact = state->layout.matrices.empty();
+    }
+  }
+  if (exact) {
+    impl_->enqueue({{nullptr, [g, buffer, done, o, finishWith]() mutable {
+                       AllreduceOptions opts;
+                       opts.op = ReduceOp::Avg;
+                       opts.timeout = o.timeout;
+                       WorkPtr w = g->allreduce(buffer, opts);
+                       w->onFinish([w, finishWith] { finishWith(w); });
+                     }}});
+    return done;
+  }
+
+  // Stage 1, here: error feedback, P = M Q, the exact part packed beside the Ps.
+  Impl::Bucket& b = *state;
+  {
+    at::NoGradGuard noGrad;
+    buffer.add_(b.error);
+    b.error.copy_(buffer);
+    for (const Exact& e : b.layout.exact) b.first.narrow(0, e.packedOffset, e.numel).copy_(buffer.narrow(0, e.offset, e.numel));
+    for (const Matrix& m : b.layout.matrices) {
+      at::Tensor p = b.first.narrow(0, m.pOffset, m.rows * o.rank).view({m.rows, o.rank});
+      at::mm_out(p, buffer.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols}), m.q);
+    }
+  }
+  AllreduceOptions sum;
+  sum.op = ReduceOp::Sum;
+  sum.timeout = o.timeout;
+  auto firstWork = std::make_shared<WorkPtr>();
+  // The callbacks hold the state (self) until the last collective is done,
+  // whatever happens to the hook.
+  std::shared_ptr<Impl> self = impl_;
+  Impl::Step first{nullptr, [g, self, &b, sum, firstWork] {
+                     *firstWork = g->allreduce(b.first, sum);
+                     (*firstWork)->onFinish([self] { self->pump(); });
+                   }};
+  // Stage 2, once the Ps are summed: the exact part averaged into the
+  // bucket, the Ps orthogonalized, Q = M^T P summed.
+  Impl::Step second{firstWork, [g, self, &b, buffer, world, sum, firstWork, done, o]() mutable {
+                      if (!(*firstWork)->isSuccess()) {
+                        done->finish((*firstWork)->exception());
+                        return;
+                      }
+                      try {
+                        at::NoGradGuard noGrad;
+                        for (const Exact& e : b.layout.exact) {
+                          buffer.narrow(0, e.offset, e.numel).copy_(b.first.narrow(0, e.packedOffset, e.numel)).div_(world);
+                        }
+                        for (const Matrix& m : b.layout.matrices) {
+                          at::Tensor p = b.first.narrow(0, m.pOffset, m.rows * o.rank).view({m.rows, o.rank});
+                          orthogonalize(p);
+                          at::Tensor mine = b.error.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
+                          at::Tensor q = b.second.narrow(0, m.qOffset, m.cols * o.rank).view({m.cols, o.rank});
+                          at::mm_out(q, mine.t(), p);
+                        }
+                      } catch (...) {
+                        done->finish(std::current_exception());
+                        return;
+                      }
+                      WorkPtr qs = g->allreduce(b.second, sum);
+                      // Stage 3: Q averaged and kept; the bucket becomes P Q^T;
+                      // the error, what that lost of this rank's input.
+                      qs->onFinish([qs, self, &b, buffer, world, done, o]() mutable {
+                        if (!qs->isSuccess()) {
+                          done->finish(qs->exception());
+                          return;
+                        }
+                        try {
+                          at::NoGradGuard noGrad;
+                          for (Matrix& m : b.layout.matrices) {
+                            at::Tensor q = b.second.narrow(0, m.qOffset, m.cols * o.rank).view({m.cols, o.rank});
+                            q.div_(world);
+                            m.q.copy_(q);
+                            at::Tensor p = b.first.narrow(0, m.pOffset, m.rows * o.rank).view({m.rows, o.rank});
+                            at::Tensor out = buffer.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
+                            at::mm_out(out, p, q.t());
+                            b.error.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols}).sub_(out);
+                          }
+                          for (const Exact& e : b.layout.exact) b.error.narrow(0, e.offset, e.numel).zero_();
+                          done->finish();
+                        } catch (...) {
+                          done->finish(std::current_exception());
+                        }
+                      });
+                    }};
+  impl_->enqueue({std::move(first), std::move(second)});
+  return done;
+}
+
+}  // namespace ddp::plugins
