@@ -1041,6 +1041,35 @@ TEST_CASE("the example plugin's plain torch::nn MLP trains on wine through the r
   CHECK(plain.history.back().trainLoss == Approx(fused.history.back().trainLoss).epsilon(1e-3));
 }
 
+TEST_CASE("a hook from a plugin library trains wine as the built-in average does", "[comm_hook][plugins][launcher]") {
+  const std::string dir = ddp::test::tempDir();
+  std::map<std::string, std::string> lastRecord;
+  for (const char* hook : {"allreduce", "sum_then_divide"}) {
+    const std::string experiment = dir + "/" + hook + ".json";
+    std::ofstream(experiment) << Json{
+        {"name", "hooked"},
+        {"plugins", Json::array({DDP_EXAMPLE_PLUGIN_PATH})},
+        {"dataset", {{"name", "wine"}}},
+        {"model", {{"name", "mlp"}, {"layers", {13, 32, 3}}}},
+        {"optimizer", {{"name", "adam"}, {"lr", 0.01}}},
+        {"loss", {{"name", "cross_entropy"}}},
+        {"training", {{"epochs", 10}, {"batch_size", 16}, {"seed", 3}}},
+        {"distributed", {{"nproc_per_node", 2}, {"comm_hook", hook}}}}.dump();
+    const auto o = ddp::test::runDdpRun(experiment + " --out " + dir + "/" + hook);
+    INFO(hook << ": " << o.output);
+    REQUIRE(o.exitCode == 0);
+    std::ifstream metrics(dir + "/" + hook + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(metrics, line)) {
+      if (!line.empty()) lastRecord[hook] = line;
+    }
+  }
+  const auto exact = Json::parse(lastRecord["allreduce"]);
+  const auto plugin = Json::parse(lastRecord["sum_then_divide"]);
+  CHECK(plugin["train_loss"].get<double>() == Approx(exact["train_loss"].get<double>()).epsilon(1e-4));
+  CHECK(plugin["test_accuracy"].get<double>() == exact["test_accuracy"].get<double>());
+}
+
 TEST_CASE("ddp-run refuses a plugin library built for another plugin API version, in one line", "[plugins][launcher]") {
   TempDir dir;
   const std::string experiment = dir.write("refused.json", R"({

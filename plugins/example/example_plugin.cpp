@@ -5,6 +5,8 @@
 //   model.plain_mlp  a plain torch::nn MLP: the model template to copy
 //   model.linear     a single Linear layer (logistic / linear regression)
 //   loss.smooth_l1   Huber-like loss for regression
+//   comm_hook.sum_then_divide  the exact average in two steps: the template
+//                    for a communication hook (distributed.comm_hook)
 // Only ddp's headers are needed: the symbols come from the loading program.
 //
 // A plugin library
@@ -100,6 +102,29 @@ ddp::LossFn makeSmoothL1(const ddp::Params& params) {
   };
 }
 
+// ---- comm_hook.sum_then_divide: the template for a communication hook -------------
+// A hook gets each gradient bucket as it becomes ready and returns the Work
+// of what it started; when that Work completes, the bucket must hold the
+// averaged gradient (framework/parallel/comm_hook.hpp). It must not wait
+// for its own Work: thenWork() runs a step after the collective instead.
+
+class SumThenDivide : public ddp::CommHook {
+ public:
+  explicit SumThenDivide(ddp::Milliseconds timeout) : timeout_(timeout) {}
+  ddp::WorkPtr run(ddp::ProcessGroup& group, ddp::GradBucket& bucket) override {
+    ddp::AllreduceOptions opts;
+    opts.op = ddp::ReduceOp::Sum;
+    opts.timeout = timeout_;
+    ddp::WorkPtr sum = group.allreduce(bucket.buffer, opts);
+    at::Tensor buffer = bucket.buffer;  // the tensor, not the reference: the callback runs later
+    const double world = group.size();
+    return ddp::thenWork(sum, timeout_, [buffer, world]() mutable { buffer.div_(world); });
+  }
+
+ private:
+  ddp::Milliseconds timeout_;
+};
+
 }  // namespace
 
 extern "C" void ddp_register_plugins(ddp::PluginRegistry& registry) {
@@ -113,4 +138,8 @@ extern "C" void ddp_register_plugins(ddp::PluginRegistry& registry) {
                 "smooth L1 (Huber-like) loss for regression (example plugin)",
                 {Param("beta", ParamType::Float, 1.0, "where the loss turns from quadratic to linear").above(0)},
                 makeSmoothL1});
+  registry.add({"sum_then_divide", "allreduce with Sum, then divide by the world size (example plugin)", {},
+                ddp::CommHookFactory([](const ddp::Params&, ddp::Milliseconds timeout) -> ddp::CommHookPtr {
+                  return std::make_shared<SumThenDivide>(timeout);
+                })});
 }
