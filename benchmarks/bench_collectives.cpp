@@ -65,6 +65,8 @@ struct Options {
   std::string jsonPath;
   int timeoutSeconds = 900;      // per implementation, all ranks together
   int collectiveTimeoutSeconds = 120;
+  std::string hosts;        // "HxR": ranks in a simulated cluster (sim_cluster.hpp)
+  std::string link = "1gbit";
 
   // Hidden: set by the launcher for the processes it starts.
   int workerRank = -1;
@@ -402,7 +404,23 @@ void printRatios(const json& records, const std::vector<std::string>& impls) {
   }
 }
 
-void runLauncher(const Options& o) {
+void runLauncher(Options o) {
+  std::unique_ptr<SimCluster> cluster;
+  HostLayout layout;
+  if (!o.hosts.empty()) {
+    layout = parseHostLayout(o.hosts);
+    const LinkProfile link = linkProfile(o.link);
+    if (auto why = SimCluster::unavailable()) {
+      std::cout << "SKIPPED: --hosts " << o.hosts << ": " << *why << "\n";
+      return;
+    }
+    o.worldSize = layout.worldSize();
+    cluster = std::make_unique<SimCluster>(layout.hosts, link);
+    std::cout << fmt::format("# simulated cluster: {} hosts x {} ranks ({} .. {}), {}\n", layout.hosts,
+                             layout.ranksPerHost, cluster->address(0), cluster->address(layout.hosts - 1),
+                             link.describe());
+    if (!cluster->note().empty()) std::cout << "# note: " << cluster->note() << "\n";
+  }
   if (o.worldSize < 2) throw BenchError("--world-size must be at least 2");
   if (o.iters < 1 || o.warmup < 0) throw BenchError("--iters must be at least 1 and --warmup at least 0");
   const auto ops = parseOps(o.ops);
@@ -427,7 +445,7 @@ void runLauncher(const Options& o) {
     std::cerr << fmt::format("running {} on {} ranks...\n", impl, o.worldSize);
     launchRanks(
         o.worldSize, [&](int rank) { return workerArguments(o, impl, rank, dir.path()); },
-        std::chrono::seconds(o.timeoutSeconds), dir.path(), impl);
+        std::chrono::seconds(o.timeoutSeconds), dir.path(), impl, cluster.get(), layout);
     for (auto& r : readJsonFile(resultsPath(dir.path(), impl))) records.push_back(r);
   }
   // Rows of one op and size next to each other, implementations in run order.
@@ -449,7 +467,9 @@ void runLauncher(const Options& o) {
                      {"time_us", r["time_us"]},
                      {"algbw_gbps", r["algbw_gbps"]},
                      {"busbw_gbps", r["busbw_gbps"]},
-                     {"supported", r["supported"]}});
+                     {"supported", r["supported"]},
+                     {"hosts", o.hosts.empty() ? "1x" + std::to_string(o.worldSize) : o.hosts},
+                     {"link", o.hosts.empty() ? "local" : o.link}});
     }
     writeJsonFile(o.jsonPath, out);
     std::cerr << "wrote " << o.jsonPath << "\n";
@@ -482,6 +502,11 @@ void registerCollectivesCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--collective-timeout", options->collectiveTimeoutSeconds,
                   "Seconds one collective (or the rendezvous) may take")
+      ->capture_default_str();
+  cmd->add_option("--hosts", options->hosts,
+                  "Run on a simulated cluster of HOSTSxRANKS (e.g. 2x2): network namespaces joined by shaped links "
+                  "(needs root; replaces --world-size)");
+  cmd->add_option("--link", options->link, "The simulated cluster's links: 10gbit, 1gbit or none")
       ->capture_default_str();
   // Worker flags: set by the launcher; an empty group hides them from --help.
   cmd->add_option("--worker-rank", options->workerRank)->group("");

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -23,6 +25,7 @@
 #include "framework/core/system.hpp"
 #include "backends/builtin.hpp"
 #include "framework/comm/backend_registry.hpp"
+#include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
 #include "framework/store/tcp_store.hpp"
 
@@ -167,8 +170,33 @@ bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 
 
 }  // namespace
 
+namespace {
+std::atomic<int> gStopSignal{0};
+extern "C" void recordStopSignal(int sig) { gStopSignal.store(sig); }
+}  // namespace
+
+void catchStopSignals() {
+  struct sigaction action {};
+  action.sa_handler = recordStopSignal;
+  sigemptyset(&action.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &action, nullptr);
+}
+
+int stopSignal() { return gStopSignal.load(); }
+
+std::string benchMasterAddr() {
+  const char* v = std::getenv("DDP_BENCH_MASTER_ADDR");
+  return v && *v ? v : "127.0.0.1";
+}
+
+std::string benchHostAddr() {
+  const char* v = std::getenv("DDP_BENCH_HOST_ADDR");
+  return v && *v ? v : "127.0.0.1";
+}
+
 void launchRanks(int worldSize, const std::function<std::vector<std::string>(int rank)>& argumentsForRank,
-                 std::chrono::seconds timeLimit, const std::string& errorDir, const std::string& tag) {
+                 std::chrono::seconds timeLimit, const std::string& errorDir, const std::string& tag,
+                 const SimCluster* cluster, HostLayout layout) {
   std::vector<pid_t> pids(worldSize, -1);
   std::vector<bool> running(worldSize, false);
   auto killRunning = [&] {
@@ -187,6 +215,16 @@ void launchRanks(int worldSize, const std::function<std::vector<std::string>(int
       options.program = "/proc/self/exe";
       options.argv = argumentsForRank(r);
       options.argv.insert(options.argv.begin(), "ddp-bench");
+      if (cluster) {
+        const int host = layout.hostOf(r);
+        options.argv[0] = std::filesystem::read_symlink("/proc/self/exe").string();
+        options.argv = cluster->wrap(host, options.argv);
+        options.program = options.argv[0];
+        EnvMap env = currentEnvironment();
+        env["DDP_BENCH_MASTER_ADDR"] = cluster->address(0);
+        env["DDP_BENCH_HOST_ADDR"] = cluster->address(host);
+        options.environment = std::move(env);
+      }
       // A worker must not outlive the launcher (e.g. when it is killed), or
       // it would hold the cores and ports of the next run.
       options.dieWithParent = true;
@@ -218,6 +256,10 @@ void launchRanks(int worldSize, const std::function<std::vector<std::string>(int
       }
     }
     if (remaining > 0 && failures.empty()) {
+      if (const int sig = stopSignal()) {
+        failures.push_back(fmt::format("stopped by signal {} ({})", sig, ::strsignal(sig)));
+        break;
+      }
       if (std::chrono::steady_clock::now() > deadline) {
         std::vector<int> stillRunning;
         for (int r = 0; r < worldSize; ++r) {
@@ -298,7 +340,7 @@ std::shared_ptr<ProcessGroup> workerGroup(const std::string& dir, const std::str
                                           const std::string& backend, std::chrono::milliseconds timeout,
                                           int deviceIndex) {
   TCPStoreOptions storeOptions;
-  storeOptions.host = "127.0.0.1";
+  storeOptions.host = benchMasterAddr();
   storeOptions.isServer = rank == 0;
   const std::string portFile = dir + "/port." + tag;
   storeOptions.port = storeOptions.isServer ? 0 : awaitPort(portFile, timeout, rank);
@@ -308,7 +350,7 @@ std::shared_ptr<ProcessGroup> workerGroup(const std::string& dir, const std::str
   if (storeOptions.isServer) publishPort(portFile, store->port());
   ProcessGroupOptions groupOptions;
   groupOptions.timeout = timeout;
-  groupOptions.masterAddr = "127.0.0.1";
+  groupOptions.masterAddr = benchMasterAddr();
   groupOptions.deviceIndex = deviceIndex;
   return builtinBackends().create(backend, store, rank, world, groupOptions);
 }

@@ -14,6 +14,7 @@
 #include "framework/core/strings.hpp"
 
 #include "framework/comm/process_group.hpp"
+#include "benchmarks/sim_cluster.hpp"
 
 namespace ddp::bench {
 
@@ -86,8 +87,24 @@ std::string workerErrorPath(const std::string& dir, const std::string& tag, int 
 // workerErrorPath(errorDir, tag, rank) if any. Workers are started with
 // spawnProcess (framework/launch/spawn.hpp); they inherit stdout, stderr
 // and the environment, and also die if this process dies.
+// With a `cluster`, rank r runs inside host layout.hostOf(r) of it, and
+// finds its peers through benchMasterAddr() and benchHostAddr().
 void launchRanks(int worldSize, const std::function<std::vector<std::string>(int rank)>& argumentsForRank,
-                 std::chrono::seconds timeLimit, const std::string& errorDir, const std::string& tag);
+                 std::chrono::seconds timeLimit, const std::string& errorDir, const std::string& tag,
+                 const SimCluster* cluster = nullptr, HostLayout layout = {});
+
+// For a worker: where rank 0's store listens (DDP_BENCH_MASTER_ADDR, set by
+// launchRanks on a simulated cluster; else 127.0.0.1), and this rank's own
+// address (DDP_BENCH_HOST_ADDR; else 127.0.0.1).
+std::string benchMasterAddr();
+std::string benchHostAddr();
+
+// From the first call on, SIGINT, SIGTERM and SIGHUP no longer kill this
+// process at once: they are recorded, and launchRanks then stops its
+// workers and throws BenchError naming the signal, so that destructors
+// (a SimCluster's teardown) run. stopSignal(): the signal, or 0.
+void catchStopSignals();
+int stopSignal();
 
 // For a worker: records `message` where launchRanks looks for it.
 void reportWorkerError(const std::string& dir, const std::string& tag, int rank, const std::string& message);

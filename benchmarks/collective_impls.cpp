@@ -50,7 +50,6 @@ std::optional<CollectiveOp> parseOp(const std::string& name) {
 
 namespace {
 
-constexpr const char* kLoopback = "127.0.0.1";
 
 #if DDP_HAVE_C10D_GLOO
 // The chunks of a flat tensor that belong to each rank.
@@ -68,7 +67,7 @@ class DdpCommunicator : public Communicator {
  public:
   DdpCommunicator(const std::string& backend, const Rendezvous& rendezvous, bool sharedMemory = true) {
     TCPStoreOptions storeOptions;
-    storeOptions.host = kLoopback;
+    storeOptions.host = benchMasterAddr();
     storeOptions.isServer = rendezvous.rank == 0;
     storeOptions.port = storeOptions.isServer ? 0 : awaitPort(rendezvous.portFile, rendezvous.timeout, rendezvous.rank);
     storeOptions.connectTimeout = rendezvous.timeout;
@@ -78,7 +77,7 @@ class DdpCommunicator : public Communicator {
 
     ProcessGroupOptions groupOptions;
     groupOptions.timeout = rendezvous.timeout;
-    groupOptions.masterAddr = kLoopback;
+    groupOptions.masterAddr = benchMasterAddr();
     groupOptions.sharedMemory = sharedMemory;
     group_ = builtinBackends().create(backend, store, rendezvous.rank, rendezvous.worldSize, groupOptions);
     store_ = std::move(store);
@@ -134,12 +133,12 @@ class C10dGlooCommunicator : public Communicator {
     // must not wait there for the others to connect.
     storeOptions.waitWorkers = false;
     storeOptions.timeout = rendezvous.timeout;
-    auto store = c10::make_intrusive<c10d::TCPStore>(kLoopback, storeOptions);
+    auto store = c10::make_intrusive<c10d::TCPStore>(benchMasterAddr(), storeOptions);
     if (storeOptions.isServer) publishPort(rendezvous.portFile, store->getPort());
     store_ = store;
 
     auto options = c10d::ProcessGroupGloo::Options::create(rendezvous.timeout);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(kLoopback));
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(benchHostAddr()));
     group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rendezvous.rank, rendezvous.worldSize, options);
   }
 

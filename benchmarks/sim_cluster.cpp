@@ -1,0 +1,193 @@
+#include "benchmarks/sim_cluster.hpp"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cctype>
+#include <sstream>
+
+#include "benchmarks/bench_util.hpp"
+#include "framework/launch/spawn.hpp"
+
+namespace ddp::bench {
+namespace {
+
+constexpr const char* kPrefix = "ddpsim";
+
+std::string findTool(const char* name) {
+  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) {
+    const std::string path = std::string(dir) + name;
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
+}
+
+std::string trimmed(const std::string& text) {
+  size_t end = text.find_last_not_of(" \n\r\t");
+  return end == std::string::npos ? "" : text.substr(0, end + 1);
+}
+
+// Runs `argv` (argv[0]: "ip" or "tc") and returns its output; a failure is
+// a BenchError quoting the command and what it printed.
+std::string runTool(std::vector<std::string> argv, bool mustSucceed = true) {
+  const std::string shown = fmt::format("{}", fmt::join(argv, " "));
+  SpawnOptions options;
+  options.program = findTool(argv[0].c_str());
+  if (options.program.empty()) throw BenchError(fmt::format("simulated cluster: {} not found", argv[0]));
+  options.argv = std::move(argv);
+  const FinishedProcess done = runProcess(std::move(options));
+  const bool ok = WIFEXITED(done.status) && WEXITSTATUS(done.status) == 0;
+  if (!ok && mustSucceed) {
+    throw BenchError(fmt::format("simulated cluster: `{}` failed: {}", shown, trimmed(done.output)));
+  }
+  return ok ? done.output : std::string();
+}
+
+std::vector<std::string> listNamespaces() {
+  std::vector<std::string> names;
+  std::istringstream lines(runTool({"ip", "netns", "list"}, /*mustSucceed=*/false));
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::string name;
+    if (words >> name) names.push_back(name);
+  }
+  return names;
+}
+
+void removeNamespace(const std::string& ns) {
+  std::istringstream pids(runTool({"ip", "netns", "pids", ns}, /*mustSucceed=*/false));
+  long pid = 0;
+  while (pids >> pid) ::kill(static_cast<pid_t>(pid), SIGKILL);
+  runTool({"ip", "netns", "delete", ns}, /*mustSucceed=*/false);
+}
+
+// Namespaces of SimClusters whose process is gone (killed before its
+// destructor ran).
+void removeStale() {
+  for (const std::string& ns : listNamespaces()) {
+    if (ns.rfind(kPrefix, 0) != 0) continue;
+    size_t i = std::string(kPrefix).size();
+    long pid = 0;
+    while (i < ns.size() && std::isdigit(static_cast<unsigned char>(ns[i]))) pid = pid * 10 + (ns[i++] - '0');
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) removeNamespace(ns);
+  }
+}
+
+// One side of a link: netem with half the one-way latency and the rate;
+// where the kernel has no netem, tbf with the rate alone. Returns false in
+// that case (the latency is not simulated).
+bool shape(const std::string& ns, const std::string& dev, const LinkProfile& link) {
+  if (link.gbitPerSecond <= 0 && link.latencyUs <= 0) return true;
+  const std::string rate = fmt::format("{}mbit", static_cast<long long>(link.gbitPerSecond * 1000));
+  std::vector<std::string> netem = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "limit", "100000"};
+  if (link.latencyUs > 0) netem.insert(netem.end(), {"delay", fmt::format("{}us", link.latencyUs / 2)});
+  if (link.gbitPerSecond > 0) netem.insert(netem.end(), {"rate", rate});
+  try {
+    runTool(netem);
+    return true;
+  } catch (const BenchError& e) {
+    if (std::string(e.what()).find("qdisc kind is unknown") == std::string::npos) throw;
+  }
+  if (link.gbitPerSecond > 0) {
+    // A bucket of 1 ms at the rate, and at least two 64 KiB segments (veth
+    // passes TSO segments whole), queued for up to 50 ms.
+    const long long burst = std::max<long long>(2 * 65536, static_cast<long long>(link.gbitPerSecond * 1e9 / 8 / 1000));
+    runTool({"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", std::to_string(burst),
+             "latency", "50ms"});
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string LinkProfile::describe() const {
+  if (gbitPerSecond <= 0 && latencyUs <= 0) return "unshaped veth links";
+  return fmt::format("{} Gbit/s, {} us one way", gbitPerSecond, latencyUs);
+}
+
+LinkProfile linkProfile(const std::string& name) {
+  if (name == "10gbit") return {name, 10, 50};
+  if (name == "1gbit") return {name, 1, 200};
+  if (name == "none") return {name, 0, 0};
+  throw BenchError(fmt::format("--link {}: unknown profile (known: 10gbit = 10 Gbit/s and 50 us, 1gbit = 1 Gbit/s and "
+                               "200 us, none = unshaped)",
+                               name));
+}
+
+HostLayout parseHostLayout(const std::string& text) {
+  HostLayout layout;
+  char x = 0, extra = 0;
+  std::istringstream in(text);
+  if (!(in >> layout.hosts >> x >> layout.ranksPerHost) || x != 'x' || (in >> extra) || layout.hosts < 1 ||
+      layout.ranksPerHost < 1 || layout.hosts > 16 || layout.ranksPerHost > 64) {
+    throw BenchError(fmt::format("--hosts {}: expected HOSTSxRANKS, e.g. 2x2 (1-16 hosts, 1-64 ranks each)", text));
+  }
+  return layout;
+}
+
+std::optional<std::string> SimCluster::unavailable() {
+  if (::geteuid() != 0) return std::string("network namespaces need root (ip netns add)");
+  if (findTool("ip").empty()) return std::string("ip not found (iproute2)");
+  if (findTool("tc").empty()) return std::string("tc not found (iproute2)");
+  return std::nullopt;
+}
+
+SimCluster::SimCluster(int hosts, LinkProfile link) : link_(std::move(link)) {
+  if (auto why = unavailable()) throw BenchError("simulated cluster: " + *why);
+  catchStopSignals();  // Ctrl-C or a timeout ends the run through the destructor
+  removeStale();
+  const int pid = static_cast<int>(::getpid());
+  prefix_ = fmt::format("{}{}", kPrefix, pid);
+  const std::string subnet = fmt::format("10.231.{}", pid % 250 + 1);
+  try {
+    switchNs_ = prefix_ + "sw";
+    runTool({"ip", "netns", "add", switchNs_});
+    runTool({"ip", "-n", switchNs_, "link", "add", "br0", "type", "bridge"});
+    runTool({"ip", "-n", switchNs_, "link", "set", "br0", "up"});
+    for (int h = 0; h < hosts; ++h) {
+      const std::string ns = fmt::format("{}h{}", prefix_, h);
+      const std::string port = fmt::format("port{}", h);
+      runTool({"ip", "netns", "add", ns});
+      namespaces_.push_back(ns);
+      addresses_.push_back(fmt::format("{}.{}", subnet, h + 1));
+      runTool({"ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", port, "netns", switchNs_});
+      runTool({"ip", "-n", ns, "addr", "add", addresses_.back() + "/24", "dev", "eth0"});
+      runTool({"ip", "-n", ns, "link", "set", "lo", "up"});
+      runTool({"ip", "-n", ns, "link", "set", "eth0", "up"});
+      runTool({"ip", "-n", switchNs_, "link", "set", port, "master", "br0"});
+      runTool({"ip", "-n", switchNs_, "link", "set", port, "up"});
+      const bool exact = shape(ns, "eth0", link_) & shape(switchNs_, port, link_);
+      if (!exact && link_.latencyUs > 0) {
+        note_ = fmt::format("this kernel has no netem (sch_netem): links are held to {} Gbit/s by tbf, without the "
+                            "{} us of latency",
+                            link_.gbitPerSecond, link_.latencyUs);
+      }
+    }
+  } catch (...) {
+    teardown();
+    throw;
+  }
+}
+
+SimCluster::~SimCluster() { teardown(); }
+
+void SimCluster::teardown() {
+  for (const std::string& ns : namespaces_) removeNamespace(ns);
+  if (!switchNs_.empty()) removeNamespace(switchNs_);
+  namespaces_.clear();
+  addresses_.clear();
+  switchNs_.clear();
+}
+
+std::vector<std::string> SimCluster::wrap(int host, const std::vector<std::string>& argv) const {
+  std::vector<std::string> out = {findTool("ip"), "netns", "exec", netns(host)};
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+}  // namespace ddp::bench

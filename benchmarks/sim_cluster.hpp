@@ -1,0 +1,80 @@
+// SimCluster: a cluster on this machine that behaves like a network, for
+// measuring the cross-host path without one.
+//
+// H "hosts" are network namespaces, each with one address on a link to a
+// switch (a bridge in a namespace of its own). Every link is a veth pair
+// shaped by tc netem in both directions: a rate and half the one-way
+// latency on each side, so a packet from host to host meets the rate twice
+// (its link up, the peer's down) and the whole latency once. Ranks on one
+// host share its namespace, so they still find each other through shared
+// memory; between hosts, traffic only ever crosses those links.
+//
+// Contract
+// - Needs root, ip and tc (iproute2), and a kernel that allows network
+//   namespaces; unavailable() says why not, before anything is made.
+// - A kernel without netem (sch_netem) gets tbf instead: the rate is
+//   simulated, the latency is not, and note() says so.
+// - Everything it makes carries "ddpsim<pid>" in its name. The destructor
+//   kills what still runs in the namespaces and deletes them (the links
+//   and the bridge go with them). Once one exists, SIGINT, SIGTERM and
+//   SIGHUP end the run through that destructor (catchStopSignals). A
+//   SimCluster of a process killed outright is removed by the next one (its
+//   pid is gone), so nothing outlives a run for long.
+// - run(host, argv) gives the argv that starts a program inside a host.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::bench {
+
+// A link: rate and one-way host-to-host latency; none: an unshaped veth.
+struct LinkProfile {
+  std::string name;
+  double gbitPerSecond = 0;  // 0: not shaped
+  double latencyUs = 0;
+  std::string describe() const;  // "1 Gbit/s, 200 us one way"
+};
+// "10gbit" (10 Gbit/s, 50 us), "1gbit" (1 Gbit/s, 200 us), "none"; throws
+// BenchError naming the known ones otherwise.
+LinkProfile linkProfile(const std::string& name);
+
+// "2x2" -> {2 hosts, 2 ranks per host}; throws BenchError otherwise.
+struct HostLayout {
+  int hosts = 1;
+  int ranksPerHost = 1;
+  int worldSize() const { return hosts * ranksPerHost; }
+  int hostOf(int rank) const { return rank / ranksPerHost; }
+};
+HostLayout parseHostLayout(const std::string& text);
+
+class SimCluster {
+ public:
+  // Why a SimCluster cannot be made here, or nullopt when it can.
+  static std::optional<std::string> unavailable();
+
+  SimCluster(int hosts, LinkProfile link);
+  ~SimCluster();
+  SimCluster(const SimCluster&) = delete;
+  SimCluster& operator=(const SimCluster&) = delete;
+
+  int hosts() const { return static_cast<int>(namespaces_.size()); }
+  const std::string& address(int host) const { return addresses_.at(host); }
+  const std::string& netns(int host) const { return namespaces_.at(host); }
+  const LinkProfile& link() const { return link_; }
+  // What the links do not simulate here (no netem: rate only), or "".
+  const std::string& note() const { return note_; }
+  // `argv` run inside `host`'s namespace: {"ip", "netns", "exec", NS, argv...}.
+  std::vector<std::string> wrap(int host, const std::vector<std::string>& argv) const;
+
+ private:
+  void teardown();
+  LinkProfile link_;
+  std::string note_;
+  std::string prefix_;  // "ddpsim<pid>"
+  std::string switchNs_;
+  std::vector<std::string> namespaces_, addresses_;
+};
+
+}  // namespace ddp::bench
