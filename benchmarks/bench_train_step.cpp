@@ -82,6 +82,9 @@ struct Options {
   int timeoutSeconds = 600;
   std::string device = "cpu";  // or "cuda": rank r on cuda:r
   std::string backend;         // empty: gloo on cpu, nccl on cuda
+  std::vector<std::string> commHooks;  // DDP at world sizes > 1 once per hook; empty: the default only
+  std::string hosts;                   // "HxR": world size H*R on a simulated cluster (sim_cluster.hpp)
+  std::string link = "1gbit";
 
   // Hidden: set by the launcher for the processes it starts.
   int workerRank = -1;
@@ -89,6 +92,7 @@ struct Options {
   bool workerWrap = false;
   std::string workerImpl;
   std::string workerDir;
+  std::string workerHook;
 };
 
 // One configuration to run: an implementation name, a world size, and
@@ -99,8 +103,10 @@ struct Config {
   bool wrap = false;
   double bucketCapMb = 25;
   bool overlap = true;
+  std::string hook;  // a comm_hook plugin; "": DDP's default
   std::string tag() const {
-    return fmt::format("{}.w{}.b{}{}", impl, worldSize, bucketCapMb, overlap ? "" : ".seq");
+    return fmt::format("{}.w{}.b{}{}{}", impl, worldSize, bucketCapMb, overlap ? "" : ".seq",
+                       hook.empty() ? "" : "." + hook);
   }
 };
 
@@ -108,7 +114,7 @@ struct Config {
 
 // The worker's Config::tag(), from its flags.
 std::string workerTag(const Options& o) {
-  return Config{o.workerImpl, o.workerWorld, o.workerWrap, o.bucketCapMb, !o.noOverlap}.tag();
+  return Config{o.workerImpl, o.workerWorld, o.workerWrap, o.bucketCapMb, !o.noOverlap, o.workerHook}.tag();
 }
 
 std::string resultsPath(const std::string& dir, const std::string& tag) { return dir + "/results." + tag + ".json"; }
@@ -296,6 +302,17 @@ void runWorker(const Options& o) {
     DdpOptions ddpOptions;
     ddpOptions.bucketCapBytes = static_cast<size_t>(o.bucketCapMb * 1024 * 1024);
     ddpOptions.overlap = !o.noOverlap;
+    if (!o.workerHook.empty()) {
+      // The plugin's defaults, except that PowerSGD compresses from the
+      // first step: exact warm-up steps would be timed as compressed ones.
+      const PluginSpec& spec = builtinPlugins().get(PluginKind::CommHook, o.workerHook);
+      Json values = Json::object();
+      for (const auto& p : spec.params) {
+        if (!p.defaultValue.is_null()) values[p.name] = p.defaultValue;
+      }
+      if (o.workerHook == "powersgd") values["start_steps"] = 0;
+      ddpOptions.commHook = spec.commHook(Params(values), timeout);
+    }
     ddpModel = std::make_unique<DistributedDataParallel>(model, group, ddpOptions);
   }
   auto optimizer = buildOptimizer(setup, model->parameters());
@@ -380,6 +397,8 @@ void runWorker(const Options& o) {
                        {"device", o.device},
                        {"backend", o.workerWorld > 1 && o.workerWrap ? backendFor(o) : "-"},
                        {"overlap", !o.noOverlap},
+                       {"comm_hook", o.workerHook.empty() ? "allreduce" : o.workerHook},
+                       {"hosts", o.hosts},
                        {"forward_ms", median(forwardTimes) * 1e3},
                        {"backward_ms", median(backwardTimes) * 1e3},
                        {"optimizer_ms", median(optimizerTimes) * 1e3},
@@ -402,6 +421,8 @@ std::vector<std::string> workerArguments(const Options& o, const Config& c, int 
                                    "--worker-dir", dir,
                                    "--device", o.device};
   if (!o.backend.empty()) args.insert(args.end(), {"--backend", o.backend});
+  if (!c.hook.empty()) args.insert(args.end(), {"--worker-hook", c.hook});
+  if (!o.hosts.empty() && c.worldSize > 1) args.insert(args.end(), {"--hosts", o.hosts, "--link", o.link});
   if (c.wrap) args.push_back("--worker-wrap");
   if (!c.overlap) args.push_back("--no-overlap");
   return args;
@@ -449,7 +470,30 @@ void printScaling(const json& records) {
   }
 }
 
-void runLauncher(const Options& o) {
+void runLauncher(Options o) {
+  std::unique_ptr<SimCluster> cluster;
+  HostLayout layout;
+  if (!o.hosts.empty()) {
+    layout = parseHostLayout(o.hosts);
+    const LinkProfile link = linkProfile(o.link);
+    if (auto why = SimCluster::unavailable()) {
+      std::cout << "SKIPPED: --hosts " << o.hosts << ": " << *why << "\n";
+      return;
+    }
+    if (layout.worldSize() < 2) throw BenchError("--hosts must give at least 2 ranks");
+    o.worldSizes = {1, layout.worldSize()};
+    o.noReference = true;
+    cluster = std::make_unique<SimCluster>(layout.hosts, link);
+    std::cout << fmt::format("# simulated cluster: {} hosts x {} ranks, {}; world size 1 runs outside it\n",
+                             layout.hosts, layout.ranksPerHost, link.describe());
+    if (!cluster->note().empty()) std::cout << "# note: " << cluster->note() << "\n";
+  }
+  for (const auto& hook : o.commHooks) {
+    if (!builtinPlugins().has(PluginKind::CommHook, hook)) {
+      fail<BenchError>("--comm-hooks: unknown hook \"{}\" (known: {})", hook,
+                       joinNames(builtinPlugins().names(PluginKind::CommHook)));
+    }
+  }
   if (o.steps < 1 || o.warmup < 0 || o.repeats < 1) {
     throw BenchError("--steps and --repeats must be at least 1, --warmup at least 0");
   }
@@ -470,6 +514,9 @@ void runLauncher(const Options& o) {
     // At world size 1 "ddp" is the bare model (as DDP users run one rank);
     // the wrapped variant shows what the wrapper itself costs.
     configs.push_back({"ddp", w, w > 1, o.bucketCapMb, !o.noOverlap});
+    for (const auto& hook : o.commHooks) {
+      if (w > 1 && hook != "allreduce") configs.push_back({"ddp+" + hook, w, true, o.bucketCapMb, !o.noOverlap, hook});
+    }
     if (w == 1) configs.push_back({"ddp-w1-wrapped", 1, true, o.bucketCapMb, !o.noOverlap});
     if (w > 1) configs.push_back({"independent", w, false, o.bucketCapMb, !o.noOverlap});
   }
@@ -493,7 +540,8 @@ void runLauncher(const Options& o) {
       std::filesystem::remove(dir.path() + "/port." + c.tag());  // the previous repeat's store port
       launchRanks(
           c.worldSize, [&](int rank) { return workerArguments(o, c, rank, dir.path()); },
-          std::chrono::seconds(o.timeoutSeconds), dir.path(), c.tag());
+          std::chrono::seconds(o.timeoutSeconds), dir.path(), c.tag(), c.worldSize > 1 ? cluster.get() : nullptr,
+          layout);
       json record = readJsonFile(results);
       if (record["max_param_diff"].get<double>() != 0) {
         fail<BenchError>("{} on {} ranks: after {} steps the ranks' parameters differ from rank 0's by up to {}",
@@ -564,6 +612,19 @@ void runLauncher(const Options& o) {
                              setup.name == "mlp" ? "0.6" : "0.9");
   }
   printScaling(records);
+  // Each hook against the exact average, at the largest world size, same run.
+  const int top = *std::max_element(o.worldSizes.begin(), o.worldSizes.end());
+  if (const json* exact = findRecord(records, "ddp", top)) {
+    for (const auto& hook : o.commHooks) {
+      if (const json* hooked = findRecord(records, "ddp+" + hook, top)) {
+        std::cout << fmt::format("speed-up of {} over the exact allreduce at world {}{}: {:.2f}x (step {:.2f} ms "
+                                 "against {:.2f} ms)\n",
+                                 hook, top, o.hosts.empty() ? "" : " (" + o.hosts + ", " + o.link + ")",
+                                 (*exact)["step_ms"].get<double>() / (*hooked)["step_ms"].get<double>(),
+                                 (*hooked)["step_ms"].get<double>(), (*exact)["step_ms"].get<double>());
+      }
+    }
+  }
   if (!o.jsonPath.empty()) {
     writeJsonFile(o.jsonPath, records);
     std::cerr << "wrote " << o.jsonPath << "\n";
@@ -601,8 +662,18 @@ void registerTrainStepCommand(CLI::App& app) {
   cmd->add_option("--backend", options->backend, "Backend for world sizes above 1 (default: gloo on cpu, nccl on cuda)");
   cmd->add_option("--timeout", options->timeoutSeconds, "Seconds all ranks of one configuration may take")
       ->capture_default_str();
+  cmd->add_option("--comm-hooks", options->commHooks,
+                  "Comma-separated comm_hook plugins (allreduce, fp16, bf16, powersgd): DDP once per hook at world "
+                  "sizes above 1 (powersgd from its first step)")
+      ->delimiter(',');
+  cmd->add_option("--hosts", options->hosts,
+                  "Run world size HOSTS*RANKS on a simulated cluster of HOSTSxRANKS (e.g. 2x1; needs root; replaces "
+                  "--world-sizes by 1 and that, without the PyTorch reference)");
+  cmd->add_option("--link", options->link, "The simulated cluster's links: 10gbit, 1gbit or none")
+      ->capture_default_str();
   // Worker flags: set by the launcher; an empty group hides them from --help.
   cmd->add_option("--worker-rank", options->workerRank)->group("");
+  cmd->add_option("--worker-hook", options->workerHook)->group("");
   cmd->add_option("--worker-world", options->workerWorld)->group("");
   cmd->add_flag("--worker-wrap", options->workerWrap)->group("");
   cmd->add_option("--worker-impl", options->workerImpl)->group("");

@@ -230,12 +230,16 @@ WorkPtr PowerSgdHook::run(ProcessGroup& group, GradBucket& bucket) {
   Impl::Bucket& b = *state;
   {
     at::NoGradGuard noGrad;
-    buffer.add_(b.error);
-    b.error.copy_(buffer);
-    for (const Exact& e : b.layout.exact) b.first.narrow(0, e.packedOffset, e.numel).copy_(buffer.narrow(0, e.offset, e.numel));
+    // error becomes this step's input M (gradient + last step's loss; the
+    // exact parts' error is zero), in one pass; the bucket is rewritten
+    // from the results.
+    b.error.add_(buffer);
+    for (const Exact& e : b.layout.exact) {
+      b.first.narrow(0, e.packedOffset, e.numel).copy_(b.error.narrow(0, e.offset, e.numel));
+    }
     for (const Matrix& m : b.layout.matrices) {
       at::Tensor p = b.first.narrow(0, m.pOffset, m.rows * o.rank).view({m.rows, o.rank});
-      at::mm_out(p, buffer.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols}), m.q);
+      at::mm_out(p, b.error.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols}), m.q);
     }
   }
   AllreduceOptions sum;

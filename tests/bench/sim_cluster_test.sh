@@ -41,6 +41,24 @@ PY
 [ "$(leftovers)" -eq 0 ] || fail "namespaces left after a normal end: $(ip netns list | grep ddpsim)"
 echo "ok: verified, held to the link's rate, nothing left"
 
+echo "== train-step on 2 hosts with each compression hook"
+rc=0
+timeout -k 5 240 "$bench" train-step --hosts 2x1 --link 1gbit --comm-hooks bf16,powersgd --steps 2 --warmup 1 \
+  --repeats 1 --json "$out/step.json" >"$out/step.log" 2>&1 || rc=$?
+sed 's/^/  | /' "$out/step.log"
+[ "$rc" -eq 0 ] || fail "ddp-bench train-step --hosts 2x1 exited with $rc"
+python3 - "$out/step.json" <<'PY'
+import json, sys
+records = {(r["impl"], r["world_size"]): r for r in json.load(open(sys.argv[1]))}
+for impl in ("ddp", "ddp+bf16", "ddp+powersgd"):
+    r = records[(impl, 2)]
+    assert r["hosts"] == "2x1" and r["step_ms"] > 0, r
+    assert r["comm_hook"] == {"ddp": "allreduce", "ddp+bf16": "bf16", "ddp+powersgd": "powersgd"}[impl], r
+print("train-step records:", sorted(k[0] for k in records))
+PY
+grep -q "speed-up of powersgd over the exact allreduce at world 2 (2x1, 1gbit)" "$out/step.log" || fail "no speed-up line"
+[ "$(leftovers)" -eq 0 ] || fail "namespaces left after train-step: $(ip netns list | grep ddpsim)"
+
 long_run() {
   "$bench" collectives --hosts 2x1 --link 1gbit --ops allreduce --min-bytes 64M --max-bytes 64M --warmup 50 \
     --iters 50 --impls gloo-tcp >"$out/$1.log" 2>&1 &
