@@ -515,7 +515,27 @@ TEST_CASE("a missing rank makes a collective fail within its timeout", "[collect
   CHECK(errors[0].find("gloo allreduce #0") != std::string::npos);
   CHECK(errors[0].find("1000 elements") != std::string::npos);
   CHECK(errors[0].find("timeout 1500 ms") != std::string::npos);
+  CHECK(errors[0].find("rank 1 did not arrive before the timeout") != std::string::npos);
   CHECK(elapsed < std::chrono::seconds(10));
+}
+
+TEST_CASE("a collective that times out names the rank that did not come on either path", "[collectives][errors]") {
+  ProcessGroupOptions options;
+  options.sharedMemory = GENERATE(true, false);
+  // 1000 elements fit a TCP frame; 100000 take the ring after an empty frame.
+  const int64_t count = GENERATE(1000, 100000);
+  INFO("shared memory " << options.sharedMemory << ", " << count << " elements");
+  auto errors = runRanks("gloo", 3, [count](int rank, ProcessGroup& pg) {
+    if (rank == 2) return;  // never joins
+    at::Tensor t = at::ones({count});
+    pg.allreduce(t, {ReduceOp::Sum, std::chrono::milliseconds(1500)})->wait();
+  }, options);
+  REQUIRE(errors[2].empty());
+  for (int r = 0; r < 2; ++r) {
+    INFO(errors[r]);
+    CHECK(errors[r].find("rank 2 did not arrive before the timeout") != std::string::npos);
+    CHECK(errors[r].find("HINT:") != std::string::npos);
+  }
 }
 
 TEST_CASE("ranks that disagree fail clearly", "[collectives][errors]") {

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "backends/gloo/peer_wait.hpp"
 #include "backends/gloo/slots.hpp"
 #include "framework/core/errors.hpp"
 
@@ -61,7 +62,8 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
   uint8_t* frames = recvFrames_[mine.seq % 2].data();
   std::vector<const uint8_t*> payloads(size_, nullptr);
   for (int from : peersIn()) {
-    recvBuffers_[mine.seq % 2][from]->waitRecv(remaining(deadline));
+    waitRecvFrom(*recvBuffers_[mine.seq % 2][from], from, deadline,
+                 fmt::format("its frame of collective #{} was not received", mine.seq));
     const uint8_t* frame = frames + static_cast<size_t>(from) * kFrameBytes;
     Descriptor theirs;
     std::memcpy(&theirs, frame, sizeof(theirs));

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "backends/gloo/peer_wait.hpp"
 #include "backends/gloo/slots.hpp"
 #include "framework/core/errors.hpp"
 
@@ -81,7 +82,7 @@ void Ring::reduceScatter(uint8_t* data, size_t count, size_t elementSize, int re
   for (int s = 0; s < n - 1; ++s) {
     const bool last = s == n - 2;
     forChunks(mod(rank_ - s - 2), [&](size_t at, size_t len) {
-      scatterIn->waitRecv(remaining(deadline));
+      waitRecvFrom(*scatterIn, left, deadline, "the ring's reduce-scatter");
       reduce(data + at * elementSize, tmp + at * elementSize, len, reduceOp);
       if (!last) {
         scatterOut->send(right, scatterSlot, at * elementSize, len * elementSize);
@@ -97,7 +98,7 @@ void Ring::reduceScatter(uint8_t* data, size_t count, size_t elementSize, int re
     for (int s = 0; s < n - 1; ++s) {
       const bool last = s == n - 2;
       forChunks(mod(rank_ - s - 1), [&](size_t at, size_t len) {
-        gatherIn->waitRecv(remaining(deadline));
+        waitRecvFrom(*gatherIn, left, deadline, "the ring's allgather");
         if (!last) {
           gatherOut->send(right, gatherSlot, at * elementSize, len * elementSize);
           ++gatherSends;
