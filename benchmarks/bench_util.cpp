@@ -178,6 +178,7 @@ extern "C" void recordStopSignal(int sig) { gStopSignal.store(sig); }
 void catchStopSignals() {
   struct sigaction action {};
   action.sa_handler = recordStopSignal;
+  action.sa_flags = SA_RESETHAND;  // a second signal acts as if none were caught
   sigemptyset(&action.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &action, nullptr);
 }

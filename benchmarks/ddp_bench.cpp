@@ -3,8 +3,10 @@
 #include <CLI/CLI.hpp>
 
 #include <exception>
+#include <csignal>
 #include <iostream>
 
+#include "benchmarks/bench_util.hpp"
 #include "benchmarks/commands.hpp"
 #include "framework/core/malloc_tuning.hpp"
 
@@ -21,13 +23,21 @@ int main(int argc, char** argv) {
   ddp::bench::registerLmCommand(app);
   ddp::bench::registerStrategiesCommand(app);
 
+  int status = 0;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);  // also the path of CLI::RuntimeError from a failed subcommand
+    status = app.exit(e);  // also the path of CLI::RuntimeError from a failed subcommand
   } catch (const std::exception& e) {
     std::cerr << "ddp-bench: error: " << e.what() << "\n";
-    return 1;
+    status = 1;
   }
-  return 0;
+  // A run stopped by SIGINT/SIGTERM/SIGHUP (caught while a simulated
+  // cluster existed, then torn down) ends as that signal would have ended
+  // it: exit status 128 + signal, seen by the shell or the scheduler.
+  if (const int sig = ddp::bench::stopSignal()) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+  return status;
 }

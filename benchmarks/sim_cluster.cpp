@@ -1,13 +1,17 @@
 #include "benchmarks/sim_cluster.hpp"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cctype>
+#include <cstring>
 #include <sstream>
 
 #include "benchmarks/bench_util.hpp"
@@ -66,15 +70,35 @@ void removeNamespace(const std::string& ns) {
   runTool({"ip", "netns", "delete", ns}, /*mustSucceed=*/false);
 }
 
+// A SimCluster holds an exclusive flock on kLockDir/<prefix>.lock while it
+// exists; the lock goes with its process, however that ends.
+constexpr const char* kLockDir = "/run/ddpsim";
+
+std::string lockPath(const std::string& prefix) { return std::string(kLockDir) + "/" + prefix + ".lock"; }
+
+// Whether the SimCluster named `prefix` is gone: its lock file is missing or
+// can be locked. (A pid alone could be another process's by now, or live in
+// another pid namespace that shares /run/netns.)
+bool isStale(const std::string& prefix) {
+  const int fd = ::open(lockPath(prefix).c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return true;
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  ::close(fd);
+  return free;
+}
+
 // Namespaces of SimClusters whose process is gone (killed before its
 // destructor ran).
 void removeStale() {
   for (const std::string& ns : listNamespaces()) {
     if (ns.rfind(kPrefix, 0) != 0) continue;
     size_t i = std::string(kPrefix).size();
-    long pid = 0;
-    while (i < ns.size() && std::isdigit(static_cast<unsigned char>(ns[i]))) pid = pid * 10 + (ns[i++] - '0');
-    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) removeNamespace(ns);
+    while (i < ns.size() && std::isdigit(static_cast<unsigned char>(ns[i]))) ++i;
+    const std::string prefix = ns.substr(0, i);
+    if (isStale(prefix)) {
+      removeNamespace(ns);
+      ::unlink(lockPath(prefix).c_str());
+    }
   }
 }
 
@@ -84,14 +108,21 @@ void removeStale() {
 bool shape(const std::string& ns, const std::string& dev, const LinkProfile& link) {
   if (link.gbitPerSecond <= 0 && link.latencyUs <= 0) return true;
   const std::string rate = fmt::format("{}mbit", static_cast<long long>(link.gbitPerSecond * 1000));
-  std::vector<std::string> netem = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "limit", "100000"};
+  // netem's default queue of 1000 packets: a deeper one only adds delay.
+  std::vector<std::string> netem = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem"};
   if (link.latencyUs > 0) netem.insert(netem.end(), {"delay", fmt::format("{}us", link.latencyUs / 2)});
   if (link.gbitPerSecond > 0) netem.insert(netem.end(), {"rate", rate});
   try {
     runTool(netem);
     return true;
   } catch (const BenchError& e) {
-    if (std::string(e.what()).find("qdisc kind is unknown") == std::string::npos) throw;
+    // Kernels say "Specified qdisc kind is unknown", older ones
+    // "RTNETLINK answers: No such file or directory".
+    const std::string why = e.what();
+    if (why.find("qdisc kind is unknown") == std::string::npos &&
+        why.find("No such file or directory") == std::string::npos) {
+      throw;
+    }
   }
   if (link.gbitPerSecond > 0) {
     // A bucket of 1 ms at the rate, and at least two 64 KiB segments (veth
@@ -143,6 +174,11 @@ SimCluster::SimCluster(int hosts, LinkProfile link) : link_(std::move(link)) {
   removeStale();
   const int pid = static_cast<int>(::getpid());
   prefix_ = fmt::format("{}{}", kPrefix, pid);
+  ::mkdir(kLockDir, 0700);
+  lockFd_ = ::open(lockPath(prefix_).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lockFd_ < 0 || ::flock(lockFd_, LOCK_EX | LOCK_NB) != 0) {
+    throw BenchError(fmt::format("simulated cluster: cannot lock {}: {}", lockPath(prefix_), std::strerror(errno)));
+  }
   const std::string subnet = fmt::format("10.231.{}", pid % 250 + 1);
   try {
     switchNs_ = prefix_ + "sw";
@@ -150,6 +186,7 @@ SimCluster::SimCluster(int hosts, LinkProfile link) : link_(std::move(link)) {
     runTool({"ip", "-n", switchNs_, "link", "add", "br0", "type", "bridge"});
     runTool({"ip", "-n", switchNs_, "link", "set", "br0", "up"});
     for (int h = 0; h < hosts; ++h) {
+      if (stopSignal()) throw BenchError(fmt::format("stopped by signal {} while making the cluster", stopSignal()));
       const std::string ns = fmt::format("{}h{}", prefix_, h);
       const std::string port = fmt::format("port{}", h);
       runTool({"ip", "netns", "add", ns});
@@ -182,6 +219,11 @@ void SimCluster::teardown() {
   namespaces_.clear();
   addresses_.clear();
   switchNs_.clear();
+  if (lockFd_ >= 0) {
+    ::unlink(lockPath(prefix_).c_str());
+    ::close(lockFd_);
+    lockFd_ = -1;
+  }
 }
 
 std::vector<std::string> SimCluster::wrap(int host, const std::vector<std::string>& argv) const {

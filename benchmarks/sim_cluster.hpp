@@ -17,9 +17,11 @@
 // - Everything it makes carries "ddpsim<pid>" in its name. The destructor
 //   kills what still runs in the namespaces and deletes them (the links
 //   and the bridge go with them). Once one exists, SIGINT, SIGTERM and
-//   SIGHUP end the run through that destructor (catchStopSignals). A
-//   SimCluster of a process killed outright is removed by the next one (its
-//   pid is gone), so nothing outlives a run for long.
+//   SIGHUP end the run through that destructor (catchStopSignals; a second
+//   one kills at once). A SimCluster of a process killed outright is
+//   removed by the next one: each holds a flock on
+//   /run/ddpsim/ddpsim<pid>.lock while it lives, and namespaces whose lock
+//   is free are stale, whatever became of the pid.
 // - run(host, argv) gives the argv that starts a program inside a host.
 #pragma once
 
@@ -73,6 +75,7 @@ class SimCluster {
   LinkProfile link_;
   std::string note_;
   std::string prefix_;  // "ddpsim<pid>"
+  int lockFd_ = -1;     // flock on /run/ddpsim/<prefix>.lock: this cluster is alive
   std::string switchNs_;
   std::vector<std::string> namespaces_, addresses_;
 };

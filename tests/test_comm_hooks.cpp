@@ -183,6 +183,37 @@ TEST_CASE("powersgd's error feedback makes the accumulated update converge to th
   CHECK(at::equal(results[0].back(), results[1].back()));
 }
 
+TEST_CASE("powersgd recovers from a first step of zero gradients", "[comm_hook]") {
+  if (skipUnlessRunnable()) return;
+  // A zero gradient makes P and then Q zero; kept as the warm start, a
+  // zero Q would make every later P zero, and the matrix would never train.
+  const int64_t n = 16;
+  PowerSgdHook::Options o;
+  o.rank = 2;
+  o.startSteps = 0;
+  o.timeout = kTimeout;
+  std::vector<std::vector<at::Tensor>> results(2);
+  auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+    std::vector<at::Tensor> parameters = {at::zeros({n, n})};
+    auto hook = std::make_shared<PowerSgdHook>(o);
+    for (int step = 0; step < 4; ++step) {
+      at::Tensor buffer = step == 0 ? at::zeros({n * n}) : rankGradients(rank, n * n);
+      GradBucket bucket{0, buffer, parameters};
+      hook->run(pg, bucket)->wait();
+      results[rank].push_back(buffer.clone());
+    }
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+  const at::Tensor want = exactAverage(2, n * n);
+  CHECK(results[0][0].abs().max().item<double>() == 0);
+  for (int step = 1; step < 4; ++step) {
+    INFO("step " << step);
+    CHECK(results[0][step].isfinite().all().item<bool>());
+    CHECK(relativeError(results[0][step], want) < 0.9);  // a zero result would be 1
+  }
+}
+
 TEST_CASE("DDP with each hook: full-rank powersgd and fp16 match the exact gradients across buckets",
           "[comm_hook][ddp]") {
   if (skipUnlessRunnable()) return;
@@ -263,6 +294,14 @@ TEST_CASE("distributed.comm_hook names a hook, with its parameters, in the file 
   CHECK(object.distributed.commHook->params.getInt("rank") == 4);
   CHECK(object.distributed.commHook->params.getInt("start_steps") == 10);  // its default, filled in
   CHECK(object.resolved["distributed"]["comm_hook"]["start_steps"] == 10);
+
+  // --set switches the file's hook: its parameters go unless the new one declares them.
+  ExperimentConfig switched = parseExperimentConfig(with(R"("comm_hook": {"name": "powersgd", "rank": 4})"), "inline",
+                                                    ".", {"distributed.comm_hook=bf16"}, registry);
+  CHECK(switched.distributed.commHook->name == "bf16");
+  // The default hook is allowed under any strategy.
+  CHECK_NOTHROW(parseExperimentConfig(with(R"("comm_hook": "allreduce", "strategy": "zero2")"), "inline", ".", {},
+                                      registry));
 
   ExperimentConfig set = parseExperimentConfig(
       with(""), "inline", ".", {"distributed.comm_hook=powersgd", "distributed.comm_hook.rank=2"}, registry);

@@ -539,10 +539,15 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   auto choosePlugin = [&](const std::string& section, PluginKind kind, Json body,
                           bool optional) -> std::optional<std::pair<PluginChoice, Json>> {
     const std::string known = joinNames(registry.names(kind));  // "mlp, linear": for errors listing what exists
+    bool renamed = false;
     for (auto& o : overrides) {
       if (o.path == section + ".name" || o.path == section) {
-        if (body.is_null() || body.is_string()) body = Json::object();
-        if (body.is_object()) body["name"] = o.raw;
+        if (body.is_string()) body = Json{{"name", body}};
+        if (body.is_null()) body = Json::object();
+        if (body.is_object()) {
+          renamed = renamed || !body.contains("name") || body["name"] != o.raw;
+          body["name"] = o.raw;
+        }
         o.used = true;
       }
     }
@@ -564,6 +569,15 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
              close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)), known);
     }
     const PluginSpec& spec = registry.get(kind, name);
+    if (renamed) {
+      // Switched by --set: the file's parameters carry over where the new
+      // plugin declares them (an optimizer's lr), the others are dropped.
+      Json kept = Json{{"name", name}};
+      for (const auto& p : spec.params) {
+        if (body.contains(p.name)) kept[p.name] = body[p.name];
+      }
+      body = kept;
+    }
     Json params = v.validateSection(section, body, spec.params, {"name"});
     Json shownParams = params;
     params.erase("name");
@@ -624,7 +638,8 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.distributed.strategy = distributed["strategy"];
   config.distributed.fsdpBackwardPrefetch = distributed["fsdp_backward_prefetch"];
   config.distributed.fsdpUnitMb = distributed["fsdp_unit_mb"];
-  if (config.distributed.commHook && config.distributed.strategy != "ddp") {
+  if (config.distributed.commHook && config.distributed.commHook->name != "allreduce" &&
+      config.distributed.strategy != "ddp") {
     v.fail("distributed.comm_hook", "applies to distributed.strategy \"ddp\" only, not {}. HINT: remove the hook, or "
            "train with --set distributed.strategy=ddp (zero and fsdp reduce-scatter their gradients)",
            inQuotes(config.distributed.strategy));

@@ -338,13 +338,21 @@ void DistributedDataParallel::finishGradientSync() {
     launchReadyBucketsLocked(/*inBackward=*/false);
     DDP_CHECK(nextToLaunch_ == buckets_.size(), "not every bucket launched at finishGradientSync");
 
-    try {
-      for (auto& bucket : buckets_) {
-        if (bucket.work) bucket.work->wait();
+    // Every bucket's Work is waited for, even after one failed, so that
+    // nothing of this step (a hook's later stages) still writes into the
+    // buckets when the error reaches the caller.
+    std::exception_ptr failed;
+    for (auto& bucket : buckets_) {
+      if (!bucket.work) continue;
+      try {
+        bucket.work->wait();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
       }
-    } catch (...) {
+    }
+    if (failed) {
       resetStepLocked();
-      throw;
+      std::rethrow_exception(failed);
     }
 
     const bool failing = !unused.empty() && !options_.findUnusedParameters;

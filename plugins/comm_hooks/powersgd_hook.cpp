@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <deque>
 #include <functional>
 #include <map>
@@ -21,6 +22,7 @@ struct Matrix {
   int64_t pOffset = 0;  // in the first packed buffer, after the exact part
   int64_t qOffset = 0;  // in the second
   at::Tensor q;         // cols x rank
+  uint64_t seed = 0;    // of its starting Q, the same on every rank
 };
 
 // A gradient averaged exactly: its place in the bucket and in the first
@@ -72,16 +74,24 @@ Layout planLayout(const std::vector<at::Tensor>& parameters, const PowerSgdHook:
   return layout;
 }
 
-// Columns of `m` (n x r) made orthonormal in place (Gram-Schmidt). The
-// epsilon keeps a zero column (a gradient of zeros) at zero, not NaN.
+// Columns of `m` (n x r) made orthonormal in place: Gram-Schmidt, each
+// column projected off the earlier ones twice (once leaves rounding
+// error's worth of them). A column that is zero, or depends on the earlier
+// ones to rounding, becomes zero, not noise scaled up to length 1.
 void orthogonalize(at::Tensor m) {
   const int64_t r = m.size(1);
   for (int64_t i = 0; i < r; ++i) {
     at::Tensor col = m.narrow(1, i, 1);
-    col.div_(col.norm() + 1e-8);
-    if (i + 1 < r) {
-      at::Tensor rest = m.narrow(1, i + 1, r - i - 1);
-      rest.sub_(at::mm(col, at::mm(col.t(), rest)));
+    const double before = col.norm().item<double>();
+    if (i > 0) {
+      at::Tensor earlier = m.narrow(1, 0, i);
+      for (int pass = 0; pass < 2; ++pass) col.sub_(at::mm(earlier, at::mm(earlier.t(), col)));
+    }
+    const double after = col.norm().item<double>();
+    if (std::isfinite(after) && after > 0 && after > 1e-6 * before) {
+      col.div_(after);
+    } else {
+      col.zero_();
     }
   }
 }
@@ -103,6 +113,23 @@ at::Tensor startingQ(int64_t cols, int64_t rank, uint64_t seed, const at::Tensor
   return q;
 }
 
+void failOnce(const WorkPtr& done, std::exception_ptr error) {
+  if (done && !done->isCompleted()) done->finish(std::move(error));
+}
+
+// A collective's Work, or one that has already failed with what the call
+// threw: the steps that wait for it must see it complete either way.
+template <typename Call>
+WorkPtr issueOrFail(const std::string& what, Milliseconds timeout, Call call) {
+  try {
+    return call();
+  } catch (...) {
+    auto failed = std::make_shared<Work>(what, timeout);
+    failed->finish(std::current_exception());
+    return failed;
+  }
+}
+
 }  // namespace
 
 struct PowerSgdHook::Impl {
@@ -116,6 +143,7 @@ struct PowerSgdHook::Impl {
   struct Step {
     std::shared_ptr<WorkPtr> after;
     std::function<void()> issue;
+    WorkPtr done;  // the bucket's Work: failed if issue() throws
   };
 
   explicit Impl(Options o) : options(o) {}
@@ -142,10 +170,14 @@ struct PowerSgdHook::Impl {
       while (!queue.empty()) {
         const Step& front = queue.front();
         if (front.after && !(*front.after && (*front.after)->isCompleted())) break;
-        std::function<void()> issue = std::move(queue.front().issue);
+        Step step = std::move(queue.front());
         queue.pop_front();
         lock.unlock();
-        issue();
+        try {
+          step.issue();
+        } catch (...) {
+          failOnce(step.done, std::current_exception());
+        }
         lock.lock();
       }
     } while (again);
@@ -169,7 +201,8 @@ struct PowerSgdHook::Impl {
       b.second = at::empty({b.layout.secondNumel}, buffer.options());
       for (size_t i = 0; i < b.layout.matrices.size(); ++i) {
         Matrix& m = b.layout.matrices[i];
-        m.q = startingQ(m.cols, options.rank, 0x5eed0000ull + 7919ull * index + i, buffer.options());
+        m.seed = 0x5eed0000ull + 7919ull * index + i;
+        m.q = startingQ(m.cols, options.rank, m.seed, buffer.options());
       }
     }
     return b;
@@ -222,7 +255,8 @@ WorkPtr PowerSgdHook::run(ProcessGroup& group, GradBucket& bucket) {
                        opts.timeout = o.timeout;
                        WorkPtr w = g->allreduce(buffer, opts);
                        w->onFinish([w, finishWith] { finishWith(w); });
-                     }}});
+                     },
+                     done}});
     return done;
   }
 
@@ -246,62 +280,83 @@ WorkPtr PowerSgdHook::run(ProcessGroup& group, GradBucket& bucket) {
   sum.op = ReduceOp::Sum;
   sum.timeout = o.timeout;
   auto firstWork = std::make_shared<WorkPtr>();
+  const std::string what = done->description();
   // The callbacks hold the state (self) until the last collective is done,
   // whatever happens to the hook.
   std::shared_ptr<Impl> self = impl_;
-  Impl::Step first{nullptr, [g, self, &b, sum, firstWork] {
-                     *firstWork = g->allreduce(b.first, sum);
+  Impl::Step first{nullptr,
+                   [g, self, &b, sum, firstWork, what, o] {
+                     *firstWork = issueOrFail(what + " (P)", o.timeout, [&] { return g->allreduce(b.first, sum); });
                      (*firstWork)->onFinish([self] { self->pump(); });
-                   }};
+                   },
+                   done};
   // Stage 2, once the Ps are summed: the exact part averaged into the
-  // bucket, the Ps orthogonalized, Q = M^T P summed.
-  Impl::Step second{firstWork, [g, self, &b, buffer, world, sum, firstWork, done, o]() mutable {
-                      if (!(*firstWork)->isSuccess()) {
-                        done->finish((*firstWork)->exception());
-                        return;
-                      }
-                      try {
-                        at::NoGradGuard noGrad;
-                        for (const Exact& e : b.layout.exact) {
-                          buffer.narrow(0, e.offset, e.numel).copy_(b.first.narrow(0, e.packedOffset, e.numel)).div_(world);
-                        }
-                        for (const Matrix& m : b.layout.matrices) {
-                          at::Tensor p = b.first.narrow(0, m.pOffset, m.rows * o.rank).view({m.rows, o.rank});
-                          orthogonalize(p);
-                          at::Tensor mine = b.error.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
-                          at::Tensor q = b.second.narrow(0, m.qOffset, m.cols * o.rank).view({m.cols, o.rank});
-                          at::mm_out(q, mine.t(), p);
-                        }
-                      } catch (...) {
-                        done->finish(std::current_exception());
-                        return;
-                      }
-                      WorkPtr qs = g->allreduce(b.second, sum);
-                      // Stage 3: Q averaged and kept; the bucket becomes P Q^T;
-                      // the error, what that lost of this rank's input.
-                      qs->onFinish([qs, self, &b, buffer, world, done, o]() mutable {
-                        if (!qs->isSuccess()) {
-                          done->finish(qs->exception());
-                          return;
-                        }
-                        try {
-                          at::NoGradGuard noGrad;
-                          for (Matrix& m : b.layout.matrices) {
-                            at::Tensor q = b.second.narrow(0, m.qOffset, m.cols * o.rank).view({m.cols, o.rank});
-                            q.div_(world);
-                            m.q.copy_(q);
-                            at::Tensor p = b.first.narrow(0, m.pOffset, m.rows * o.rank).view({m.rows, o.rank});
-                            at::Tensor out = buffer.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
-                            at::mm_out(out, p, q.t());
-                            b.error.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols}).sub_(out);
-                          }
-                          for (const Exact& e : b.layout.exact) b.error.narrow(0, e.offset, e.numel).zero_();
-                          done->finish();
-                        } catch (...) {
-                          done->finish(std::current_exception());
-                        }
-                      });
-                    }};
+  // bucket, the Ps orthogonalized, Q = M^T P summed. The Q allreduce is
+  // issued whatever went wrong before it on this rank, so that every rank
+  // issues the same collectives; the bucket then fails with the first error.
+  Impl::Step second{
+      firstWork,
+      [g, self, &b, buffer, world, sum, firstWork, done, what, o]() mutable {
+        std::exception_ptr error = (*firstWork)->exception();
+        if (!error) {
+          try {
+            at::NoGradGuard noGrad;
+            for (const Exact& e : b.layout.exact) {
+              buffer.narrow(0, e.offset, e.numel).copy_(b.first.narrow(0, e.packedOffset, e.numel)).div_(world);
+            }
+            for (const Matrix& m : b.layout.matrices) {
+              at::Tensor p = b.first.narrow(0, m.pOffset, m.rows * o.rank).view({m.rows, o.rank});
+              orthogonalize(p);
+              at::Tensor mine = b.error.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
+              at::Tensor q = b.second.narrow(0, m.qOffset, m.cols * o.rank).view({m.cols, o.rank});
+              at::mm_out(q, mine.t(), p);
+            }
+          } catch (...) {
+            error = std::current_exception();
+          }
+        }
+        if (error) b.second.zero_();
+        WorkPtr qs = issueOrFail(what + " (Q)", o.timeout, [&] { return g->allreduce(b.second, sum); });
+        // Stage 3: Q averaged and kept; the bucket becomes P Q^T; the error,
+        // what that lost of this rank's input.
+        qs->onFinish([qs, self, &b, buffer, world, done, error, o]() mutable {
+          std::exception_ptr failure = error ? error : qs->exception();
+          if (!failure) {
+            try {
+              at::NoGradGuard noGrad;
+              for (Matrix& m : b.layout.matrices) {
+                at::Tensor q = b.second.narrow(0, m.qOffset, m.cols * o.rank).view({m.cols, o.rank});
+                q.div_(world);
+                at::Tensor p = b.first.narrow(0, m.pOffset, m.rows * o.rank).view({m.rows, o.rank});
+                at::Tensor out = buffer.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
+                at::mm_out(out, p, q.t());
+                at::Tensor lost = b.error.narrow(0, m.offset, m.rows * m.cols).view({m.rows, m.cols});
+                lost.sub_(out);
+                // A column of Q that is zero (a gradient of zeros, an
+                // underflow) or not finite would stay so, warm start after
+                // warm start: it starts afresh, the same on every rank.
+                at::Tensor norms = q.norm(2, {0});
+                const at::Tensor bad = norms.isfinite().logical_not().logical_or(norms.eq(0));
+                if (bad.any().item<bool>()) {
+                  q.copy_(at::where(bad.unsqueeze(0), startingQ(m.cols, o.rank, m.seed, q.options()), q));
+                  if (!lost.isfinite().all().item<bool>()) lost.zero_();
+                }
+                m.q.copy_(q);
+              }
+              for (const Exact& e : b.layout.exact) b.error.narrow(0, e.offset, e.numel).zero_();
+            } catch (...) {
+              failure = std::current_exception();
+            }
+          }
+          if (failure) {
+            b.error.zero_();  // what this step added is not carried into the next
+            failOnce(done, failure);
+          } else {
+            done->finish();
+          }
+        });
+      },
+      done};
   impl_->enqueue({std::move(first), std::move(second)});
   return done;
 }

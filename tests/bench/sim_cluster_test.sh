@@ -77,7 +77,7 @@ sleep 1
 kill -TERM "$pid"
 rc=0; wait "$pid" || rc=$?
 sed 's/^/  | /' "$out/term.log"
-[ "$rc" -ne 0 ] || fail "ddp-bench exited 0 after SIGTERM"
+[ "$rc" -eq 143 ] || fail "ddp-bench exited $rc after SIGTERM, not 143 (128 + SIGTERM)"
 grep -q "stopped by signal 15" "$out/term.log" || fail "the error does not name the signal"
 [ "$(leftovers)" -eq 0 ] || fail "namespaces left after SIGTERM: $(ip netns list | grep ddpsim)"
 echo "ok: exit $rc, the signal named, nothing left"
