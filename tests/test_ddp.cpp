@@ -752,3 +752,133 @@ TEST_CASE("the Python port of DistributedSampler gives the C++ sampler's indices
     CHECK(python == sampler.nextEpoch());
   }
 }
+
+TEST_CASE("uneven inputs: ranks without a batch shadow the step and the average counts only the others",
+          "[ddp][join]") {
+  if (skipUnlessRunnable()) return;
+  // 10 samples at 3 ranks, unpadded: rank 0 reads 4, ranks 1 and 2 read 3.
+  // Batches of 3: rank 0 has two steps (3 and 1 samples), the others one,
+  // so they shadow rank 0's second step.
+  constexpr int kWorld = 3;
+  const Data all = makeData(77, 10, 10, 3);
+  auto batchesOf = [&](int rank) {
+    std::vector<int64_t> mine;
+    for (int64_t i = rank; i < 10; i += kWorld) mine.push_back(i);
+    std::vector<std::vector<int64_t>> batches;
+    for (size_t b = 0; b < mine.size(); b += 3) {
+      batches.emplace_back(mine.begin() + b, mine.begin() + std::min(mine.size(), b + 3));
+    }
+    return batches;
+  };
+  auto take = [&](const at::Tensor& t, const std::vector<int64_t>& rows) {
+    return t.index_select(0, at::tensor(rows, at::kLong));
+  };
+  const size_t steps = batchesOf(0).size();
+  REQUIRE(steps == 2);
+  REQUIRE(batchesOf(1).size() == 1);
+
+  std::vector<std::vector<at::Tensor>> grads(kWorld), params(kWorld);
+  auto errors = runRanks(kBackend, kWorld, [&](int rank, ProcessGroup& pg) {
+    auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 8}, 3);
+    initParameters(*model, 9);
+    DdpOptions options;
+    options.bucketCapBytes = 200;  // several buckets
+    DistributedDataParallel ddp(model, borrow(pg), options);
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    const auto mine = batchesOf(rank);
+    for (size_t step = 0; step < steps; ++step) {
+      int contributors = 0;
+      for (int r = 0; r < kWorld; ++r) contributors += batchesOf(r).size() > step ? 1 : 0;
+      zeroGradients(opt);
+      ddp.setContributors(contributors);
+      if (step < mine.size()) {
+        lossOf(*model, take(all.x, mine[step]), take(all.y, mine[step])).backward();
+      } else {
+        ddp.shadowBackward();
+      }
+      ddp.finishGradientSync();
+      grads[rank].push_back(flatGradients(*model));
+      opt.step();
+    }
+    params[rank].push_back(flatParameters(*model));
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+
+  // The reference, in one process: each step, the mean of the contributing
+  // ranks' batch gradients, then the same SGD step.
+  auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 8}, 3);
+  initParameters(*model, 9);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  for (size_t step = 0; step < steps; ++step) {
+    at::Tensor sum;
+    int contributors = 0;
+    for (int r = 0; r < kWorld; ++r) {
+      const auto batches = batchesOf(r);
+      if (batches.size() <= step) continue;
+      zeroGradients(opt);
+      lossOf(*model, take(all.x, batches[step]), take(all.y, batches[step])).backward();
+      const at::Tensor g = flatGradients(*model);
+      sum = sum.defined() ? sum + g : g;
+      ++contributors;
+    }
+    const at::Tensor want = sum / contributors;
+    for (int r = 0; r < kWorld; ++r) {
+      INFO("step " << step << ", rank " << r);
+      CHECK(maxAbsDiff(grads[r][step], want) <= 1e-6);
+    }
+    // Apply the reference's mean gradient.
+    int64_t offset = 0;
+    for (auto& p : model->parameters()) {
+      p.mutable_grad() = want.narrow(0, offset, p.numel()).view(p.sizes()).clone();
+      offset += p.numel();
+    }
+    opt.step();
+  }
+  for (int r = 0; r < kWorld; ++r) CHECK(maxAbsDiff(params[r][0], flatParameters(*model)) <= 1e-6);
+}
+
+TEST_CASE("shadowBackward after a backward, and setContributors out of range, are UsageErrors", "[ddp][join]") {
+  if (skipUnlessRunnable()) return;
+  std::string twice, range;
+  auto errors = runRanks(kBackend, 1, [&](int, ProcessGroup& pg) {
+    auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 8}, 3);
+    DistributedDataParallel ddp(model, borrow(pg));
+    const Data data = makeData(1, 4, 10, 3);
+    lossOf(*model, data.x, data.y).backward();
+    try {
+      ddp.shadowBackward();
+    } catch (const UsageError& e) {
+      twice = e.what();
+    }
+    try {
+      ddp.setContributors(2);
+    } catch (const UsageError& e) {
+      range = e.what();
+    }
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+  CHECK_THAT(twice, Contains("shadowBackward()") && Contains("HINT:"));
+  CHECK_THAT(range, Contains("setContributors(2) outside 1..1"));
+}
+
+TEST_CASE("DistributedSampler without padding reads every sample exactly once per epoch", "[sampler][join]") {
+  for (int64_t n : {0, 2, 7, 10, 11}) {
+    for (int world = 1; world <= 4; ++world) {
+      INFO(n << " samples, " << world << " ranks");
+      std::vector<int64_t> seen;
+      for (int r = 0; r < world; ++r) {
+        DistributedSampler sampler(n, r, world, /*seed=*/3, /*shuffle=*/true, /*dropLast=*/false, /*pad=*/false);
+        const auto mine = sampler.indicesForEpoch(1);
+        CHECK(int64_t(mine.size()) == DistributedSampler::samplesFor(n, r, world, false, false));
+        CHECK(int64_t(mine.size()) == n / world + (r < n % world ? 1 : 0));
+        seen.insert(seen.end(), mine.begin(), mine.end());
+      }
+      std::sort(seen.begin(), seen.end());
+      std::vector<int64_t> all(static_cast<size_t>(n));
+      std::iota(all.begin(), all.end(), int64_t{0});
+      CHECK(seen == all);
+    }
+  }
+}

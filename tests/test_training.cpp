@@ -368,6 +368,44 @@ TEST_CASE("ddp-run trains wine on two ranks", "[training][launcher]") {
   CHECK(::stat((runDir + "/config.json").c_str(), &st) == 0);
 }
 
+// 142 training rows at 3 ranks are 48, 47 and 47 unpadded: in batches of
+// 47, rank 0 has two steps per epoch and the others one. They shadow the
+// second (training.join, the default), so the job ends, with rank 0's step
+// count; padded shards (join=false, or a strategy that cannot shadow) give
+// every rank 48 rows and two steps too.
+TEST_CASE("ddp-run at 3 ranks on uneven shards: ranks that run out shadow the last step", "[training][join]") {
+  const std::string base = "--nproc-per-node 3 " + std::string(DDP_SOURCE_DIR) +
+                           "/experiments/wine_ddp.json --set training.batch_size=47 --set training.epochs=3 "
+                           "--set training.save_every=0 --set training.eval_every=3";
+  struct Case {
+    const char* what;
+    const char* extra;
+    const char* logLine;  // expected in train.log, or ""
+  };
+  const Case cases[] = {
+      {"join (the default)", "", ""},
+      {"padded", " --set training.join=false", ""},
+      {"zero2 pads", " --set distributed.strategy=zero2",
+       "training.join: strategy zero2 cannot shadow steps; the 142 training samples are padded to 48 per rank"},
+  };
+  for (const Case& c : cases) {
+    const std::string runDir = tempDir() + "/run";
+    const auto o = runDdpRun(base + c.extra + " --out " + runDir);
+    INFO(c.what << ": " << o.output);
+    REQUIRE(o.exitCode == 0);
+    CHECK(o.seconds < 60);
+    CHECK(o.output.find("done: 6 steps") != std::string::npos);
+    Json last = lastMetrics(runDir);
+    REQUIRE(last.is_object());
+    CHECK(last["epoch"] == 3);
+    if (*c.logLine) {
+      std::ifstream log(runDir + "/train.log");
+      const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+      CHECK(text.find(c.logLine) != std::string::npos);
+    }
+  }
+}
+
 // fsdp's forward gathers units, so every rank must run as many forwards
 // as the others, also when evaluating: 359 test rows at 2 ranks are 180
 // and 179 forwards of one row, which hung before the trainer evened them

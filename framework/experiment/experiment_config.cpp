@@ -439,6 +439,10 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
       intParam("accumulate_grad_batches", 1, 1, "micro-batches per optimizer step"),
       intParam("threads", 0, 0, "intra-op threads per rank (0: cores / local ranks)"),
       boolParam("drop_last", false, "drop the last incomplete batch and shard"),
+      boolParam("join", true,
+                "uneven shards (drop_last false, a size the world does not divide): ranks that run out shadow their "
+                "peers' last steps and the gradients average over the ranks with data (strategy ddp); false: pad "
+                "the shards by repeating samples"),
       stringParam("on_nonfinite_loss", "stop", {"stop", "continue"},
                   "a NaN or infinite training loss: stop the run (exit code 3) or continue"),
       boolParam("checkpoint_on_signal", false,
@@ -613,6 +617,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.training.accumulateGradBatches = training["accumulate_grad_batches"];
   config.training.threads = training["threads"];
   config.training.dropLast = training["drop_last"];
+  config.training.join = training["join"];
   config.training.stopOnNonfiniteLoss = training["on_nonfinite_loss"] == "stop";
   config.training.checkpointOnSignal = training["checkpoint_on_signal"];
 

@@ -47,6 +47,9 @@ struct TrainingConfig {
   int64_t evalBatchSize = 512;
   int64_t threads = 0;     // intra-op threads per rank; 0 = leave as set (ddp-run: cores / ranks)
   bool dropLast = false;
+  // Uneven shards without padding; ranks that run out shadow the last steps
+  // (ParallelStrategy::shadowBackward). Strategies that cannot shadow pad.
+  bool join = true;
   bool stopOnNonfiniteLoss = true;  // training.on_nonfinite_loss: "stop" or "continue"
   // SIGTERM or SIGINT mid-training: finish the step, save a checkpoint of
   // that point on rank 0, exit 128+signal (trainer.hpp).

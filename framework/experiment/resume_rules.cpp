@@ -40,6 +40,7 @@ const Rule kRules[] = {
     {"training.batch_size", false, "the checkpoint's step count and sample position assume the old batch size"},
     {"training.accumulate_grad_batches", false, "the checkpoint's step count assumes the old accumulation"},
     {"training.drop_last", false, "the checkpoint's step count assumes the old batches"},
+    {"training.join", false, "the checkpoint's step count assumes the old shards (padded or not)"},
     {"distributed.strategy", true, "checkpoints hold the consolidated model and optimizer, which every strategy loads"},
     {"distributed.backend", true, "the checkpoint does not depend on the backend"},
     {"distributed.device", true, "the checkpoint is loaded onto the new device"},

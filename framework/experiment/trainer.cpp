@@ -306,6 +306,7 @@ struct Trainer::Impl {
   std::vector<double> baseLrs;
   std::unique_ptr<RunLog> log;
   std::unique_ptr<DistributedSampler> sampler;
+  bool join = false;  // unpadded shards; a rank that runs out shadows its peers' last steps
   std::vector<int64_t> testRows;  // this rank's shard of the test split
   int64_t startEpoch = 0;
   int64_t steps = 0;
@@ -472,8 +473,15 @@ void Trainer::build() {
   s.strategy = builtinStrategies().create(config.distributed.strategy, std::move(context));
 
   const int r = rank(), world = worldSize();
+  // Uneven inputs: unpadded shards where the strategy can shadow steps.
+  s.join = tc.join && !tc.dropLast && world > 1 && data.train->size() % world != 0 && s.strategy->supportsJoin();
+  if (tc.join && !tc.dropLast && world > 1 && data.train->size() % world != 0 && !s.join) {
+    s.log->line(fmt::format("training.join: strategy {} cannot shadow steps; the {} training samples are padded to "
+                            "{} per rank",
+                            s.strategy->name(), data.train->size(), (data.train->size() + world - 1) / world));
+  }
   s.sampler = std::make_unique<DistributedSampler>(data.train->size(), r, world, tc.seed, /*shuffle=*/true,
-                                                   tc.dropLast);
+                                                   tc.dropLast, /*pad=*/!s.join);
   s.sampler->setEpoch(s.startEpoch);
 
   // The test split, sharded: rank r evaluates samples r, r+w, ...; sums are reduced.
@@ -507,6 +515,26 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
   }
   s.resumeSums.clear();
   s.partialEpoch = false;
+  // Steps of this epoch per rank: with unpadded shards (s.join) a rank may
+  // have one step fewer than its peers; it shadows that step. Every rank
+  // knows every rank's count, so no collective decides it.
+  const int world = worldSize();
+  auto stepsOf = [&](int64_t samples) {
+    const int64_t b = tc.dropLast ? samples / tc.batchSize : (samples + tc.batchSize - 1) / tc.batchSize;
+    return (b + tc.accumulateGradBatches - 1) / tc.accumulateGradBatches;
+  };
+  std::vector<int64_t> rankSteps(static_cast<size_t>(world), stepsOf(myN));
+  if (s.join) {
+    for (int q = 0; q < world; ++q) {
+      rankSteps[static_cast<size_t>(q)] =
+          stepsOf(DistributedSampler::samplesFor(s.sampler->datasetSize(), q, world, tc.dropLast, /*pad=*/false));
+    }
+  }
+  auto contributorsAt = [&](int64_t stepInEpoch) {
+    return static_cast<int>(
+        std::count_if(rankSteps.begin(), rankSteps.end(), [&](int64_t n) { return n > stepInEpoch; }));
+  };
+  int64_t stepInEpoch = firstBatch / tc.accumulateGradBatches;
   for (int64_t b = firstBatch; b < usable && !s.stop; ++b) {
     const int64_t begin = b * tc.batchSize, len = std::min(tc.batchSize, myN - begin);
     const auto fetchStart = Clock::now();
@@ -516,6 +544,7 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
     s.dataSeconds += std::chrono::duration<double>(Clock::now() - fetchStart).count();
     const bool stepNow = (++micro % tc.accumulateGradBatches == 0) || b == usable - 1;
     at::Tensor loss = s.lossFn(s.model->forward(x), y);
+    if (s.join && stepNow) strategy.setContributors(contributorsAt(stepInEpoch));
     strategy.backward(tc.accumulateGradBatches > 1 ? loss / double(tc.accumulateGradBatches) : loss, stepNow);
     const double stepLoss = loss.item<double>();
     // Before the optimizer steps on it; an isfinite per micro-batch.
@@ -530,6 +559,7 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
       strategy.step();
       micro = 0;
       ++s.steps;
+      ++stepInEpoch;
       if (tc.maxSteps > 0 && s.steps >= tc.maxSteps) s.stop = true;
     }
     if (!s.stepCallbacks.empty()) {
@@ -540,6 +570,22 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
       s.stop = true;
       s.partialEpoch = b + 1 < usable;
       s.batchesDone = b + 1;
+    }
+  }
+  // This rank's data is used up while its peers still have a step: it
+  // shadows it (zero gradients that do not count in the average), then
+  // applies the averaged gradients like everyone.
+  const int64_t epochSteps = *std::max_element(rankSteps.begin(), rankSteps.end());
+  for (int64_t k = std::max(stepInEpoch, stepsOf(myN)); s.join && k < epochSteps && !s.stop; ++k) {
+    strategy.setContributors(contributorsAt(k));
+    strategy.shadowBackward();
+    strategy.step();
+    ++s.steps;
+    if (tc.maxSteps > 0 && s.steps >= tc.maxSteps) s.stop = true;
+    if (s.watchSignals && stopSignalAgreed()) {
+      s.stop = true;
+      s.partialEpoch = k + 1 < epochSteps;
+      s.batchesDone = usable;
     }
   }
   return {lossSum, double(seen)};

@@ -224,6 +224,32 @@ void DistributedDataParallel::onGradientReady(size_t index) {
   if (options_.overlap) launchReadyBucketsLocked(/*inBackward=*/true);
 }
 
+void DistributedDataParallel::shadowBackward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (inBackward_ || noSyncDepth_ > 0 || syncedPasses_ > 0 || localPasses_ > 0) {
+    fail<UsageError>(
+        "DDP: shadowBackward() is for a rank with no batch in this step; it must replace the step's backward passes, "
+        "outside noSync(). HINT: call it instead of loss.backward(), then finishGradientSync()");
+  }
+  anyBackward_ = true;
+  at::NoGradGuard noGrad;
+  for (Bucket& bucket : buckets_) bucket.buffer.zero_();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    usedSinceSync_[i] = true;
+    markReadyLocked(i);
+  }
+  ++syncedPasses_;
+  launchReadyBucketsLocked(/*inBackward=*/false);
+}
+
+void DistributedDataParallel::setContributors(int contributors) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (contributors < 1 || contributors > group_->size()) {
+    fail<UsageError>("DDP: setContributors({}) outside 1..{} (the world size)", contributors, group_->size());
+  }
+  contributors_ = contributors;
+}
+
 void DistributedDataParallel::onBackwardEnd() {
   std::lock_guard<std::mutex> lock(mutex_);
   inBackward_ = false;
@@ -284,6 +310,7 @@ void DistributedDataParallel::launchBucketLocked(size_t b, bool inBackward) {
 void DistributedDataParallel::resetStepLocked() {
   syncedPasses_ = 0;
   localPasses_ = 0;
+  contributors_ = group_->size();
   std::fill(readyThisStep_.begin(), readyThisStep_.end(), false);
   std::fill(usedSinceSync_.begin(), usedSinceSync_.end(), false);
   nextToLaunch_ = 0;
@@ -353,6 +380,13 @@ void DistributedDataParallel::finishGradientSync() {
     if (failed) {
       resetStepLocked();
       std::rethrow_exception(failed);
+    }
+    // The buckets hold the mean over every rank; with ranks that shadowed
+    // this step (zeros), the mean over those that contributed.
+    if (contributors_ < group_->size()) {
+      at::NoGradGuard noGrad;
+      const double scale = double(group_->size()) / double(contributors_);
+      for (auto& bucket : buckets_) bucket.buffer.mul_(scale);
     }
 
     const bool failing = !unused.empty() && !options_.findUnusedParameters;

@@ -133,6 +133,17 @@ class DistributedDataParallel {
 
   NoSyncGuard noSync() { return NoSyncGuard(this); }
 
+  // Uneven inputs (as PyTorch's Join): a rank that has no batch for a step
+  // its peers take calls shadowBackward() instead of backward: it issues
+  // the step's bucket collectives with zero gradients, so nobody waits.
+  // Then finishGradientSync() as usual.
+  void shadowBackward();
+  // How many ranks had a batch in the next synced step (default: all): the
+  // averaged gradients are rescaled from the mean over all ranks to the
+  // mean over those, so that shadowing ranks' zeros do not count. Every
+  // rank sets the same number; it holds for one step.
+  void setContributors(int contributors);
+
   // Replaces the bucket reduction (see comm_hook.hpp). Only before the
   // first backward pass; later it is a UsageError.
   void registerCommHook(CommHookPtr hook);
@@ -199,6 +210,7 @@ class DistributedDataParallel {
   std::vector<Param> params_;  // those that require grad, in registration order
   std::vector<Bucket> buckets_;
   CommHookPtr commHook_;
+  int contributors_ = 0;  // of the current step; the world size unless setContributors()
 
   // Step state, guarded by mutex_ (hooks may run on autograd's threads).
   mutable std::mutex mutex_;

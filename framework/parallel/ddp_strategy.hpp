@@ -23,6 +23,9 @@ class DdpStrategy : public ParallelStrategy {
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
   void step() override;
   void saveState(torch::serialize::OutputArchive* archive) override;
+  bool supportsJoin() const override { return true; }
+  void setContributors(int contributors) override { ddp_->setContributors(contributors); }
+  void shadowBackward() override { ddp_->shadowBackward(); }
 
   DistributedDataParallel& ddp() { return *ddp_; }
 

@@ -20,14 +20,26 @@ uint64_t boundedDraw(std::mt19937_64& rng, uint64_t bound) {
 
 }  // namespace
 
+int64_t DistributedSampler::samplesFor(int64_t datasetSize, int rank, int worldSize, bool dropLast, bool pad) {
+  if (dropLast) return datasetSize / worldSize;
+  if (pad) return (datasetSize + worldSize - 1) / worldSize;
+  return datasetSize > rank ? (datasetSize - rank + worldSize - 1) / worldSize : 0;
+}
+
 DistributedSampler::DistributedSampler(int64_t datasetSize, int rank, int worldSize, uint64_t seed, bool shuffle,
-                                       bool dropLast)
-    : datasetSize_(datasetSize), rank_(rank), worldSize_(worldSize), seed_(seed), shuffle_(shuffle), dropLast_(dropLast) {
+                                       bool dropLast, bool pad)
+    : datasetSize_(datasetSize),
+      rank_(rank),
+      worldSize_(worldSize),
+      seed_(seed),
+      shuffle_(shuffle),
+      dropLast_(dropLast),
+      pad_(pad) {
   if (datasetSize < 0) fail<UsageError>("DistributedSampler: dataset size must be >= 0, got {}", datasetSize);
   if (worldSize < 1 || rank < 0 || rank >= worldSize) {
     fail<UsageError>("DistributedSampler: rank {} is outside world size {}", rank, worldSize);
   }
-  samplesPerRank_ = dropLast_ ? datasetSize_ / worldSize_ : (datasetSize_ + worldSize_ - 1) / worldSize_;
+  samplesPerRank_ = samplesFor(datasetSize_, rank_, worldSize_, dropLast_, pad_);
 }
 
 std::vector<int64_t> DistributedSampler::indicesForEpoch(int64_t epoch) const {

@@ -10,7 +10,9 @@
 //   shards of one epoch are disjoint.
 // - Without dropLast every rank gets ceil(N / w) samples: the permutation
 //   is padded by repeating it from its start. With dropLast every rank gets
-//   floor(N / w) and the tail of the permutation is left out.
+//   floor(N / w) and the tail of the permutation is left out. With neither
+//   padding nor dropLast (pad false: uneven inputs, training.join), each
+//   sample is read once per epoch: ranks below N mod w get one more.
 // - nextEpoch() returns this rank's indices for the current epoch and moves
 //   to the next one, so the order changes every epoch without a call to
 //   setEpoch() (which is for resuming from a checkpoint).
@@ -24,7 +26,10 @@ namespace ddp {
 class DistributedSampler {
  public:
   DistributedSampler(int64_t datasetSize, int rank, int worldSize, uint64_t seed = 0, bool shuffle = true,
-                     bool dropLast = false);
+                     bool dropLast = false, bool pad = true);
+
+  // The samples rank `rank` gets per epoch, as the constructor computes it.
+  static int64_t samplesFor(int64_t datasetSize, int rank, int worldSize, bool dropLast, bool pad);
 
   // This rank's indices for epoch(), then advances the epoch.
   std::vector<int64_t> nextEpoch();
@@ -46,6 +51,7 @@ class DistributedSampler {
   uint64_t seed_;
   bool shuffle_;
   bool dropLast_;
+  bool pad_;
   int64_t samplesPerRank_;
   int64_t epoch_ = 0;
 };

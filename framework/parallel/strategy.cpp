@@ -14,6 +14,12 @@
 
 namespace ddp {
 
+void ParallelStrategy::shadowBackward() {
+  fail<UsageError>("strategy {} cannot shadow a step for a rank without a batch (uneven inputs). HINT: set "
+                   "training.join=false to pad the shards instead, or use distributed.strategy=ddp",
+                   name());
+}
+
 void StrategyRegistry::add(const std::string& name, StrategyFactory factory) {
   if (!factories_.emplace(name, std::move(factory)).second) {
     fail<UsageError>("parallel strategy \"{}\" is registered twice", name);

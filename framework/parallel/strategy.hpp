@@ -79,6 +79,16 @@ class ParallelStrategy {
   // Whether model()'s forward runs collectives (fsdp's gathers), so that
   // every rank must run the same number of forwards, evaluation included.
   virtual bool collectiveForward() const { return false; }
+  // Uneven inputs (training.join): in an optimizer step that some ranks
+  // have no batch for, every rank first calls setContributors(k) with the
+  // number of ranks that have one; those run backward() as usual, the
+  // others shadowBackward() instead, and all call step(). Gradients are
+  // then averaged over the k contributing ranks, and every rank applies
+  // them. A strategy that cannot shadow (supportsJoin() false) has its
+  // shards padded by the trainer instead.
+  virtual bool supportsJoin() const { return false; }
+  virtual void setContributors(int /*contributors*/) {}
+  virtual void shadowBackward();
 
   // What this rank holds between steps, in bytes, summed over the tensors
   // it keeps (a storage shared by several tensors counted once): for the
