@@ -177,7 +177,16 @@ std::string resultsPath(const std::string& dir, const std::string& impl) {
   return dir + "/results." + impl + ".json";
 }
 
-json measurementRecord(const std::string& impl, const Point& p, int worldSize, int iters, double seconds) {
+// nccl-tests' columns for one point: elements of the message, the reduce
+// operation ("none" where there is none) and the root (-1: none).
+int64_t pointCount(const Point& p) { return p.bytes / static_cast<int64_t>(sizeof(float)); }
+const char* pointRedop(const Point& p) {
+  return p.op == CollectiveOp::Allreduce || p.op == CollectiveOp::ReduceScatter ? "sum" : "none";
+}
+int pointRoot(const Point& p) { return p.op == CollectiveOp::Broadcast ? 0 : -1; }
+
+json measurementRecord(const std::string& impl, const Point& p, int worldSize, int iters, double seconds,
+                       bool verified) {
   const bool supported = !std::isnan(seconds);
   const double algbw = p.bytes / seconds / 1e9;
   auto number = [&](double v) { return supported ? json(v) : json(nullptr); };
@@ -185,6 +194,13 @@ json measurementRecord(const std::string& impl, const Point& p, int worldSize, i
               {"op", opName(p.op)},
               {"world_size", worldSize},
               {"bytes", p.bytes},
+              {"count", pointCount(p)},
+              {"dtype", "float32"},
+              {"redop", pointRedop(p)},
+              {"root", pointRoot(p)},
+              // Verified results that differ fail the run (verifyResult), so
+              // a verified record has none; null: not checked.
+              {"wrong", verified && supported ? json(0) : json(nullptr)},
               {"time_us", number(seconds * 1e6)},
               {"algbw_gbps", number(algbw)},
               {"busbw_gbps", number(algbw * busBandwidthFactor(p.op, worldSize))},
@@ -238,7 +254,7 @@ void runSweep(Communicator& comm, const Options& o, const std::vector<Collective
       const double seconds = measurePoint(comm, o, *point, rank);
       if (rank == 0) {
         const int iters = timedIterations(o, point->bytes);
-        records.push_back(measurementRecord(o.workerImpl, *point, o.worldSize, iters, seconds));
+        records.push_back(measurementRecord(o.workerImpl, *point, o.worldSize, iters, seconds, o.verify));
         // Progress, for long sweeps; stdout stays for the launcher's table.
         std::cerr << fmt::format("  {:<10} {:<15} {:>9}  {}\n", o.workerImpl, opName(op), formatBytes(point->bytes),
                                  std::isnan(seconds) ? "not supported" : fmt::format("{:.1f} us", seconds * 1e6));
@@ -359,14 +375,31 @@ std::vector<std::string> workerArguments(const Options& o, const std::string& im
 
 double numberOr(const json& value, double fallback) { return value.is_number() ? value.get<double>() : fallback; }
 
-void printTable(const json& records) {
-  Table table({"impl", "op", "bytes", "time_us", "algbw_gbps", "busbw_gbps"}, 2);
+// nccl-tests' table (size in bytes, count, type, redop, root, time,
+// algbw, busbw, #wrong), with the implementation and operation in front,
+// then each implementation's "Avg bus bandwidth" over the points it ran.
+void printTable(const json& records, const std::vector<std::string>& impls) {
+  Table table({"impl", "op", "size", "count", "type", "redop", "root", "time_us", "algbw_GB/s", "busbw_GB/s",
+               "#wrong"},
+              2);
   for (const auto& r : records) {
     table.addRow({r["impl"].get<std::string>(), r["op"].get<std::string>(), std::to_string(r["bytes"].get<int64_t>()),
-                  formatFixed(numberOr(r["time_us"], kNaN), 1), formatFixed(numberOr(r["algbw_gbps"], kNaN), 3),
-                  formatFixed(numberOr(r["busbw_gbps"], kNaN), 3)});
+                  std::to_string(r["count"].get<int64_t>()), "float", r["redop"].get<std::string>(),
+                  std::to_string(r["root"].get<int>()), formatFixed(numberOr(r["time_us"], kNaN), 1),
+                  formatFixed(numberOr(r["algbw_gbps"], kNaN), 3), formatFixed(numberOr(r["busbw_gbps"], kNaN), 3),
+                  r["wrong"].is_null() ? "N/A" : std::to_string(r["wrong"].get<int64_t>())});
   }
   std::cout << table.render();
+  for (const auto& impl : impls) {
+    double sum = 0;
+    int points = 0;
+    for (const auto& r : records) {
+      if (r["impl"] != impl || !r["supported"].get<bool>()) continue;
+      sum += r["busbw_gbps"].get<double>();
+      ++points;
+    }
+    if (points > 0) std::cout << fmt::format("# {:<10} Avg bus bandwidth    : {:.3f} GB/s\n", impl, sum / points);
+  }
 }
 
 // One line per (our backend, op, size): how it compares with c10d-gloo.
@@ -455,7 +488,7 @@ void runLauncher(Options o) {
   };
   std::stable_sort(records.begin(), records.end(), [&](const json& a, const json& b) { return rank(a) < rank(b); });
 
-  printTable(records);
+  printTable(records, impls);
   printRatios(records, impls);
   if (!o.jsonPath.empty()) {
     json out = json::array();
@@ -464,6 +497,11 @@ void runLauncher(Options o) {
                      {"op", r["op"]},
                      {"world_size", r["world_size"]},
                      {"bytes", r["bytes"]},
+                     {"count", r["count"]},
+                     {"dtype", r["dtype"]},
+                     {"redop", r["redop"]},
+                     {"root", r["root"]},
+                     {"wrong", r["wrong"]},
                      {"time_us", r["time_us"]},
                      {"algbw_gbps", r["algbw_gbps"]},
                      {"busbw_gbps", r["busbw_gbps"]},

@@ -32,9 +32,15 @@ sizes = {r["bytes"] for r in records}
 assert sizes == {4096, 16384, 65536}, sizes
 for r in records:
     assert not r["supported"] or r["time_us"] > 0, r
+    # nccl-tests' columns, and the dtype
+    assert r["dtype"] == "float32" and r["count"] * 4 == r["bytes"], r
+    assert r["redop"] == ("sum" if r["op"] in ("allreduce", "reduce_scatter") else "none"), r
+    assert r["root"] == (0 if r["op"] == "broadcast" else -1), r
+    assert r["wrong"] == (0 if r["supported"] else None), r
 assert all(r["supported"] for r in records if r["impl"] == "gloo"), "gloo lacks a collective"
 print("collectives:", sorted(impls), len(records), "records")
 PY
+grep -q "^# gloo .*Avg bus bandwidth    : [0-9.]* GB/s" "$out/collectives.log" || fail "no Avg bus bandwidth line for gloo"
 
 # Train step: 1 and 2 ranks, two repeats each, the machine's ceiling included.
 run train-step train-step --steps 2 --warmup 1 --repeats 2 --no-reference --json "$out/train-step.json"
