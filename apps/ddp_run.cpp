@@ -190,7 +190,8 @@ int main(int argc, char** argv) {
   app.add_option("--out", args.outDir, "run folder (default: runs/<name>-<time>)");
   app.add_flag("--resume", args.resume, "continue from the newest checkpoint in --out");
   app.add_flag("--list-plugins", args.listPlugins, "list datasets, models, optimizers, schedulers and losses");
-  app.add_option("--describe", args.describe, "describe one plugin's parameters, e.g. optimizer.adam");
+  app.add_option("--describe", args.describe,
+                 "describe one plugin's parameters (e.g. optimizer.adam), or a section: training, distributed, plugins");
   app.add_option("--nproc-per-node", args.nprocPerNode, "ranks to start on this node (launcher mode)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--nnodes", args.nnodes, "number of nodes in the job")->check(CLI::Range(1, 1 << 20));
@@ -271,7 +272,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (!args.describe.empty()) {
-      std::cout << registry.describe(args.describe);
+      if (auto text = ddp::describeSection(args.describe, registry)) {
+        std::cout << *text;
+      } else {
+        std::cout << registry.describe(args.describe);
+      }
       return 0;
     }
     if (!args.sample.runDir.empty()) {

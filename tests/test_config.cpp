@@ -275,3 +275,47 @@ TEST_CASE("a backend this machine cannot run is named before any rank starts", "
   }
   CHECK_FALSE(exists(dir + "/run"));
 }
+
+TEST_CASE("ddp-run --describe of the sections lists every key with its default", "[config]") {
+  struct Case {
+    const char* section;
+    std::vector<std::string> expected;
+  };
+  const Case cases[] = {
+      {"training", {"epochs", "batch_size", "drop_last", "join", "checkpoint_on_signal", "on_nonfinite_loss"}},
+      {"distributed", {"backend", "timeout_s", "300", "strategy", "fsdp_unit_mb", "comm_hook", "powersgd"}},
+      {"plugins", {"dataset", "model", "optimizer", "scheduler", "loss", "training", "distributed", "mlp", "adam"}},
+  };
+  for (const Case& c : cases) {
+    const auto o = runDdpRun(std::string("--describe ") + c.section);
+    INFO(c.section << ": " << o.output);
+    CHECK(o.exitCode == 0);
+    for (const auto& word : c.expected) CHECK(o.output.find(word) != std::string::npos);
+  }
+  // Every declared training and distributed key is listed.
+  const auto training = runDdpRun("--describe training").output;
+  for (const auto& spec : trainingParamSpecs()) CHECK(training.find(spec.name) != std::string::npos);
+  const auto distributed = runDdpRun("--describe distributed").output;
+  for (const auto& spec : distributedParamSpecs()) CHECK(distributed.find(spec.name) != std::string::npos);
+  // A default can be set explicitly (fsdp_unit_mb's 0 was refused as "> 0").
+  for (const auto& spec : distributedParamSpecs()) {
+    if (spec.defaultValue.is_null() || spec.name == "comm_hook") continue;
+    INFO(spec.name);
+    CHECK_NOTHROW(parseExperimentConfig(kValid, "inline", ".",
+                                        {"distributed." + spec.name + "=" + (spec.defaultValue.is_string()
+                                                                                 ? spec.defaultValue.get<std::string>()
+                                                                                 : spec.defaultValue.dump())},
+                                        builtinPlugins()));
+  }
+  for (const auto& spec : trainingParamSpecs()) {
+    INFO(spec.name);
+    CHECK_NOTHROW(parseExperimentConfig(kValid, "inline", ".",
+                                        {"training." + spec.name + "=" + (spec.defaultValue.is_string()
+                                                                              ? spec.defaultValue.get<std::string>()
+                                                                              : spec.defaultValue.dump())},
+                                        builtinPlugins()));
+  }
+  const auto wrong = runDdpRun("--describe trainig");
+  CHECK(wrong.exitCode == 2);
+  CHECK(wrong.output.find("or training, distributed, plugins") != std::string::npos);
+}

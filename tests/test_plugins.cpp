@@ -152,11 +152,11 @@ TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]"
   CHECK_THAT(typo, Contains("unknown optimizer 'adma'; did you mean 'adam'?"));
   CHECK_THAT(typo, Contains("known optimizers: adam, adamw, sgd"));
   const std::string noKind = usageErrorOf([&] { registry.describe("adam"); });
-  CHECK_THAT(noKind, StartsWith("cannot describe 'adam': expected KIND.NAME; did you mean 'optimizer.adam'? known "
+  CHECK_THAT(noKind, StartsWith("cannot describe 'adam': expected KIND.NAME, or training, distributed, plugins; did you mean 'optimizer.adam'? known "
                                 "plugins: dataset.csv, dataset.digits, dataset.npy, dataset.synthetic, dataset.text, dataset.wine, "
                                 "model.cnn, model.gpt, model.mlp, optimizer.adam,"));
   CHECK_THAT(usageErrorOf([&] { registry.describe("zzz"); }),
-             StartsWith("cannot describe 'zzz': expected KIND.NAME; known plugins: dataset.csv,"));
+             StartsWith("cannot describe 'zzz': expected KIND.NAME, or training, distributed, plugins; known plugins: dataset.csv,"));
   CHECK_THAT(noKind, Contains("optimizer.adam"));
   CHECK_THAT(noKind, Contains("dataset.wine"));
   CHECK_THAT(usageErrorOf([&] { registry.describe("optimiser.adam"); }), Contains("did you mean 'optimizer.adam'?"));

@@ -464,7 +464,7 @@ const std::vector<ParamSpec>& distributedParamSpecs() {
         stringParam("strategy", "ddp", {}, "how ranks share the training (parallel strategy)"),
         boolParam("fsdp_backward_prefetch", true,
                   "fsdp: gather the next unit for backward while one computes (faster, one unit more memory)"),
-        floatParam("fsdp_unit_mb", 0, 0, true,
+        floatParam("fsdp_unit_mb", 0, 0, false,
                    "fsdp: join the model's consecutive units until each holds this many MiB (0: each alone)"),
     };
     return s;
@@ -474,6 +474,37 @@ const std::vector<ParamSpec>& distributedParamSpecs() {
     if (spec.name == "strategy") spec.choices = builtinStrategies().names();
   }
   return specs;
+}
+
+std::optional<std::string> describeSection(const std::string& section, const PluginRegistry& registry) {
+  if (section == "training") {
+    return "training: how each rank trains (the experiment's \"training\" object; --set training.KEY=VALUE)\n" +
+           describeParams(trainingParamSpecs());
+  }
+  if (section == "distributed") {
+    const std::string hooks = joinNames(registry.names(PluginKind::CommHook));
+    return "distributed: how the ranks work together (the experiment's \"distributed\" object; --set "
+           "distributed.KEY=VALUE)\n" +
+           describeParams(distributedParamSpecs(),
+                          {{"comm_hook", "plugin", "(allreduce)", hooks,
+                            "how DDP averages gradient buckets: a name, or {\"name\": ..., params}; --describe "
+                            "comm_hook.NAME"}});
+  }
+  if (section == "plugins") {
+    std::vector<std::vector<std::string>> rows;
+    rows.push_back({"name", "string", "\"\"", "no / or ..", "names the run folder runs/<name>-<time>"});
+    rows.push_back({"description", "string", "\"\"", "", "a comment, kept in config.json"});
+    rows.push_back({"plugins", "list", "[]", "", "shared libraries of plugins to load first (paths from the file)"});
+    for (const auto& [key, kind] : kPluginSections) {
+      const bool optional = kind == PluginKind::Scheduler;
+      rows.push_back({key, "plugin", optional ? "(none)" : "(required)", joinNames(registry.names(kind)),
+                      fmt::format("a name, or {{\"name\": ..., params}}; --describe {}.NAME", pluginKindName(kind))});
+    }
+    rows.push_back({"training", "object", "{}", "", "--describe training"});
+    rows.push_back({"distributed", "object", "{}", "", "--describe distributed"});
+    return "the keys of an experiment file (JSON; any other key is refused)\n" + describeParams({}, rows);
+  }
+  return std::nullopt;
 }
 
 ExperimentConfig parseExperimentConfig(const std::string& text, const std::string& sourceName,

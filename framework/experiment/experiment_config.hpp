@@ -96,4 +96,9 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
 const std::vector<ParamSpec>& trainingParamSpecs();
 const std::vector<ParamSpec>& distributedParamSpecs();
 
+// What `ddp-run --describe SECTION` prints for "training", "distributed"
+// and "plugins" (the top level: every key of an experiment file, the plugin
+// sections with the names `registry` knows); nullopt for anything else.
+std::optional<std::string> describeSection(const std::string& section, const PluginRegistry& registry);
+
 }  // namespace ddp

@@ -297,18 +297,20 @@ std::string PluginRegistry::describe(const std::string& kindDotName) const {
       if (dot == std::string::npos && has(k, kindDotName)) suggestion = fmt::format("{}.{}", pluginKindName(k), kindDotName);
     }
     if (suggestion.empty()) suggestion = closestName(kindDotName, all);
-    fail<UsageError>("cannot describe '{}': expected KIND.NAME; {}known plugins: {}", kindDotName,
+    fail<UsageError>("cannot describe '{}': expected KIND.NAME, or training, distributed, plugins; {}known plugins: {}", kindDotName,
                      suggestion.empty() ? "" : fmt::format("did you mean '{}'? ", suggestion), namesOrNone(all));
   }
   const PluginSpec& spec = get(*kind, kindDotName.substr(dot + 1));
+  return fmt::format("{}.{}: {}\n", pluginKindName(spec.kind()), spec.name, spec.doc) + describeParams(spec.params);
+}
 
-  std::string out = fmt::format("{}.{}: {}\n", pluginKindName(spec.kind()), spec.name, spec.doc);
-  if (spec.params.empty()) return out + "  (no parameters)\n";
+std::string describeParams(const std::vector<ParamSpec>& specs,
+                           const std::vector<std::vector<std::string>>& extraRows) {
+  if (specs.empty() && extraRows.empty()) return "  (no parameters)\n";
   std::vector<std::vector<std::string>> rows{{"param", "type", "default", "range", "doc"}};
-  for (const auto& p : spec.params) {
-    rows.push_back({p.name, paramTypeName(p.type), formatDefault(p), formatRange(p), p.doc});
-  }
-  return out + formatTable(rows, "  ");
+  for (const auto& p : specs) rows.push_back({p.name, paramTypeName(p.type), formatDefault(p), formatRange(p), p.doc});
+  for (const auto& row : extraRows) rows.push_back(row);
+  return formatTable(rows, "  ");
 }
 
 void loadPluginLibrary(const std::string& path, PluginRegistry& registry) {

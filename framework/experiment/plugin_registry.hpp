@@ -193,6 +193,11 @@ class PluginRegistry {
 // A library already registered into `registry` is not registered again.
 void loadPluginLibrary(const std::string& path, PluginRegistry& registry);
 
+// The table --describe prints for `specs` (param, type, default, range,
+// doc), with `extraRows` (five cells each) after them.
+std::string describeParams(const std::vector<ParamSpec>& specs,
+                           const std::vector<std::vector<std::string>>& extraRows = {});
+
 // The name among `candidates` closest to `name` (edit distance), or "" when
 // none is close enough to suggest.
 std::string closestName(const std::string& name, const std::vector<std::string>& candidates);
