@@ -45,6 +45,10 @@ struct Args {
   int masterPort = 0;
   int maxRestarts = 0;
   double killGrace = 3.0;
+  bool standalone = false;
+  std::string rdzvEndpoint;
+  std::string rdzvBackend = "static";
+  std::string rdzvId;
   bool demo = false;
   std::string demoBackend = "gloo";
   ddp::apps::SampleOptions sample;
@@ -192,16 +196,28 @@ int main(int argc, char** argv) {
   app.add_flag("--list-plugins", args.listPlugins, "list datasets, models, optimizers, schedulers and losses");
   app.add_option("--describe", args.describe,
                  "describe one plugin's parameters (e.g. optimizer.adam), or a section: training, distributed, plugins");
-  app.add_option("--nproc-per-node", args.nprocPerNode, "ranks to start on this node (launcher mode)")
+  app.add_option("--nproc-per-node,--nproc_per_node", args.nprocPerNode, "ranks to start on this node (launcher mode)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--nnodes", args.nnodes, "number of nodes in the job")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--node-rank", args.nodeRank, "this node's index, 0 on the master")->check(CLI::Range(0, 1 << 20));
-  app.add_option("--master-addr", args.masterAddr, "address of the node with --node-rank 0 (default: MASTER_ADDR)");
-  app.add_option("--master-port", args.masterPort,
+  app.add_option("--node-rank,--node_rank", args.nodeRank, "this node's index, 0 on the master")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--master-addr,--master_addr", args.masterAddr, "address of the node with --node-rank 0 (default: MASTER_ADDR)");
+  app.add_option("--master-port,--master_port", args.masterPort,
                  "port of the rendezvous store (default: MASTER_PORT; 0: pick a free one)")
       ->check(CLI::Range(0, 65535));
-  app.add_option("--max-restarts", args.maxRestarts, "restart all ranks up to this many times after a failure")
+  app.add_option("--max-restarts,--max_restarts", args.maxRestarts, "restart all ranks up to this many times after a failure")
       ->check(CLI::Range(0, 1 << 20));
+  // torchrun's spellings, so that a command line from a PyTorch tutorial
+  // works with ddp-run in torchrun's place.
+  app.add_flag("--standalone", args.standalone,
+               "one node, a free port for the store (as torchrun --standalone; ddp-run's default for one node)");
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", args.rdzvEndpoint,
+                 "HOST[:PORT] of the store (as torchrun; the same as --master-addr HOST --master-port PORT, port "
+                 "29400 if not given)");
+  app.add_option("--rdzv-backend,--rdzv_backend", args.rdzvBackend,
+                 "static or c10d (as torchrun): either way the store runs on the endpoint's node, node ranks from "
+                 "--node-rank")
+      ->check(CLI::IsMember({"static", "c10d"}));
+  app.add_option("--rdzv-id,--rdzv_id", args.rdzvId, "accepted for torchrun's command lines; not used");
   app.add_option("--kill-grace", args.killGrace,
                  "seconds ranks get to exit, before SIGKILL, after SIGTERM (a rank failed) or after the SIGINT, "
                  "SIGTERM or SIGHUP that the launcher received and passed on; after such a signal ddp-run exits "
@@ -225,13 +241,41 @@ int main(int argc, char** argv) {
       "for a store only the job can use, DDP_STORE_TOKEN (docs/clusters.md).");
   try {
     app.parse(argc, argv);
+    if (args.standalone && (args.nnodes > 1 || !args.rdzvEndpoint.empty() || app.count("--master-addr") > 0)) {
+      throw CLI::ValidationError("--standalone",
+                                 "is one node with a store on a free port; it excludes --nnodes > 1, --rdzv-endpoint "
+                                 "and --master-addr");
+    }
+    if (!args.rdzvEndpoint.empty()) {
+      if (app.count("--master-addr") > 0 || app.count("--master-port") > 0) {
+        throw CLI::ValidationError("--rdzv-endpoint", "names the store already; drop --master-addr / --master-port");
+      }
+      const size_t colon = args.rdzvEndpoint.rfind(':');
+      const bool hasPort = colon != std::string::npos && args.rdzvEndpoint.find(']', colon) == std::string::npos;
+      std::string host = hasPort ? args.rdzvEndpoint.substr(0, colon) : args.rdzvEndpoint;
+      if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+      int port = 29400;
+      if (hasPort) {
+        const std::string text = args.rdzvEndpoint.substr(colon + 1);
+        char* end = nullptr;
+        const long value = std::strtol(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || value < 0 || value > 65535) {
+          throw CLI::ValidationError("--rdzv-endpoint",
+                                     fmt::format("'{}': expected HOST[:PORT] with a port 0-65535 (0: a free one)", args.rdzvEndpoint));
+        }
+        port = static_cast<int>(value);
+      }
+      if (host.empty()) throw CLI::ValidationError("--rdzv-endpoint", "names no host");
+      args.masterAddr = host;
+      args.masterPort = port;
+    }
     if (args.nodeRank >= args.nnodes) {
       throw CLI::ValidationError("--node-rank", fmt::format("{} is not below --nnodes {}", args.nodeRank, args.nnodes));
     }
     // As a launcher, MASTER_PORT (and, for several nodes, MASTER_ADDR) give
     // the defaults; a rank reads them itself, from its environment. One node
     // keeps 127.0.0.1: an inherited MASTER_ADDR may name another host.
-    if (app.count("--master-addr") == 0 && args.nnodes > 1) {
+    if (app.count("--master-addr") == 0 && args.rdzvEndpoint.empty() && args.nnodes > 1) {
       const char* addr = std::getenv("MASTER_ADDR");
       if (addr == nullptr || *addr == '\0') {
         // 127.0.0.1 on every node would have each node wait for itself.
@@ -244,7 +288,8 @@ int main(int argc, char** argv) {
       }
       args.masterAddr = addr;
     }
-    if (const char* port = std::getenv("MASTER_PORT"); port && *port && app.count("--master-port") == 0) {
+    if (const char* port = std::getenv("MASTER_PORT");
+        port && *port && app.count("--master-port") == 0 && args.rdzvEndpoint.empty() && !args.standalone) {
       char* end = nullptr;
       const long value = std::strtol(port, &end, 10);
       if (*end != '\0' || value < 0 || value > 65535) {

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -404,6 +405,70 @@ TEST_CASE("ddp-run at 3 ranks on uneven shards: ranks that run out shadow the la
       CHECK(text.find(c.logLine) != std::string::npos);
     }
   }
+}
+
+bool exitedZero(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+// The last metrics record's numbers, as written (so "equal" means equal).
+std::string lastNumbers(const std::string& runDir) {
+  Json last = lastMetrics(runDir);
+  if (!last.is_object()) return "(no metrics)";
+  return fmt::format("train_loss {} test_loss {} test_accuracy {}", last["train_loss"].dump(), last["test_loss"].dump(),
+                     last["test_accuracy"].dump());
+}
+
+TEST_CASE("torchrun's spellings of ddp-run's flags train as ddp-run's own and conflicts are one line", "[launcher]") {
+  const std::string experiment = std::string(DDP_SOURCE_DIR) +
+                                 "/experiments/wine_ddp.json --set training.epochs=5 --set training.save_every=0";
+  const std::string own = tempDir() + "/own";
+  REQUIRE(runDdpRun("--nproc-per-node 2 " + experiment + " --out " + own).exitCode == 0);
+  for (const char* flags : {"--standalone --nproc_per_node 2",
+                            "--nproc_per_node=2 --rdzv_endpoint 127.0.0.1:0 --rdzv_backend c10d --rdzv_id job7",
+                            "--nnodes 1 --node_rank 0 --master_addr 127.0.0.1 --master_port 0 --nproc_per_node 2 "
+                            "--max_restarts 0"}) {
+    const std::string runDir = tempDir() + "/spelled";
+    const auto o = runDdpRun(std::string(flags) + " " + experiment + " --out " + runDir);
+    INFO(flags << ": " << o.output);
+    REQUIRE(o.exitCode == 0);
+    CHECK(lastNumbers(runDir) == lastNumbers(own));
+  }
+  for (const char* bad : {"--standalone --nnodes 2 --nproc_per_node 2", "--rdzv-endpoint host:99999",
+                          "--rdzv-endpoint 127.0.0.1:29500 --master-port 29501", "--rdzv_backend etcd"}) {
+    const auto o = runDdpRun(std::string(bad) + " " + experiment + " --out " + tempDir() + "/bad");
+    INFO(bad << ": " << o.output);
+    CHECK(o.exitCode == 2);
+    CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
+  }
+}
+
+// PyTorch's own launcher, a client nobody here wrote, starting ddp-run as
+// its worker program (--no_python): each rank takes torchrun's RANK,
+// WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Debian's torch 1.13 needs
+// --redirects 1 --tee 1 (its default of 0 trips an enum bug in torchrun).
+TEST_CASE("torchrun --standalone starts ddp-run's ranks and they train as ddp-run's own", "[launcher]") {
+  ddp::SpawnOptions probe;
+  probe.argv = {"/usr/bin/python3", "-c", "import torch.distributed.run"};
+  if (!std::filesystem::exists("/usr/bin/python3") || !exitedZero(ddp::runProcess(probe).status)) {
+    WARN("SKIPPED: /usr/bin/python3 cannot import torch.distributed.run (python3-torch is not installed)");
+    return;
+  }
+  const std::string experiment = std::string(DDP_SOURCE_DIR) +
+                                 "/experiments/wine_ddp.json --set training.epochs=5 --set training.save_every=0";
+  const std::string own = tempDir() + "/own";
+  REQUIRE(runDdpRun("--nproc-per-node 2 " + experiment + " --out " + own).exitCode == 0);
+  const std::string runDir = tempDir() + "/torchrun";
+  ddp::SpawnOptions options;
+  options.argv = {"/usr/bin/python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                  "--no_python", "--redirects", "1", "--tee", "1", ddp::test::ddpRunPath()};
+  for (auto& word : ddp::test::splitWords(experiment + " --out " + runDir)) options.argv.push_back(word);
+  ddp::EnvMap env = ddp::currentEnvironment();
+  for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}) env.erase(name);
+  options.environment = env;
+  const ddp::FinishedProcess done = ddp::runProcess(options);
+  INFO(done.output);
+  REQUIRE(exitedZero(done.status));
+  CHECK(done.output.find("done: 25 steps") != std::string::npos);
+  CHECK(lastNumbers(runDir) == lastNumbers(own));
 }
 
 // fsdp's forward gathers units, so every rank must run as many forwards
