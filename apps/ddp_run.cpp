@@ -10,9 +10,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <ctime>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "apps/sample.hpp"
@@ -46,6 +48,10 @@ struct Args {
   int maxRestarts = 0;
   double killGrace = 3.0;
   bool standalone = false;
+  std::string logDir;
+  bool tee = false;
+  std::string localRanksFilterText;
+  std::vector<int> localRanksFilter;
   std::string rdzvEndpoint;
   std::string rdzvBackend = "static";
   std::string rdzvId;
@@ -55,6 +61,29 @@ struct Args {
 };
 
 void shareCoresAmongHostRanks(const ddp::RankEnv& env, int ranksOnHost);
+
+// --log-dir, --tee and --local-ranks-filter into the launcher's options;
+// the folder is made here, before any rank starts.
+void applyLogOptions(const Args& args, int nproc, ddp::LaunchOptions& lo) {
+  for (int r : args.localRanksFilter) {
+    if (r >= nproc) {
+      ddp::fail<ddp::UsageError>("ddp-run: --local-ranks-filter: local rank {} does not exist ({} rank(s) per node: "
+                                 "0..{})",
+                                 r, nproc, nproc - 1);
+    }
+  }
+  lo.consoleLocalRanks = args.localRanksFilter;
+  lo.tee = args.tee;
+  if (!args.logDir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(args.logDir, ec);
+    if (ec || !std::filesystem::is_directory(args.logDir)) {
+      ddp::fail<ddp::UsageError>("ddp-run: --log-dir {}: cannot create the folder: {}", args.logDir,
+                                 ec ? ec.message() : "it is not a folder");
+    }
+    lo.logDir = std::filesystem::absolute(args.logDir).string();
+  }
+}
 
 // The collective demo: allreduce, broadcast and allgather with checked results.
 int runDemo(const ddp::RankEnv& env, const std::string& backend) {
@@ -206,6 +235,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535));
   app.add_option("--max-restarts,--max_restarts", args.maxRestarts, "restart all ranks up to this many times after a failure")
       ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--log-dir,--log_dir", args.logDir,
+                 "also write each rank's output to DIR/rank_<rank>.log (created if missing); the console then shows "
+                 "local rank 0 only, unless --tee or --local-ranks-filter");
+  app.add_flag("--tee", args.tee, "print every rank's output, each line with its [rank r] prefix (rank 0's too)");
+  // A string, split below: a list option would swallow the experiment after it.
+  app.add_option("--local-ranks-filter,--local_ranks_filter", args.localRanksFilterText,
+                 "comma-separated local ranks whose output reaches the console, e.g. 0,1");
   // torchrun's spellings, so that a command line from a PyTorch tutorial
   // works with ddp-run in torchrun's place.
   app.add_flag("--standalone", args.standalone,
@@ -241,6 +277,22 @@ int main(int argc, char** argv) {
       "for a store only the job can use, DDP_STORE_TOKEN (docs/clusters.md).");
   try {
     app.parse(argc, argv);
+    if (app.count("--local-ranks-filter") > 0) {
+      std::stringstream words(args.localRanksFilterText);
+      std::string word;
+      while (std::getline(words, word, ',')) {
+        char* end = nullptr;
+        const long r = std::strtol(word.c_str(), &end, 10);
+        if (word.empty() || *end != '\0' || r < 0 || r > 4095) {
+          throw CLI::ValidationError("--local-ranks-filter",
+                                     fmt::format("'{}': expected local ranks like 0,1", args.localRanksFilterText));
+        }
+        args.localRanksFilter.push_back(static_cast<int>(r));
+      }
+      if (args.localRanksFilter.empty()) {
+        throw CLI::ValidationError("--local-ranks-filter", "names no rank; expected local ranks like 0,1");
+      }
+    }
     if (args.standalone && (args.nnodes > 1 || !args.rdzvEndpoint.empty() || app.count("--master-addr") > 0)) {
       throw CLI::ValidationError("--standalone",
                                  "is one node with a store on a free port; it excludes --nnodes > 1, --rdzv-endpoint "
@@ -340,6 +392,7 @@ int main(int argc, char** argv) {
         lo.masterAddr = args.masterAddr;
         lo.masterPort = args.masterPort;
         lo.backend = args.demoBackend;
+        applyLogOptions(args, args.nprocPerNode, lo);
         lo.killGrace = std::chrono::milliseconds(static_cast<int64_t>(args.killGrace * 1000));
         lo.workerArgv = {"/proc/self/exe"};
         for (int i = 1; i < argc; ++i) lo.workerArgv.push_back(argv[i]);
@@ -380,6 +433,7 @@ int main(int argc, char** argv) {
     lo.maxRestarts = args.maxRestarts;
     lo.killGrace = std::chrono::milliseconds(static_cast<int64_t>(args.killGrace * 1000));
     lo.backend = config.distributed.backend;
+    applyLogOptions(args, nproc, lo);
     lo.workerArgv = {"/proc/self/exe", args.experiment, "--out", runDir};
     for (const auto& o : args.overrides) {
       lo.workerArgv.push_back("--set");

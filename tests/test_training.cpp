@@ -441,6 +441,44 @@ TEST_CASE("torchrun's spellings of ddp-run's flags train as ddp-run's own and co
   }
 }
 
+TEST_CASE("ddp-run --log-dir writes a file per rank, --tee and --local-ranks-filter choose the console", "[launcher]") {
+  const std::string experiment = std::string(DDP_SOURCE_DIR) +
+                                 "/experiments/wine_ddp.json --set training.epochs=2 --set training.save_every=0";
+  const std::string logs = tempDir() + "/logs/nested";
+  const auto logged = runDdpRun("--nproc-per-node 3 --log-dir " + logs + " " + experiment + " --out " + tempDir() +
+                                "/run");
+  INFO(logged.output);
+  REQUIRE(logged.exitCode == 0);
+  CHECK(logged.output.find("done: ") != std::string::npos);  // local rank 0 on the console
+  CHECK(logged.output.find("[rank 1]") == std::string::npos);
+  for (int r = 0; r < 3; ++r) {
+    std::ifstream file(fmt::format("{}/rank_{}.log", logs, r));
+    const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    INFO("rank " << r << ": " << text);
+    CHECK(text.find(fmt::format("gloo: rank {} listens on", r)) != std::string::npos);
+    CHECK(text.find("[rank") == std::string::npos);  // files hold the rank's own lines, unprefixed
+  }
+
+  const auto teed = runDdpRun("--nproc-per-node 3 --tee --local-ranks-filter 1,2 " + experiment + " --out " +
+                              tempDir() + "/run");
+  INFO(teed.output);
+  REQUIRE(teed.exitCode == 0);
+  CHECK(teed.output.find("[rank 1] gloo: rank 1 listens on") != std::string::npos);
+  CHECK(teed.output.find("[rank 2] gloo: rank 2 listens on") != std::string::npos);
+  CHECK(teed.output.find("done: ") == std::string::npos);  // rank 0's summary is filtered out
+
+  const auto tee0 = runDdpRun("--nproc-per-node 2 --tee " + experiment + " --out " + tempDir() + "/run");
+  CHECK(tee0.output.find("[rank 0] done: ") != std::string::npos);
+
+  for (const char* bad : {"--local-ranks-filter 5", "--local-ranks-filter x", "--log-dir /proc/nope"}) {
+    const auto o = runDdpRun(std::string("--nproc-per-node 2 ") + bad + " " + experiment + " --out " + tempDir() +
+                             "/bad");
+    INFO(bad << ": " << o.output);
+    CHECK(o.exitCode == 2);
+    CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
+  }
+}
+
 // PyTorch's own launcher, a client nobody here wrote, starting ddp-run as
 // its worker program (--no_python): each rank takes torchrun's RANK,
 // WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Debian's torch 1.13 needs

@@ -32,6 +32,9 @@ struct RankProcess {
   int rank = 0;
   pid_t pid = -1;
   int outputFd = -1;
+  int logFd = -1;          // --log-dir's file, or -1
+  bool toConsole = true;   // --local-ranks-filter, --log-dir without --tee
+  bool prefixed = false;   // "[rank r] " before each console line
   std::string partialLine;
   std::deque<std::string> lastLines;
   bool exited = false;
@@ -136,13 +139,28 @@ void signalRank(pid_t pid, int signal) {
   if (::kill(-pid, signal) != 0 && errno == ESRCH) ::kill(pid, signal);
 }
 
+// write(2) until all of `text` is written (a full disk or a closed file
+// just loses the rest of the log; the console still gets the line).
+void writeAll(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
 // Each line is flushed at once: with stdout redirected to a file, a
 // launcher killed later keeps what the ranks printed until then.
 void forwardLine(RankProcess& p, const std::string& line, size_t keep) {
-  if (p.rank == 0) {
-    std::cout << line << '\n' << std::flush;
-  } else {
-    std::cout << fmt::format("[rank {}] {}\n", p.rank, line) << std::flush;
+  if (p.logFd >= 0) writeAll(p.logFd, line + "\n");
+  if (p.toConsole) {
+    if (p.prefixed) {
+      std::cout << fmt::format("[rank {}] {}\n", p.rank, line) << std::flush;
+    } else {
+      std::cout << line << '\n' << std::flush;
+    }
   }
   p.lastLines.push_back(line);
   while (p.lastLines.size() > keep) p.lastLines.pop_front();
@@ -204,8 +222,33 @@ int causeRank(const std::vector<RankProcess>& procs, const std::vector<int>& fai
 // One attempt of the whole job on this node.
 AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& token, StopSignals& signals) {
   std::vector<RankProcess> procs(o.nprocPerNode);
+  struct CloseLogs {
+    std::vector<RankProcess>& procs;
+    ~CloseLogs() {
+      for (auto& p : procs) {
+        if (p.logFd >= 0) ::close(p.logFd);
+      }
+    }
+  } closeLogs{procs};
   for (int i = 0; i < o.nprocPerNode; ++i) {
     procs[i].rank = o.nodeRank * o.nprocPerNode + i;
+    const bool filtered = !o.consoleLocalRanks.empty();
+    procs[i].toConsole =
+        filtered ? std::find(o.consoleLocalRanks.begin(), o.consoleLocalRanks.end(), i) != o.consoleLocalRanks.end()
+                 : (o.logDir.empty() || o.tee || i == 0);
+    procs[i].prefixed = o.tee || procs[i].rank != 0;
+    if (!o.logDir.empty()) {
+      const std::string path = fmt::format("{}/rank_{}.log", o.logDir, procs[i].rank);
+      procs[i].logFd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (procs[i].logFd < 0) {
+        fail<UsageError>("ddp-run: --log-dir: cannot open {}: {}", path, errnoText(errno));
+      }
+      if (attempt > 0) writeAll(procs[i].logFd, fmt::format("== ddp-run: attempt {} ==\n", attempt + 1));
+    }
+  }
+  // Logs are open before any rank starts: a log that cannot be opened
+  // leaves no rank behind.
+  for (int i = 0; i < o.nprocPerNode; ++i) {
     try {
       procs[i].pid = spawnRank(o, i, attempt, token, &procs[i].outputFd);
     } catch (...) {

@@ -51,6 +51,15 @@ struct LaunchOptions {
   std::vector<std::string> workerArgv;
   std::chrono::milliseconds killGrace{3000};  // --kill-grace
   int lastLinesKept = 20;
+  // --log-dir: every rank's output also goes to DIR/rank_<global rank>.log
+  // (appended, line by line; a restart starts with an "attempt N" line).
+  std::string logDir;
+  // Which ranks' lines reach the console: consoleLocalRanks (local ranks,
+  // --local-ranks-filter) if set; else all, or with a logDir only local
+  // rank 0 unless tee (--tee). Lines of ranks other than global rank 0
+  // carry "[rank r] "; with tee every line does.
+  std::vector<int> consoleLocalRanks;
+  bool tee = false;
 };
 
 // Runs the job; returns the exit code for ddp-run: 0 on success, 128 + the
