@@ -479,6 +479,47 @@ TEST_CASE("ddp-run --log-dir writes a file per rank, --tee and --local-ranks-fil
   }
 }
 
+TEST_CASE("steps.jsonl records the steps, and the straggler report names a slow rank", "[training][launcher]") {
+  const std::string experiment = std::string(DDP_SOURCE_DIR) +
+                                 "/experiments/wine_ddp.json --set training.epochs=4 --set training.save_every=0 "
+                                 "--set training.log_every=2";
+  for (const bool slow : {false, true}) {
+    INFO((slow ? "rank 1 sleeps 20 ms per step" : "balanced"));
+    const std::string runDir = tempDir() + "/run";
+    const auto o = runDdpRun("--nproc-per-node 2 " + experiment + " --out " + runDir, slow ? "DDP_FAULT_SLOW=1:20" : "");
+    INFO(o.output);
+    REQUIRE(o.exitCode == 0);
+    // 71 rows per rank in batches of 16: 5 steps per epoch, 20 in all; a record every 2.
+    std::ifstream steps(runDir + "/steps.jsonl");
+    std::vector<Json> records;
+    for (std::string line; std::getline(steps, line);) records.push_back(Json::parse(line));
+    REQUIRE(records.size() == 10);
+    for (size_t i = 0; i < records.size(); ++i) {
+      CHECK(records[i]["step"] == int64_t(2 * (i + 1)));
+      CHECK(records[i]["lr"].get<double>() == Approx(0.001));
+      CHECK(records[i]["loss"].is_number());
+      CHECK(records[i]["samples_per_s"].get<double>() > 0);
+      CHECK(records[i]["step_ms"].get<double>() > 0);
+      CHECK(records[i]["comm_wait_ms"].is_number());
+    }
+    CHECK(records.back()["epoch"] == 4);
+    const Json last = lastMetrics(runDir);
+    for (const char* key : {"rank_0_compute_s", "rank_1_compute_s", "rank_0_comm_wait_s", "rank_1_comm_wait_s"}) {
+      CHECK(last.contains(key));
+    }
+    std::ifstream log(runDir + "/train.log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    if (slow) {
+      CHECK(text.find("straggler: rank 1 computed for") != std::string::npos);
+      // The others wait for it: rank 0's wait exceeds its own compute.
+      CHECK(last["rank_0_comm_wait_s"].get<double>() > last["rank_0_compute_s"].get<double>());
+      CHECK(last["rank_1_compute_s"].get<double>() > 0.09);  // 5 steps x 20 ms
+    } else {
+      CHECK(text.find("straggler:") == std::string::npos);
+    }
+  }
+}
+
 // PyTorch's own launcher, a client nobody here wrote, starting ddp-run as
 // its worker program (--no_python): each rank takes torchrun's RANK,
 // WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Debian's torch 1.13 needs

@@ -436,6 +436,7 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
       intParam("eval_every", 1, 0, "epochs between evaluations on the test split (0: only after the last)"),
       intParam("max_steps", 0, 0, "stop after this many optimizer steps (0: no limit)"),
       intParam("eval_batch_size", 512, 1, "samples per rank per forward pass when evaluating"),
+      intParam("log_every", 0, 0, "optimizer steps between records of steps.jsonl (0: about four per epoch)"),
       intParam("accumulate_grad_batches", 1, 1, "micro-batches per optimizer step"),
       intParam("threads", 0, 0, "intra-op threads per rank (0: cores / local ranks)"),
       boolParam("drop_last", false, "drop the last incomplete batch and shard"),
@@ -645,6 +646,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.training.evalEvery = training["eval_every"];
   config.training.maxSteps = training["max_steps"];
   config.training.evalBatchSize = training["eval_batch_size"];
+  config.training.logEvery = training["log_every"];
   config.training.accumulateGradBatches = training["accumulate_grad_batches"];
   config.training.threads = training["threads"];
   config.training.dropLast = training["drop_last"];

@@ -45,6 +45,7 @@ struct TrainingConfig {
   int64_t maxSteps = 0;    // optimizer steps; 0 = no limit
   int64_t accumulateGradBatches = 1;
   int64_t evalBatchSize = 512;
+  int64_t logEvery = 0;    // steps between steps.jsonl records; 0 = about four per epoch
   int64_t threads = 0;     // intra-op threads per rank; 0 = leave as set (ddp-run: cores / ranks)
   bool dropLast = false;
   // Uneven shards without padding; ranks that run out shadow the last steps

@@ -33,6 +33,7 @@ const Rule kRules[] = {
     {"training.save_every", true, "applies from the next epoch"},
     {"training.eval_every", true, "applies from the next epoch"},
     {"training.eval_batch_size", true, "changes only how evaluation is batched"},
+    {"training.log_every", true, "applies from the next step"},
     {"training.threads", true, "applies at once"},
     {"training.checkpoint_on_signal", true, "applies at once"},
     {"training.on_nonfinite_loss", true, "applies from the next step"},

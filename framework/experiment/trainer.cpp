@@ -26,6 +26,7 @@
 #include "framework/experiment/callbacks/fault_injection.hpp"
 #include "framework/experiment/callbacks/metrics_files.hpp"
 #include "framework/experiment/callbacks/progress_line.hpp"
+#include "framework/experiment/callbacks/step_metrics.hpp"
 #include "framework/experiment/resume_rules.hpp"
 #include "framework/experiment/run_folder.hpp"
 #include "framework/experiment/run_log.hpp"
@@ -336,6 +337,7 @@ int Trainer::worldSize() const { return dist_.group->size(); }
 int64_t Trainer::startEpoch() const { return impl_->startEpoch; }
 Task Trainer::task() const { return impl_->data.task; }
 int64_t Trainer::steps() const { return impl_->steps; }
+int64_t Trainer::trainSamples() const { return impl_->data.train ? impl_->data.train->size() : 0; }
 
 ParallelStrategy& Trainer::strategy() {
   DDP_CHECK(impl_->strategy != nullptr, "Trainer::strategy() before build()");
@@ -355,7 +357,11 @@ void Trainer::addCallback(std::shared_ptr<TrainerCallback> callback) {
 
 void Trainer::addStandardCallbacks() {
   if (auto fault = FaultInjection::fromEnvironment(rank())) addCallback(fault);
+  if (auto slow = SlowRank::fromEnvironment(rank())) addCallback(slow);
   if (ProgressLine::wanted(*this)) addCallback(std::make_shared<ProgressLine>());
+  // Every rank (one collective per epoch), before the metrics files that
+  // write what it adds.
+  addCallback(std::make_shared<StepMetrics>());
   if (isWriter()) {
     addCallback(std::make_shared<MetricsFiles>());
     addCallback(std::make_shared<EpochLog>());

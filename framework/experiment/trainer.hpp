@@ -169,6 +169,7 @@ class Trainer {
   RunLog& log();
   int64_t startEpoch() const;  // epochs done before this call (resume)
   int64_t steps() const;       // optimizer steps so far, resumed ones included
+  int64_t trainSamples() const;  // the training split's size, after build()
 
  private:
   TrainResult runStages();

@@ -301,7 +301,9 @@ void DistributedDataParallel::launchBucketLocked(size_t b, bool inBackward) {
   // hand-off to the backend's thread.
   if (group_->size() > 1) {
     GradBucket view{b, bucket.buffer, bucket.tensors};
+    const auto hookStart = Clock::now();
     bucket.work = commHook_->run(*group_, view);
+    timeline_.hookSeconds += std::chrono::duration<double>(Clock::now() - hookStart).count();
     DDP_CHECK(bucket.work != nullptr, fmt::format("the comm hook returned no Work for bucket {}", b));
   }
   bucket.launched = true;

@@ -106,6 +106,10 @@ class DistributedDataParallel {
     Clock::time_point finishEnd;      // finishGradientSync() done
     std::vector<Clock::time_point> bucketLaunch;  // allreduce started, per bucket index
     std::vector<bool> launchedDuringBackward;     // per bucket index
+    // Time spent inside the comm hook's calls: a small collective runs
+    // there in the caller (the gloo backend's inline path), waiting for
+    // the peers during backward.
+    double hookSeconds = 0;
   };
 
   // RAII: while alive, backward passes accumulate locally (see the contract).

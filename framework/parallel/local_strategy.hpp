@@ -27,6 +27,7 @@ class LocalStrategy : public ParallelStrategy {
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
   void step() override;
   void saveState(torch::serialize::OutputArchive* archive) override;
+  std::optional<double> lastGradientWaitSeconds() const override { return 0.0; }  // nothing to wait for
 
  private:
   std::shared_ptr<torch::nn::Module> model_;

@@ -46,6 +46,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -87,6 +88,10 @@ class ParallelStrategy {
   // them. A strategy that cannot shadow (supportsJoin() false) has its
   // shards padded by the trainer instead.
   virtual bool supportsJoin() const { return false; }
+  // How long the last step() waited for gradient communication that
+  // backward did not hide, or nullopt where the strategy does not measure
+  // it (for steps.jsonl and the straggler report).
+  virtual std::optional<double> lastGradientWaitSeconds() const { return std::nullopt; }
   virtual void setContributors(int /*contributors*/) {}
   virtual void shadowBackward();
 

@@ -3,7 +3,9 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace ddp {
 
@@ -20,6 +22,17 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank) {
 
 void FaultInjection::onEpochBegin(Trainer&, int64_t epoch) {
   if (epoch == epoch_) ::raise(SIGKILL);
+}
+
+std::shared_ptr<SlowRank> SlowRank::fromEnvironment(int rank) {
+  const char* slow = std::getenv("DDP_FAULT_SLOW");
+  int slowRank = -1, ms = 0;
+  if (!slow || std::sscanf(slow, "%d:%d", &slowRank, &ms) != 2 || slowRank != rank || ms <= 0) return nullptr;
+  return std::make_shared<SlowRank>(ms);
+}
+
+void SlowRank::onStepEnd(Trainer&, const StepEnd& step) {
+  if (step.stepped) std::this_thread::sleep_for(std::chrono::milliseconds(milliseconds_));
 }
 
 }  // namespace ddp

@@ -1,6 +1,8 @@
 // FaultInjection: for the launcher's tests, DDP_FAULT_INJECT="RANK:EPOCH"
 // makes that rank kill itself (SIGKILL) when that epoch (0-based) begins,
 // on the first attempt only (DDP_RESTART unset or 0).
+// SlowRank: for the straggler report's tests, DDP_FAULT_SLOW="RANK:MS"
+// makes that rank sleep MS milliseconds after each optimizer step.
 #pragma once
 
 #include <memory>
@@ -18,6 +20,17 @@ class FaultInjection : public TrainerCallback {
 
  private:
   int64_t epoch_;
+};
+
+class SlowRank : public TrainerCallback {
+ public:
+  static std::shared_ptr<SlowRank> fromEnvironment(int rank);
+  explicit SlowRank(int milliseconds) : milliseconds_(milliseconds) {}
+  bool wantsSteps() const override { return true; }
+  void onStepEnd(Trainer&, const StepEnd& step) override;
+
+ private:
+  int milliseconds_;
 };
 
 }  // namespace ddp

@@ -22,12 +22,14 @@ void ProgressLine::onTrainBegin(Trainer& trainer) {
   epochs_ = trainer.config().training.epochs;
 }
 
-void ProgressLine::onStepEnd(Trainer&, const StepEnd& step) {
+void ProgressLine::onStepEnd(Trainer& trainer, const StepEnd& step) {
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double done = (step.epoch - startEpoch_) + double(step.batch + 1) / step.batches;
   const double eta = elapsed / done * (epochs_ - startEpoch_ - done);
-  fmt::print(stderr, "\r  epoch {}/{}  batch {}/{}  loss {:.4f}  ETA {}   ", step.epoch + 1, epochs_,
-             step.batch + 1, step.batches, step.loss.item<double>(), formatSeconds(eta));
+  // Every rank's samples: this rank's micro-batches times the world.
+  samples_ += trainer.config().training.batchSize * trainer.worldSize();
+  fmt::print(stderr, "\r  epoch {}/{}  batch {}/{}  loss {:.4f}  {:.0f} samples/s  ETA {}   ", step.epoch + 1, epochs_,
+             step.batch + 1, step.batches, step.loss.item<double>(), double(samples_) / elapsed, formatSeconds(eta));
   std::fflush(stderr);
 }
 

@@ -24,6 +24,7 @@ class ProgressLine : public TrainerCallback {
   std::chrono::steady_clock::time_point start_;
   int64_t startEpoch_ = 0;
   int64_t epochs_ = 0;
+  int64_t samples_ = 0;  // trained so far in this run, all ranks
 };
 
 }  // namespace ddp

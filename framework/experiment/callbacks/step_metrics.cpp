@@ -1,0 +1,122 @@
+#include "framework/experiment/callbacks/step_metrics.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "framework/experiment/run_log.hpp"
+#include "framework/experiment/trainer.hpp"
+#include "framework/parallel/strategy.hpp"
+
+namespace ddp {
+namespace {
+
+// Six significant digits, as the metrics files keep theirs; null when not finite.
+nlohmann::ordered_json finiteOrNull(double v) {
+  if (!std::isfinite(v)) return nullptr;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return std::strtod(buf, nullptr);
+}
+
+}  // namespace
+
+void StepMetrics::onTrainBegin(Trainer& trainer) {
+  runCompute_.assign(static_cast<size_t>(trainer.worldSize()), 0.0);
+  runWait_.assign(static_cast<size_t>(trainer.worldSize()), 0.0);
+  if (trainer.isWriter()) path_ = trainer.options().runDir + "/steps.jsonl";
+}
+
+void StepMetrics::onEpochBegin(Trainer& trainer, int64_t) {
+  const auto& tc = trainer.config().training;
+  if (every_ == 0) {
+    every_ = tc.logEvery;
+    if (every_ == 0) {
+      // About four records per epoch, from rank 0's share of the data.
+      const int64_t samples = trainer.trainSamples() / std::max(1, trainer.worldSize());
+      const int64_t steps = std::max<int64_t>(1, samples / (tc.batchSize * tc.accumulateGradBatches));
+      every_ = std::max<int64_t>(1, steps / 4);
+    }
+  }
+  epochCompute_ = epochWait_ = 0;
+  stepStart_ = recordStart_ = Clock::now();
+  stepsSinceRecord_ = samplesSinceRecord_ = 0;
+  waitSinceRecord_ = 0;
+  waitMeasured_ = true;
+}
+
+void StepMetrics::onStepEnd(Trainer& trainer, const StepEnd& step) {
+  if (!step.stepped) return;
+  const auto now = Clock::now();
+  const double seconds = std::chrono::duration<double>(now - stepStart_).count();
+  stepStart_ = now;
+  const std::optional<double> wait = trainer.strategy().lastGradientWaitSeconds();
+  waitMeasured_ = waitMeasured_ && wait.has_value();
+  const double waited = wait.value_or(0.0);
+  epochWait_ += waited;
+  epochCompute_ += std::max(0.0, seconds - waited);
+  const auto& tc = trainer.config().training;
+  ++stepsSinceRecord_;
+  samplesSinceRecord_ += tc.batchSize * tc.accumulateGradBatches * trainer.worldSize();
+  waitSinceRecord_ += waited;
+  if (!trainer.isWriter() || step.steps % every_ != 0) return;
+  const double elapsed = std::chrono::duration<double>(now - recordStart_).count();
+  nlohmann::ordered_json record;
+  record["step"] = step.steps;
+  record["epoch"] = step.epoch + 1;
+  record["lr"] = trainer.strategy().optimizer().param_groups().front().options().get_lr();
+  record["loss"] = finiteOrNull(step.loss.item<double>());
+  record["samples_per_s"] = finiteOrNull(double(samplesSinceRecord_) / elapsed);
+  record["step_ms"] = finiteOrNull(elapsed * 1e3 / double(stepsSinceRecord_));
+  record["comm_wait_ms"] =
+      waitMeasured_ ? finiteOrNull(waitSinceRecord_ * 1e3 / double(stepsSinceRecord_)) : nlohmann::ordered_json();
+  if (!file_.isOpen()) file_.open(path_, /*truncate=*/trainer.startEpoch() == 0 && trainer.steps() <= every_);
+  file_.append(record.dump() + "\n");
+  recordStart_ = now;
+  stepsSinceRecord_ = samplesSinceRecord_ = 0;
+  waitSinceRecord_ = 0;
+  waitMeasured_ = true;
+}
+
+void StepMetrics::onEpochEnd(Trainer& trainer, EpochEnd& end) {
+  const int world = trainer.worldSize();
+  std::vector<double> compute(static_cast<size_t>(world), 0.0), wait(static_cast<size_t>(world), 0.0);
+  if (world > 1) {
+    at::Tensor slots = at::zeros({2 * world}, at::kDouble);
+    slots[trainer.rank()] = epochCompute_;
+    slots[world + trainer.rank()] = epochWait_;
+    trainer.group().allreduce(slots)->wait();
+    for (int r = 0; r < world; ++r) {
+      compute[static_cast<size_t>(r)] = slots[r].item<double>();
+      wait[static_cast<size_t>(r)] = slots[world + r].item<double>();
+    }
+  } else {
+    compute[0] = epochCompute_;
+    wait[0] = epochWait_;
+  }
+  for (int r = 0; r < world; ++r) {
+    end.metrics.extra.emplace_back(fmt::format("rank_{}_compute_s", r), compute[static_cast<size_t>(r)]);
+    end.metrics.extra.emplace_back(fmt::format("rank_{}_comm_wait_s", r), wait[static_cast<size_t>(r)]);
+    runCompute_[static_cast<size_t>(r)] += compute[static_cast<size_t>(r)];
+    runWait_[static_cast<size_t>(r)] += wait[static_cast<size_t>(r)];
+  }
+}
+
+void StepMetrics::onTrainEnd(Trainer& trainer) {
+  if (!trainer.isWriter() || runCompute_.size() < 2) return;
+  const auto slowest = std::max_element(runCompute_.begin(), runCompute_.end());
+  const auto fastest = std::min_element(runCompute_.begin(), runCompute_.end());
+  // More than 10% slower, and by more than 0.1 s over the run: a toy run's
+  // microseconds of jitter are no straggler.
+  if (*fastest <= 0 || *slowest <= 1.1 * *fastest || *slowest - *fastest <= 0.1) return;
+  trainer.log().line(fmt::format(
+      "straggler: rank {} computed for {:.3f} s, {:.2f}x the fastest (rank {}, {:.3f} s); the others waited for it "
+      "(rank_R_compute_s and rank_R_comm_wait_s in metrics.jsonl)",
+      slowest - runCompute_.begin(), *slowest, *slowest / *fastest, fastest - runCompute_.begin(), *fastest));
+}
+
+}  // namespace ddp

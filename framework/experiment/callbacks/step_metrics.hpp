@@ -1,0 +1,51 @@
+// StepMetrics: what a run's steps look like, and which rank holds the
+// others up.
+//
+// - steps.jsonl (rank 0): one record every training.log_every optimizer
+//   steps (0: about four per epoch): step, epoch (1-based), lr, loss (that
+//   micro-batch's), samples_per_s (all ranks, since the last record),
+//   step_ms (mean since the last record) and comm_wait_ms (the mean time
+//   rank 0 waited for gradient communication after backward: what overlap
+//   did not hide; null where the strategy does not measure it).
+// - Straggler report: per epoch each rank's compute time (its steps minus
+//   that wait) and its communication wait go into metrics.jsonl
+//   (rank_R_compute_s, rank_R_comm_wait_s). At the end, one line in
+//   train.log names the slowest rank when its compute took over 10% (and
+//   0.1 s) more than the fastest's.
+// - It runs one collective per epoch (a small allreduce), so every rank
+//   adds it, in the same place among the callbacks.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "framework/core/append_file.hpp"
+#include "framework/experiment/callbacks/callback.hpp"
+
+namespace ddp {
+
+class StepMetrics : public TrainerCallback {
+ public:
+  bool wantsSteps() const override { return true; }
+  void onTrainBegin(Trainer& trainer) override;
+  void onEpochBegin(Trainer& trainer, int64_t epoch) override;
+  void onStepEnd(Trainer& trainer, const StepEnd& step) override;
+  void onEpochEnd(Trainer& trainer, EpochEnd& end) override;
+  void onTrainEnd(Trainer& trainer) override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  int64_t every_ = 0;  // steps between records; 0 until the first epoch sets it
+  Clock::time_point stepStart_, recordStart_;
+  int64_t stepsSinceRecord_ = 0, samplesSinceRecord_ = 0;
+  double waitSinceRecord_ = 0;
+  bool waitMeasured_ = true;
+  double epochCompute_ = 0, epochWait_ = 0;        // this rank, this epoch
+  std::vector<double> runCompute_, runWait_;        // every rank, summed over the run
+  std::string path_;
+  AppendFile file_;
+};
+
+}  // namespace ddp
