@@ -111,8 +111,10 @@ def read_metrics(run_dir):
         for line in f:
             if line.strip():
                 # The numbers as text: json would round-trip them, the text is stricter still.
-                # Times and the peak resident memory depend on the machine, not the training.
-                records.append(re.sub(r',\s*"((data_)?seconds|peak_rss_bytes)":\s*[-+0-9.eE]+', "", line.strip()))
+                # Times (each rank's compute and wait too) and the peak resident memory depend on the
+                # machine, not the training.
+                records.append(re.sub(r',\s*"((data_)?seconds|peak_rss_bytes|rank_\d+_(compute|comm_wait)_s)":\s*[-+0-9.eE]+',
+                                      "", line.strip()))
     if not records:
         raise SystemExit("%s is empty" % path)
     return records

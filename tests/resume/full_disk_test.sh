@@ -20,7 +20,7 @@ set -u
 ddp_run=$1 exp=$2 work=$3
 mkdir -p "$work/disk"
 fail() { echo "FAIL: $*"; exit 1; }
-check_records() {  # every line of metrics.jsonl is JSON, every CSV line has the header's fields
+check_records() {  # every line of metrics.jsonl and steps.jsonl is JSON, every CSV line has the header's fields
   python3 - "$1" <<'PY' || fail "torn records in $1"
 import json, sys
 lines = open(sys.argv[1] + "/metrics.jsonl").read().split("\n")
@@ -30,6 +30,12 @@ assert epochs == list(range(1, len(epochs) + 1)), epochs[-3:]
 csv = open(sys.argv[1] + "/metrics.csv").read().split("\n")
 fields = csv[0].count(",")
 assert csv[-1] == "" and all(l.count(",") == fields for l in csv[:-1]), (csv[0], csv[-2:])
+import os
+steps = sys.argv[1] + "/steps.jsonl"
+if os.path.exists(steps):
+    lines = open(steps).read().split("\n")
+    assert lines[-1] == "", "steps.jsonl: no newline at the end"
+    [json.loads(l) for l in lines[:-1]]
 print(f"{len(epochs)} whole records")
 PY
 }
@@ -40,13 +46,13 @@ out=$("$ddp_run" "$exp" --set training.epochs=5000 --set training.save_every=0 -
       --out "$work/disk/run" 2>&1 >/dev/null)
 rc=$?
 [ "$rc" -ne 0 ] || fail "metrics: exit code 0 on a full disk"
-echo "$out" | grep -qE "^ddp-run: cannot write $work/disk/run/(metrics\.jsonl|metrics\.csv|train\.log): No space left on device$" ||
+echo "$out" | grep -qE "^ddp-run: cannot write $work/disk/run/(metrics\.jsonl|metrics\.csv|steps\.jsonl|train\.log): No space left on device$" ||
   fail "metrics: said: $out"
 check_records "$work/disk/run"
 umount "$work/disk"
 
-# A checkpoint does not fit.
-mount -t tmpfs -o size=24k tmpfs "$work/disk" || fail "cannot mount a tmpfs again"
+# A checkpoint does not fit: room for the run folder's six small files (a 4 KiB page each), not for the checkpoint.
+mount -t tmpfs -o size=28k tmpfs "$work/disk" || fail "cannot mount a tmpfs again"
 out=$("$ddp_run" "$exp" --set training.epochs=2 --set training.save_every=1 --out "$work/disk/run" 2>&1 >/dev/null)
 rc=$?
 [ "$rc" -ne 0 ] || fail "checkpoint: exit code 0 on a full disk"

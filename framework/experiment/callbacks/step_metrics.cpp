@@ -84,19 +84,15 @@ void StepMetrics::onStepEnd(Trainer& trainer, const StepEnd& step) {
 
 void StepMetrics::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   const int world = trainer.worldSize();
+  if (world < 2) return;  // one rank has no one to wait for, nor to hold up
   std::vector<double> compute(static_cast<size_t>(world), 0.0), wait(static_cast<size_t>(world), 0.0);
-  if (world > 1) {
-    at::Tensor slots = at::zeros({2 * world}, at::kDouble);
-    slots[trainer.rank()] = epochCompute_;
-    slots[world + trainer.rank()] = epochWait_;
-    trainer.group().allreduce(slots)->wait();
-    for (int r = 0; r < world; ++r) {
-      compute[static_cast<size_t>(r)] = slots[r].item<double>();
-      wait[static_cast<size_t>(r)] = slots[world + r].item<double>();
-    }
-  } else {
-    compute[0] = epochCompute_;
-    wait[0] = epochWait_;
+  at::Tensor slots = at::zeros({2 * world}, at::kDouble);  // each rank fills its two slots
+  slots[trainer.rank()] = epochCompute_;
+  slots[world + trainer.rank()] = epochWait_;
+  trainer.group().allreduce(slots)->wait();
+  for (int r = 0; r < world; ++r) {
+    compute[static_cast<size_t>(r)] = slots[r].item<double>();
+    wait[static_cast<size_t>(r)] = slots[world + r].item<double>();
   }
   for (int r = 0; r < world; ++r) {
     end.metrics.extra.emplace_back(fmt::format("rank_{}_compute_s", r), compute[static_cast<size_t>(r)]);

@@ -7,7 +7,7 @@
 //   step_ms (mean since the last record) and comm_wait_ms (the mean time
 //   rank 0 waited for gradient communication after backward: what overlap
 //   did not hide; null where the strategy does not measure it).
-// - Straggler report: per epoch each rank's compute time (its steps minus
+// - Straggler report (world size > 1): per epoch each rank's compute time (its steps minus
 //   that wait) and its communication wait go into metrics.jsonl
 //   (rank_R_compute_s, rank_R_comm_wait_s). At the end, one line in
 //   train.log names the slowest rank when its compute took over 10% (and
