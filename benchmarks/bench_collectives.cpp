@@ -441,18 +441,9 @@ void runLauncher(Options o) {
   std::unique_ptr<SimCluster> cluster;
   HostLayout layout;
   if (!o.hosts.empty()) {
-    layout = parseHostLayout(o.hosts);
-    const LinkProfile link = linkProfile(o.link);
-    if (auto why = SimCluster::unavailable()) {
-      std::cout << "SKIPPED: --hosts " << o.hosts << ": " << *why << "\n";
-      return;
-    }
+    cluster = clusterFromOptions(o.hosts, o.link, layout, std::cout);
+    if (!cluster) return;  // SKIPPED, said
     o.worldSize = layout.worldSize();
-    cluster = std::make_unique<SimCluster>(layout.hosts, link);
-    std::cout << fmt::format("# simulated cluster: {} hosts x {} ranks ({} .. {}), {}\n", layout.hosts,
-                             layout.ranksPerHost, cluster->address(0), cluster->address(layout.hosts - 1),
-                             link.describe());
-    if (!cluster->note().empty()) std::cout << "# note: " << cluster->note() << "\n";
   }
   if (o.worldSize < 2) throw BenchError("--world-size must be at least 2");
   if (o.iters < 1 || o.warmup < 0) throw BenchError("--iters must be at least 1 and --warmup at least 0");

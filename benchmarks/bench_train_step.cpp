@@ -474,19 +474,11 @@ void runLauncher(Options o) {
   std::unique_ptr<SimCluster> cluster;
   HostLayout layout;
   if (!o.hosts.empty()) {
-    layout = parseHostLayout(o.hosts);
-    const LinkProfile link = linkProfile(o.link);
-    if (auto why = SimCluster::unavailable()) {
-      std::cout << "SKIPPED: --hosts " << o.hosts << ": " << *why << "\n";
-      return;
-    }
-    if (layout.worldSize() < 2) throw BenchError("--hosts must give at least 2 ranks");
+    cluster = clusterFromOptions(o.hosts, o.link, layout, std::cout);
+    if (!cluster) return;  // SKIPPED, said
     o.worldSizes = {1, layout.worldSize()};
     o.noReference = true;
-    cluster = std::make_unique<SimCluster>(layout.hosts, link);
-    std::cout << fmt::format("# simulated cluster: {} hosts x {} ranks, {}; world size 1 runs outside it\n",
-                             layout.hosts, layout.ranksPerHost, link.describe());
-    if (!cluster->note().empty()) std::cout << "# note: " << cluster->note() << "\n";
+    std::cout << "# world size 1 runs outside the cluster; no PyTorch reference there\n";
   }
   for (const auto& hook : o.commHooks) {
     if (!builtinPlugins().has(PluginKind::CommHook, hook)) {

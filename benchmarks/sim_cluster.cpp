@@ -226,6 +226,22 @@ void SimCluster::teardown() {
   }
 }
 
+std::unique_ptr<SimCluster> clusterFromOptions(const std::string& hosts, const std::string& link, HostLayout& layout,
+                                               std::ostream& out) {
+  layout = parseHostLayout(hosts);
+  const LinkProfile profile = linkProfile(link);
+  if (layout.worldSize() < 2) throw BenchError(fmt::format("--hosts {}: a cluster needs at least 2 ranks", hosts));
+  if (auto why = SimCluster::unavailable()) {
+    out << "SKIPPED: --hosts " << hosts << ": " << *why << "\n";
+    return nullptr;
+  }
+  auto cluster = std::make_unique<SimCluster>(layout.hosts, profile);
+  out << fmt::format("# simulated cluster: {} hosts x {} ranks ({} .. {}), {}\n", layout.hosts, layout.ranksPerHost,
+                     cluster->address(0), cluster->address(layout.hosts - 1), profile.describe());
+  if (!cluster->note().empty()) out << "# note: " << cluster->note() << "\n";
+  return cluster;
+}
+
 std::vector<std::string> SimCluster::wrap(int host, const std::vector<std::string>& argv) const {
   std::vector<std::string> out = {findTool("ip"), "netns", "exec", netns(host)};
   out.insert(out.end(), argv.begin(), argv.end());

@@ -25,7 +25,9 @@
 // - run(host, argv) gives the argv that starts a program inside a host.
 #pragma once
 
+#include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -79,5 +81,12 @@ class SimCluster {
   std::string switchNs_;
   std::vector<std::string> namespaces_, addresses_;
 };
+
+// For a subcommand's --hosts and --link: parses both into `layout` and
+// makes the cluster, printing a "# simulated cluster: ..." header (and its
+// note) to `out`. Returns null, having printed "SKIPPED: ...", where it
+// cannot run here; throws BenchError for bad values.
+std::unique_ptr<SimCluster> clusterFromOptions(const std::string& hosts, const std::string& link, HostLayout& layout,
+                                               std::ostream& out);
 
 }  // namespace ddp::bench

@@ -48,9 +48,12 @@ double relativeError(const at::Tensor& got, const at::Tensor& want) {
 }
 
 // Runs `hook` (made per rank) over one bucket of `shapes` at `world` ranks
-// for `steps` steps; returns each rank's results, step by step.
+// for `steps` steps, the bucket holding gradient(rank, step, numel) (by
+// default rankGradients); returns each rank's results, step by step.
+using GradientOf = std::function<at::Tensor(int rank, int step, int64_t numel)>;
 std::vector<std::vector<at::Tensor>> runHook(int world, const std::vector<std::vector<int64_t>>& shapes, int steps,
-                                             const std::function<CommHookPtr()>& makeHook) {
+                                             const std::function<CommHookPtr()>& makeHook,
+                                             const GradientOf& gradient = {}) {
   std::vector<std::vector<at::Tensor>> results(world);
   auto errors = runRanks(kBackend, world, [&](int rank, ProcessGroup& pg) {
     std::vector<at::Tensor> parameters;
@@ -61,7 +64,7 @@ std::vector<std::vector<at::Tensor>> runHook(int world, const std::vector<std::v
     }
     CommHookPtr hook = makeHook();
     for (int step = 0; step < steps; ++step) {
-      at::Tensor buffer = rankGradients(rank, numel, step);
+      at::Tensor buffer = gradient ? gradient(rank, step, numel) : rankGradients(rank, numel, step);
       GradBucket bucket{0, buffer, parameters};
       hook->run(pg, bucket)->wait();
       results[rank].push_back(buffer.clone());
@@ -153,20 +156,9 @@ TEST_CASE("powersgd's error feedback makes the accumulated update converge to th
   o.rank = 1;
   o.startSteps = 0;
   o.timeout = kTimeout;
-  std::vector<std::vector<at::Tensor>> results(2);
-  auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
-    std::vector<at::Tensor> parameters = {at::zeros({n, n})};
-    auto hook = std::make_shared<PowerSgdHook>(o);
-    const at::Tensor g = rankGradients(rank, n * n);
-    for (int step = 0; step < kSteps; ++step) {
-      at::Tensor buffer = g.clone();
-      GradBucket bucket{0, buffer, parameters};
-      hook->run(pg, bucket)->wait();
-      results[rank].push_back(buffer.clone());
-    }
-  });
-  INFO(joinErrors(errors));
-  REQUIRE(joinErrors(errors).empty());
+  // The same gradients every step.
+  const auto results = runHook(2, {{n, n}}, kSteps, [&] { return std::make_shared<PowerSgdHook>(o); },
+                               [](int rank, int, int64_t numel) { return rankGradients(rank, numel); });
   const at::Tensor want = exactAverage(2, n * n);
   auto meanOfFirst = [&](int k) {
     at::Tensor sum = at::zeros({n * n});
@@ -192,19 +184,10 @@ TEST_CASE("powersgd recovers from a first step of zero gradients", "[comm_hook]"
   o.rank = 2;
   o.startSteps = 0;
   o.timeout = kTimeout;
-  std::vector<std::vector<at::Tensor>> results(2);
-  auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
-    std::vector<at::Tensor> parameters = {at::zeros({n, n})};
-    auto hook = std::make_shared<PowerSgdHook>(o);
-    for (int step = 0; step < 4; ++step) {
-      at::Tensor buffer = step == 0 ? at::zeros({n * n}) : rankGradients(rank, n * n);
-      GradBucket bucket{0, buffer, parameters};
-      hook->run(pg, bucket)->wait();
-      results[rank].push_back(buffer.clone());
-    }
-  });
-  INFO(joinErrors(errors));
-  REQUIRE(joinErrors(errors).empty());
+  const auto results = runHook(2, {{n, n}}, 4, [&] { return std::make_shared<PowerSgdHook>(o); },
+                               [](int rank, int step, int64_t numel) {
+                                 return step == 0 ? at::zeros({numel}) : rankGradients(rank, numel);
+                               });
   const at::Tensor want = exactAverage(2, n * n);
   CHECK(results[0][0].abs().max().item<double>() == 0);
   for (int step = 1; step < 4; ++step) {

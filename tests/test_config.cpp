@@ -298,22 +298,16 @@ TEST_CASE("ddp-run --describe of the sections lists every key with its default",
   const auto distributed = runDdpRun("--describe distributed").output;
   for (const auto& spec : distributedParamSpecs()) CHECK(distributed.find(spec.name) != std::string::npos);
   // A default can be set explicitly (fsdp_unit_mb's 0 was refused as "> 0").
-  for (const auto& spec : distributedParamSpecs()) {
-    if (spec.defaultValue.is_null() || spec.name == "comm_hook") continue;
-    INFO(spec.name);
-    CHECK_NOTHROW(parseExperimentConfig(kValid, "inline", ".",
-                                        {"distributed." + spec.name + "=" + (spec.defaultValue.is_string()
-                                                                                 ? spec.defaultValue.get<std::string>()
-                                                                                 : spec.defaultValue.dump())},
-                                        builtinPlugins()));
-  }
-  for (const auto& spec : trainingParamSpecs()) {
-    INFO(spec.name);
-    CHECK_NOTHROW(parseExperimentConfig(kValid, "inline", ".",
-                                        {"training." + spec.name + "=" + (spec.defaultValue.is_string()
-                                                                              ? spec.defaultValue.get<std::string>()
-                                                                              : spec.defaultValue.dump())},
-                                        builtinPlugins()));
+  for (const auto& [section, specs] : {std::make_pair("training", &trainingParamSpecs()),
+                                       std::make_pair("distributed", &distributedParamSpecs())}) {
+    for (const auto& spec : *specs) {
+      if (spec.defaultValue.is_null()) continue;
+      const std::string value =
+          spec.defaultValue.is_string() ? spec.defaultValue.get<std::string>() : spec.defaultValue.dump();
+      INFO(section << "." << spec.name << "=" << value);
+      CHECK_NOTHROW(parseExperimentConfig(kValid, "inline", ".", {std::string(section) + "." + spec.name + "=" + value},
+                                          builtinPlugins()));
+    }
   }
   const auto wrong = runDdpRun("--describe trainig");
   CHECK(wrong.exitCode == 2);
