@@ -480,8 +480,9 @@ void Trainer::build() {
 
   const int r = rank(), world = worldSize();
   // Uneven inputs: unpadded shards where the strategy can shadow steps.
-  s.join = tc.join && !tc.dropLast && world > 1 && data.train->size() % world != 0 && s.strategy->supportsJoin();
-  if (tc.join && !tc.dropLast && world > 1 && data.train->size() % world != 0 && !s.join) {
+  const bool uneven = tc.join && !tc.dropLast && world > 1 && data.train->size() % world != 0;
+  s.join = uneven && s.strategy->supportsJoin();
+  if (uneven && !s.join) {
     s.log->line(fmt::format("training.join: strategy {} cannot shadow steps; the {} training samples are padded to "
                             "{} per rank",
                             s.strategy->name(), data.train->size(), (data.train->size() + world - 1) / world));

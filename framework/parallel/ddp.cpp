@@ -416,6 +416,8 @@ void DistributedDataParallel::finishGradientSync() {
     }
     timeline_.finishEnd = Clock::now();
     lastTimeline_ = timeline_;
+    lastWaitSeconds_ =
+        std::chrono::duration<double>(timeline_.finishEnd - timeline_.finishStart).count() + timeline_.hookSeconds;
     resetStepLocked();
     if (options_.findUnusedParameters) unused.clear();
   }
@@ -446,6 +448,11 @@ std::vector<DistributedDataParallel::BucketInfo> DistributedDataParallel::bucket
     infos.push_back(std::move(info));
   }
   return infos;
+}
+
+double DistributedDataParallel::lastSyncWaitSeconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lastWaitSeconds_;
 }
 
 DistributedDataParallel::SyncTimeline DistributedDataParallel::lastSyncTimeline() const {

@@ -167,6 +167,10 @@ class DistributedDataParallel {
   size_t bucketCount() const { return buckets_.size(); }
   std::vector<BucketInfo> bucketInfo() const;
   SyncTimeline lastSyncTimeline() const;
+  // Of the last finished step: the wait in finishGradientSync() plus the
+  // time inside the comm hook's calls (SyncTimeline::hookSeconds); no copy
+  // of the timeline, for a per-step caller.
+  double lastSyncWaitSeconds() const;
 
  private:
   struct Bucket {
@@ -229,6 +233,7 @@ class DistributedDataParallel {
   size_t nextToLaunch_ = 0;
   SyncTimeline timeline_;      // being filled
   SyncTimeline lastTimeline_;  // of the last finished step
+  double lastWaitSeconds_ = 0;  // lastSyncWaitSeconds()
 };
 
 using DDP = DistributedDataParallel;

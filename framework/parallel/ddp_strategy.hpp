@@ -24,12 +24,9 @@ class DdpStrategy : public ParallelStrategy {
   void step() override;
   void saveState(torch::serialize::OutputArchive* archive) override;
   bool supportsJoin() const override { return true; }
-  std::optional<double> lastGradientWaitSeconds() const override {
-    // The wait after backward, and the collectives that ran inside the
-    // hooks during it (waiting for the peers there too).
-    const auto t = ddp_->lastSyncTimeline();
-    return std::chrono::duration<double>(t.finishEnd - t.finishStart).count() + t.hookSeconds;
-  }
+  // The wait after backward, and the collectives that ran inside the hooks
+  // during it (waiting for the peers there too).
+  std::optional<double> lastGradientWaitSeconds() const override { return ddp_->lastSyncWaitSeconds(); }
   void setContributors(int contributors) override { ddp_->setContributors(contributors); }
   void shadowBackward() override { ddp_->shadowBackward(); }
 

@@ -85,20 +85,17 @@ void StepMetrics::onStepEnd(Trainer& trainer, const StepEnd& step) {
 void StepMetrics::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   const int world = trainer.worldSize();
   if (world < 2) return;  // one rank has no one to wait for, nor to hold up
-  std::vector<double> compute(static_cast<size_t>(world), 0.0), wait(static_cast<size_t>(world), 0.0);
   at::Tensor slots = at::zeros({2 * world}, at::kDouble);  // each rank fills its two slots
   slots[trainer.rank()] = epochCompute_;
   slots[world + trainer.rank()] = epochWait_;
   trainer.group().allreduce(slots)->wait();
+  const double* all = slots.data_ptr<double>();
   for (int r = 0; r < world; ++r) {
-    compute[static_cast<size_t>(r)] = slots[r].item<double>();
-    wait[static_cast<size_t>(r)] = slots[world + r].item<double>();
-  }
-  for (int r = 0; r < world; ++r) {
-    end.metrics.extra.emplace_back(fmt::format("rank_{}_compute_s", r), compute[static_cast<size_t>(r)]);
-    end.metrics.extra.emplace_back(fmt::format("rank_{}_comm_wait_s", r), wait[static_cast<size_t>(r)]);
-    runCompute_[static_cast<size_t>(r)] += compute[static_cast<size_t>(r)];
-    runWait_[static_cast<size_t>(r)] += wait[static_cast<size_t>(r)];
+    const double compute = all[r], wait = all[world + r];
+    end.metrics.extra.emplace_back(fmt::format("rank_{}_compute_s", r), compute);
+    end.metrics.extra.emplace_back(fmt::format("rank_{}_comm_wait_s", r), wait);
+    runCompute_[static_cast<size_t>(r)] += compute;
+    runWait_[static_cast<size_t>(r)] += wait;
   }
 }
 
