@@ -448,6 +448,11 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
                   "a NaN or infinite training loss: stop the run (exit code 3) or continue"),
       boolParam("checkpoint_on_signal", false,
                 "on SIGTERM or SIGINT, finish the step and save a checkpoint of it before exiting"),
+      boolParam("trace", false,
+                "record a timeline of a few steps (data, forward, backward, each bucket's collective, optimizer) "
+                "into trace.json, for Perfetto or chrome://tracing (also: environment DDP_TRACE=1)"),
+      intParam("trace_start", 2, 1, "the first optimizer step the trace records (1-based; the first is warm-up)"),
+      intParam("trace_steps", 3, 1, "optimizer steps the trace records"),
   };
   return specs;
 }
@@ -653,6 +658,9 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.training.join = training["join"];
   config.training.stopOnNonfiniteLoss = training["on_nonfinite_loss"] == "stop";
   config.training.checkpointOnSignal = training["checkpoint_on_signal"];
+  config.training.trace = training["trace"];
+  config.training.traceStart = training["trace_start"];
+  config.training.traceSteps = training["trace_steps"];
 
   Json distributedBody = root.contains("distributed") ? root["distributed"] : Json::object();
   Json commHookBody;

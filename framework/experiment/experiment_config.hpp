@@ -55,6 +55,11 @@ struct TrainingConfig {
   // SIGTERM or SIGINT mid-training: finish the step, save a checkpoint of
   // that point on rank 0, exit 128+signal (trainer.hpp).
   bool checkpointOnSignal = false;
+  // A timeline of optimizer steps traceStart .. traceStart + traceSteps - 1
+  // in trace.json (callbacks/trace_writer.hpp); DDP_TRACE=1 turns it on too.
+  bool trace = false;
+  int64_t traceStart = 2;
+  int64_t traceSteps = 3;
 };
 
 struct DistributedConfig {

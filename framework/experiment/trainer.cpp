@@ -21,12 +21,14 @@
 
 #include "framework/core/errors.hpp"
 #include "framework/core/system.hpp"
+#include "framework/core/trace.hpp"
 #include "framework/experiment/callbacks/checkpoints.hpp"
 #include "framework/experiment/callbacks/epoch_log.hpp"
 #include "framework/experiment/callbacks/fault_injection.hpp"
 #include "framework/experiment/callbacks/metrics_files.hpp"
 #include "framework/experiment/callbacks/progress_line.hpp"
 #include "framework/experiment/callbacks/step_metrics.hpp"
+#include "framework/experiment/callbacks/trace_writer.hpp"
 #include "framework/experiment/resume_rules.hpp"
 #include "framework/experiment/run_folder.hpp"
 #include "framework/experiment/run_log.hpp"
@@ -362,6 +364,8 @@ void Trainer::addStandardCallbacks() {
   // Every rank (one collective per epoch), before the metrics files that
   // write what it adds.
   addCallback(std::make_shared<StepMetrics>());
+  // Every rank (it gathers the ranks' spans).
+  if (TraceWriter::wanted(*this)) addCallback(std::make_shared<TraceWriter>());
   if (isWriter()) {
     addCallback(std::make_shared<MetricsFiles>());
     addCallback(std::make_shared<EpochLog>());
@@ -548,11 +552,20 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
     Batch batch = data.train->get(c10::ArrayRef<int64_t>(order.data() + begin, static_cast<size_t>(len)));
     const at::Tensor x = batch.inputs.to(s.device, /*non_blocking=*/true);
     const at::Tensor y = batch.targets.to(s.device, /*non_blocking=*/true);
-    s.dataSeconds += std::chrono::duration<double>(Clock::now() - fetchStart).count();
+    const auto fetchEnd = Clock::now();
+    s.dataSeconds += std::chrono::duration<double>(fetchEnd - fetchStart).count();
+    if (trace::enabled()) trace::record("data", trace::Track::Compute, fetchStart, fetchEnd, trace::currentStep());
     const bool stepNow = (++micro % tc.accumulateGradBatches == 0) || b == usable - 1;
-    at::Tensor loss = s.lossFn(s.model->forward(x), y);
+    at::Tensor loss;
+    {
+      trace::Scope span("forward");
+      loss = s.lossFn(s.model->forward(x), y);
+    }
     if (s.join && stepNow) strategy.setContributors(contributorsAt(stepInEpoch));
-    strategy.backward(tc.accumulateGradBatches > 1 ? loss / double(tc.accumulateGradBatches) : loss, stepNow);
+    {
+      trace::Scope span("backward");
+      strategy.backward(tc.accumulateGradBatches > 1 ? loss / double(tc.accumulateGradBatches) : loss, stepNow);
+    }
     const double stepLoss = loss.item<double>();
     // Before the optimizer steps on it; an isfinite per micro-batch.
     if (!std::isfinite(stepLoss) && tc.stopOnNonfiniteLoss) {
@@ -563,9 +576,13 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
     lossSum += stepLoss * len;
     seen += len;
     if (stepNow) {
-      strategy.step();
+      {
+        trace::Scope span("optimizer step");
+        strategy.step();
+      }
       micro = 0;
       ++s.steps;
+      trace::setStep(s.steps + 1);  // the step that runs next
       ++stepInEpoch;
       if (tc.maxSteps > 0 && s.steps >= tc.maxSteps) s.stop = true;
     }
@@ -585,9 +602,16 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
   const int64_t epochSteps = *std::max_element(rankSteps.begin(), rankSteps.end());
   for (int64_t k = std::max(stepInEpoch, stepsOf(myN)); s.join && k < epochSteps && !s.stop; ++k) {
     strategy.setContributors(contributorsAt(k));
-    strategy.shadowBackward();
-    strategy.step();
+    {
+      trace::Scope span("shadow backward");
+      strategy.shadowBackward();
+    }
+    {
+      trace::Scope span("optimizer step");
+      strategy.step();
+    }
     ++s.steps;
+    trace::setStep(s.steps + 1);
     if (tc.maxSteps > 0 && s.steps >= tc.maxSteps) s.stop = true;
     if (s.watchSignals && stopSignalAgreed()) {
       s.stop = true;

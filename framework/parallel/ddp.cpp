@@ -16,6 +16,7 @@
 #include "framework/core/errors.hpp"
 #include "framework/core/log.hpp"
 #include "framework/core/strings.hpp"
+#include "framework/core/trace.hpp"
 #include "framework/parallel/model_sync.hpp"
 
 namespace ddp {
@@ -305,6 +306,17 @@ void DistributedDataParallel::launchBucketLocked(size_t b, bool inBackward) {
     bucket.work = commHook_->run(*group_, view);
     timeline_.hookSeconds += std::chrono::duration<double>(Clock::now() - hookStart).count();
     DDP_CHECK(bucket.work != nullptr, fmt::format("the comm hook returned no Work for bucket {}", b));
+    if (trace::enabled()) {
+      // Ends on the thread that finishes the collective (or here, when the
+      // hook ran it inline).
+      const int64_t step = trace::currentStep();
+      const auto launched = timeline_.bucketLaunch[b];
+      std::string args = fmt::format(R"({{"bucket":{},"bytes":{},"during_backward":{}}})", b,
+                                     bucket.buffer.numel() * bucket.buffer.element_size(), inBackward);
+      bucket.work->onFinish([launched, step, args = std::move(args)]() mutable {
+        trace::record("bucket allreduce", trace::Track::Comm, launched, trace::Clock::now(), step, std::move(args));
+      });
+    }
   }
   bucket.launched = true;
 }
@@ -371,6 +383,7 @@ void DistributedDataParallel::finishGradientSync() {
     // nothing of this step (a hook's later stages) still writes into the
     // buckets when the error reaches the caller.
     std::exception_ptr failed;
+    trace::Scope waitSpan("gradient wait");
     for (auto& bucket : buckets_) {
       if (!bucket.work) continue;
       try {
