@@ -39,6 +39,8 @@ struct Args {
   std::string outDir;
   bool resume = false;
   bool listPlugins = false;
+  bool schema = false;
+  std::vector<std::string> pluginLibs;  // --plugin-lib: for --list-plugins, --describe and --schema
   std::string describe;
   int nprocPerNode = 0;
   int nnodes = 1;
@@ -222,9 +224,15 @@ int main(int argc, char** argv) {
   app.add_option("--set", args.overrides, "override a setting, e.g. --set optimizer.lr=0.01 (repeatable)");
   app.add_option("--out", args.outDir, "run folder (default: runs/<name>-<time>)");
   app.add_flag("--resume", args.resume, "continue from the newest checkpoint in --out");
-  app.add_flag("--list-plugins", args.listPlugins, "list datasets, models, optimizers, schedulers and losses");
+  app.add_flag("--list-plugins", args.listPlugins, "list the plugins: datasets, models, optimizers, schedulers, losses and communication hooks");
   app.add_option("--describe", args.describe,
                  "describe one plugin's parameters (e.g. optimizer.adam), or a section: training, distributed, plugins");
+  app.add_flag("--schema", args.schema,
+               "print a JSON Schema of the experiment format (for editors: \"$schema\" in an experiment names it)");
+  app.add_option("--plugin-lib", args.pluginLibs,
+                 "load a plugin library first, for --list-plugins, --describe and --schema (repeatable; an "
+                 "experiment loads its own from its \"plugins\" key)")
+      ->allow_extra_args(false);  // one path per --plugin-lib: the experiment stays positional
   app.add_option("--nproc-per-node,--nproc_per_node", args.nprocPerNode, "ranks to start on this node (launcher mode)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--nnodes", args.nnodes, "number of nodes in the job")->check(CLI::Range(1, 1 << 20));
@@ -364,6 +372,16 @@ int main(int argc, char** argv) {
 
   try {
     auto& registry = ddp::builtinPlugins();
+    if (!args.pluginLibs.empty() && !(args.listPlugins || args.schema || !args.describe.empty())) {
+      throw ddp::UsageError(
+          "--plugin-lib is for --list-plugins, --describe and --schema. HINT: an experiment loads its plugin "
+          "libraries from its \"plugins\" key");
+    }
+    for (const std::string& lib : args.pluginLibs) ddp::loadPluginLibrary(lib, registry);
+    if (args.schema) {
+      std::cout << ddp::experimentSchema(registry).dump(2) << "\n";
+      return 0;
+    }
     if (args.listPlugins) {
       std::cout << registry.listing();
       return 0;

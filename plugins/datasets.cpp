@@ -355,9 +355,9 @@ void registerDatasets(PluginRegistry& registry) {
                         .file(),
                     Param("block_size", ParamType::Int, 64, "tokens per window (the model's context)").atLeast(1),
                     Param("stride", ParamType::Int, 0, "tokens between window starts (0: block_size)").atLeast(0),
-                    Param("val_fraction", ParamType::Float, 0.1, "the last part of the text, held out, < 1")
+                    Param("val_fraction", ParamType::Float, 0.1, "the last part of the text, held out")
                         .above(0)
-                        .atMost(1),
+                        .below(1),
                     Param("max_bytes", ParamType::Int, 0, "read at most this many bytes of the file (0: all)")
                         .atLeast(0),
                 },

@@ -140,9 +140,9 @@ void registerLosses(PluginRegistry& registry) {
                 "softmax cross-entropy against class indices; [B, T, V] logits against [B, T] tokens: mean per token",
                 {
                     Param("label_smoothing", ParamType::Float, 0.0,
-                          "mix of the uniform distribution into the targets, < 1")
+                          "mix of the uniform distribution into the targets")
                         .atLeast(0)
-                        .atMost(1),
+                        .below(1),
                 },
                 makeCrossEntropy});
   registry.add({"mse", "mean squared error (integer targets are compared as one-hot vectors)", {}, makeMse});

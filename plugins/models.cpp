@@ -16,9 +16,9 @@ void registerModels(PluginRegistry& registry) {
                         .atLeast(0),
                     Param("activation", ParamType::String, "relu", "between the layers")
                         .oneOf({"relu", "tanh", "gelu", "sigmoid"}),
-                    Param("dropout", ParamType::Float, 0.0, "drop probability after each hidden activation, < 1")
+                    Param("dropout", ParamType::Float, 0.0, "drop probability after each hidden activation")
                         .atLeast(0)
-                        .atMost(1),
+                        .below(1),
                 },
                 makeMlp});
   registry.add({"cnn",
@@ -34,9 +34,9 @@ void registerModels(PluginRegistry& registry) {
                         .oneOf({"relu", "gelu", "tanh"}),
                     Param("pool", ParamType::String, "max", "2x2 pooling after each block, skipped at 1x1")
                         .oneOf({"max", "avg", "none"}),
-                    Param("dropout", ParamType::Float, 0.0, "drop probability before the head, < 1")
+                    Param("dropout", ParamType::Float, 0.0, "drop probability before the head")
                         .atLeast(0)
-                        .atMost(1),
+                        .below(1),
                     Param("hidden", ParamType::Int, 0, "0: the head is one Linear; > 0: Linear -> activation -> Linear")
                         .atLeast(0),
                 },
@@ -49,9 +49,9 @@ void registerModels(PluginRegistry& registry) {
                     Param("n_embd", ParamType::Int, 128, "embedding width").atLeast(1),
                     Param("block_size", ParamType::Int, 0, "longest input in tokens; 0: the dataset's window length")
                         .atLeast(0),
-                    Param("dropout", ParamType::Float, 0.1, "drop probability (embeddings, attention, residuals), < 1")
+                    Param("dropout", ParamType::Float, 0.1, "drop probability (embeddings, attention, residuals)")
                         .atLeast(0)
-                        .atMost(1),
+                        .below(1),
                     Param("bias", ParamType::Bool, true, "biases in the Linear layers and LayerNorms"),
                     Param("tie_weights", ParamType::Bool, true, "the lm head reuses the token embedding's weight"),
                 },

@@ -12,8 +12,8 @@ namespace {
 std::vector<ParamSpec> adamParams(double defaultWeightDecay, const std::string& weightDecayDoc) {
   return {
       Param("lr", ParamType::Float, 1e-3, "learning rate").above(0),
-      Param("beta1", ParamType::Float, 0.9, "decay of the gradient average, < 1").atLeast(0).atMost(1),
-      Param("beta2", ParamType::Float, 0.999, "decay of the squared-gradient average, < 1").atLeast(0).atMost(1),
+      Param("beta1", ParamType::Float, 0.9, "decay of the gradient average").atLeast(0).below(1),
+      Param("beta2", ParamType::Float, 0.999, "decay of the squared-gradient average").atLeast(0).below(1),
       Param("eps", ParamType::Float, 1e-8, "added to the denominator for stability").atLeast(0),
       Param("weight_decay", ParamType::Float, defaultWeightDecay, weightDecayDoc).atLeast(0),
   };
@@ -26,7 +26,7 @@ void registerOptimizers(PluginRegistry& registry) {
                 "stochastic gradient descent with optional (Nesterov) momentum",
                 {
                     Param("lr", ParamType::Float, 0.01, "learning rate").above(0),
-                    Param("momentum", ParamType::Float, 0.0, "momentum factor, < 1").atLeast(0).atMost(1),
+                    Param("momentum", ParamType::Float, 0.0, "momentum factor").atLeast(0).below(1),
                     Param("weight_decay", ParamType::Float, 0.0, "L2 penalty added to the gradient").atLeast(0),
                     Param("nesterov", ParamType::Bool, false, "Nesterov momentum (needs momentum > 0)"),
                 },

@@ -90,6 +90,10 @@ TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no ru
        "--set training.epochz: unknown key; did you mean \"epochs\"?"},
       {"override without value", "", "--set training.epochs", "expected KEY=VALUE"},
       {"override of unknown section", "", "--set trainer.epochs=3", "unknown section \"trainer\""},
+      {"description not a string", R"({"description": {"a": 1}, "dataset": {"name": "wine"}, "model": {"name": "mlp"},
+           "optimizer": {"name": "adam"}, "loss": {"name": "cross_entropy"}})",
+       "", "description: expected a string, got {\"a\":1}"},
+      {"unknown key names its --describe", "", "--set model.widht=3", "HINT: ddp-run --describe model.mlp lists them"},
       {"bool as string", "", "--set training.drop_last=yes", "training.drop_last: expected true or false, got \"yes\""},
       {"timeout zero", "", "--set distributed.timeout_s=0", "distributed.timeout_s: expected a number > 0, got 0"},
       // Found by the plugins when they are built, still before any folder.
@@ -222,6 +226,14 @@ TEST_CASE("a plugin switched by an override validates against its own declaratio
       parseExperimentConfig(kValid, "inline", ".", {"optimizer.name=sgd", "optimizer.momentum=0.9"}, registry);
   CHECK(c.optimizer.name == "sgd");
   CHECK(c.optimizer.params.getDouble("momentum") == Approx(0.9));
+  // --set SECTION=NAME chooses the plugin as --set SECTION.name=NAME does.
+  ExperimentConfig byName = parseExperimentConfig(kValid, "inline", ".", {"optimizer=sgd"}, registry);
+  CHECK(byName.optimizer.name == "sgd");
+  // An exclusive upper bound (Param::below) is checked by validation,
+  // before the plugin's own factory runs.
+  CHECK_THROWS_WITH(parseExperimentConfig(kValid, "inline", ".", {"optimizer=sgd", "optimizer.momentum=1"}, registry),
+                    Catch::Matchers::Contains("optimizer.momentum: expected a number in [0, 1), got 1"));
+  CHECK_NOTHROW(parseExperimentConfig(kValid, "inline", ".", {"optimizer=sgd", "optimizer.momentum=0.999"}, registry));
 }
 
 TEST_CASE("bad tuning variables of the gloo backend fail at start-up, naming the variable", "[config][gloo]") {

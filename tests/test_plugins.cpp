@@ -146,7 +146,7 @@ TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]"
   CHECK_THAT(mlp, Contains("relu|tanh|gelu|sigmoid"));
   CHECK_THAT(registry.describe("dataset.csv"), Contains("(required)"));
   CHECK_THAT(registry.describe("loss.mse"), Contains("(no parameters)"));
-  CHECK_THAT(registry.describe("dataset.wine"), Contains("(0, 1]"));
+  CHECK_THAT(registry.describe("dataset.wine"), Contains("(0, 1)"));
 
   const std::string typo = usageErrorOf([&] { registry.describe("optimizer.adma"); });
   CHECK_THAT(typo, Contains("unknown optimizer 'adma'; did you mean 'adam'?"));
@@ -816,17 +816,17 @@ TEST_CASE("plugin libraries: the example loads, bad ones fail clearly", "[plugin
   const std::string wrongVersion = DDP_WRONG_VERSION_PLUGIN_PATH;
   CHECK(usageErrorOf([&] { loadPluginLibrary(wrongVersion, registry); }) ==
         "plugin library '" + wrongVersion +
-            "' was built for plugin API version 999; this ddp has plugin API version 4. HINT: rebuild it against "
+            "' was built for plugin API version 999; this ddp has plugin API version 5. HINT: rebuild it against "
             "this ddp's headers");
   const std::string unversioned = DDP_UNVERSIONED_PLUGIN_PATH;
   CHECK(usageErrorOf([&] { loadPluginLibrary(unversioned, registry); }) ==
         "plugin library '" + unversioned +
-            "' has no plugin API version (no ddp_plugin_api_version symbol); this ddp has plugin API version 4. "
+            "' has no plugin API version (no ddp_plugin_api_version symbol); this ddp has plugin API version 5. "
             "HINT: rebuild it against this ddp, with DDP_EXPORT_PLUGIN_API_VERSION(); in one of its sources");
   CHECK_FALSE(registry.has(PluginKind::Model, "refused_model"));
   // Refused, not remembered: a second try is refused again.
   CHECK_THAT(usageErrorOf([&] { loadPluginLibrary(wrongVersion, registry); }), Contains("version 999"));
-  CHECK(DDP_PLUGIN_API_VERSION == 4);
+  CHECK(DDP_PLUGIN_API_VERSION == 5);
 
   const std::string notElf =
       dir.write("libtext.so", std::string(20, '#') + " not a shared library, just long enough for an ELF header\n" +
@@ -1081,7 +1081,7 @@ TEST_CASE("ddp-run refuses a plugin library built for another plugin API version
   INFO(o.output);
   CHECK(o.exitCode == 2);
   CHECK_THAT(o.output, Contains("plugins[0]: plugin library '"));
-  CHECK_THAT(o.output, Contains("was built for plugin API version 999; this ddp has plugin API version 4. HINT: "));
+  CHECK_THAT(o.output, Contains("was built for plugin API version 999; this ddp has plugin API version 5. HINT: "));
   CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
   CHECK_FALSE(std::filesystem::exists(runDir));
 }

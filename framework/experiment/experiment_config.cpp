@@ -23,8 +23,10 @@
 namespace ddp {
 namespace {
 
-const std::vector<std::string> kTopLevelKeys = {"name",      "description", "plugins", "dataset",  "model",
-                                                "optimizer", "scheduler",   "loss",    "training", "distributed"};
+// "$schema": where an editor finds the JSON Schema (ddp-run --schema); ignored.
+const std::vector<std::string> kTopLevelKeys = {"name",      "description", "plugins",  "dataset",     "model",
+                                                "optimizer", "scheduler",   "loss",     "training",    "distributed",
+                                                "$schema"};
 const std::vector<std::pair<std::string, PluginKind>> kPluginSections = {{"dataset", PluginKind::Dataset},
                                                                          {"model", PluginKind::Model},
                                                                          {"optimizer", PluginKind::Optimizer},
@@ -89,11 +91,12 @@ std::string formatNumber(double v) {
 std::string expectation(const ParamSpec& p) {
   std::string range;
   if (p.min && p.max) {
-    range = fmt::format(" in {}{}, {}]", p.minExclusive ? "(" : "[", formatNumber(*p.min), formatNumber(*p.max));
+    range = fmt::format(" in {}{}, {}{}", p.minExclusive ? "(" : "[", formatNumber(*p.min), formatNumber(*p.max),
+                        p.maxExclusive ? ")" : "]");
   } else if (p.min) {
     range = fmt::format(" {} {}", p.minExclusive ? ">" : ">=", formatNumber(*p.min));
   } else if (p.max) {
-    range = fmt::format(" <= {}", formatNumber(*p.max));
+    range = fmt::format(" {} {}", p.maxExclusive ? "<" : "<=", formatNumber(*p.max));
   }
   switch (p.type) {
     case ParamType::Int: return "an integer" + range;
@@ -114,7 +117,7 @@ std::string expectation(const ParamSpec& p) {
 bool inRange(const ParamSpec& p, double v) {
   if (!std::isfinite(v)) return false;
   if (p.min && (p.minExclusive ? v <= *p.min : v < *p.min)) return false;
-  if (p.max && v > *p.max) return false;
+  if (p.max && (p.maxExclusive ? v >= *p.max : v > *p.max)) return false;
   return true;
 }
 
@@ -192,8 +195,12 @@ class Validator {
   // Checks `section` (a JSON object at `path`) against `specs`, applies the
   // overrides under `path`, and returns the section with defaults filled in.
   // `reserved` keys (e.g. "name") are allowed and left alone.
+  // describeName: what `ddp-run --describe` takes for these keys (a
+  // plugin's KIND.NAME); "" for `path` itself.
   Json validateSection(const std::string& path, const Json& section, const std::vector<ParamSpec>& specs,
-                       const std::set<std::string>& reserved = {}) {
+                       const std::set<std::string>& reserved = {}, const std::string& describeName = "") {
+    const std::string hint =
+        fmt::format(". HINT: ddp-run --describe {} lists them", describeName.empty() ? path : describeName);
     if (!section.is_object()) fail(path, "expected an object, got {}", shown(section));
     std::map<std::string, const ParamSpec*> byName;
     std::vector<std::string> known(reserved.begin(), reserved.end());
@@ -208,7 +215,7 @@ class Validator {
       if (reserved.count(key) || reserved.count(key.substr(0, key.find('.')))) continue;  // handled by the caller
       auto it = byName.find(key);
       if (it == byName.end()) {
-        fail("--set " + o.path, "unknown key{}", suggestion(key, known));
+        fail("--set " + o.path, "unknown key{}{}", suggestion(key, known), hint);
       }
       values[key] = typedOverride(o, it->second);
       o.used = true;
@@ -219,7 +226,9 @@ class Validator {
         out[it.key()] = it.value();
         continue;
       }
-      if (!byName.count(it.key())) fail(path + "." + it.key(), "unknown key{}", suggestion(it.key(), known));
+      if (!byName.count(it.key())) {
+        fail(path + "." + it.key(), "unknown key{}{}", suggestion(it.key(), known), hint);
+      }
     }
     for (const auto& spec : specs) {
       const std::string where = path + "." + spec.name;
@@ -298,7 +307,9 @@ std::vector<Override> parseOverrides(const std::vector<std::string>& overrides) 
       fail<ConfigError>("--set {}: expected KEY=VALUE, e.g. --set optimizer.lr=0.01", text);
     }
     std::string path = text.substr(0, eq);
-    if (path.find('.') == std::string::npos && path != "name") {
+    const bool pluginSection = std::any_of(kPluginSections.begin(), kPluginSections.end(),
+                                           [&](const auto& section) { return section.first == path; });
+    if (path.find('.') == std::string::npos && path != "name" && !pluginSection) {
       fail<ConfigError>("--set {}: expected SECTION.KEY=VALUE, e.g. --set training.epochs=5", text);
     }
     out.push_back({path, text.substr(eq + 1)});
@@ -438,7 +449,9 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
       intParam("eval_batch_size", 512, 1, "samples per rank per forward pass when evaluating"),
       intParam("log_every", 0, 0, "optimizer steps between records of steps.jsonl (0: about four per epoch)"),
       intParam("accumulate_grad_batches", 1, 1, "micro-batches per optimizer step"),
-      intParam("threads", 0, 0, "intra-op threads per rank (0: cores / local ranks)"),
+      intParam("threads", 0, 0,
+               "intra-op threads per rank (0: LibTorch's setting; ranks that ddp-run starts get cores / local ranks "
+               "through OMP_NUM_THREADS)"),
       boolParam("drop_last", false, "drop the last incomplete batch and shard"),
       boolParam("join", true,
                 "uneven shards (drop_last false, a size the world does not divide): ranks that run out shadow their "
@@ -500,7 +513,10 @@ std::optional<std::string> describeSection(const std::string& section, const Plu
     std::vector<std::vector<std::string>> rows;
     rows.push_back({"name", "string", "\"\"", "no / or ..", "names the run folder runs/<name>-<time>"});
     rows.push_back({"description", "string", "\"\"", "", "a comment, kept in config.json"});
-    rows.push_back({"plugins", "list", "[]", "", "shared libraries of plugins to load first (paths from the file)"});
+    rows.push_back({"$schema", "string", "", "", "where an editor finds ddp-run --schema's output; ignored"});
+    rows.push_back({"plugins", "list", "[]", "",
+                    "shared libraries of plugins to load first (relative paths: the experiment's folder, the working "
+                    "folder, then the data folders); ddp-run --plugin-lib loads one for --list-plugins and --describe"});
     for (const auto& [key, kind] : kPluginSections) {
       const bool optional = kind == PluginKind::Scheduler;
       rows.push_back({key, "plugin", optional ? "(none)" : "(required)", joinNames(registry.names(kind)),
@@ -511,6 +527,111 @@ std::optional<std::string> describeSection(const std::string& section, const Plu
     return "the keys of an experiment file (JSON; any other key is refused)\n" + describeParams({}, rows);
   }
   return std::nullopt;
+}
+
+namespace {
+
+// One declared parameter as a JSON Schema.
+Json paramSchema(const ParamSpec& spec) {
+  Json out = Json::object();
+  auto bounds = [&](Json& number) {
+    if (spec.min) number[spec.minExclusive ? "exclusiveMinimum" : "minimum"] = *spec.min;
+    if (spec.max) number[spec.maxExclusive ? "exclusiveMaximum" : "maximum"] = *spec.max;
+  };
+  switch (spec.type) {
+    case ParamType::Int:
+      out["type"] = "integer";
+      bounds(out);
+      break;
+    case ParamType::Float:
+      out["type"] = "number";
+      bounds(out);
+      break;
+    case ParamType::Bool:
+      out["type"] = "boolean";
+      break;
+    case ParamType::String:
+      out["type"] = "string";
+      if (!spec.choices.empty()) out["enum"] = spec.choices;
+      break;
+    case ParamType::IntList:
+    case ParamType::FloatList: {
+      Json item = {{"type", spec.type == ParamType::IntList ? "integer" : "number"}};
+      bounds(item);
+      out["type"] = "array";
+      out["items"] = item;
+      break;
+    }
+  }
+  out["description"] = spec.isFile ? spec.doc + " (a file: relative to the experiment's folder, the working folder "
+                                                "or the data folders)"
+                                   : spec.doc;
+  if (!spec.defaultValue.is_null()) out["default"] = spec.defaultValue;
+  return out;
+}
+
+// An object of declared parameters; `extra` adds properties (a plugin's "name").
+Json objectSchema(const std::vector<ParamSpec>& specs, const std::string& description, Json extra = Json::object(),
+                  std::vector<std::string> required = {}) {
+  Json properties = std::move(extra);
+  for (const ParamSpec& spec : specs) {
+    properties[spec.name] = paramSchema(spec);
+    if (spec.defaultValue.is_null()) required.push_back(spec.name);
+  }
+  Json out = {{"type", "object"}, {"description", description}, {"properties", properties},
+              {"additionalProperties", false}};
+  if (!required.empty()) out["required"] = required;
+  return out;
+}
+
+// A plugin section: a name, or {"name": NAME, that plugin's parameters}.
+Json pluginSchema(const PluginRegistry& registry, PluginKind kind, const std::string& description) {
+  const std::vector<std::string> names = registry.names(kind);
+  Json choices = Json::array();
+  choices.push_back({{"type", "string"}, {"enum", names}, {"description", "a plugin's name, with its defaults"}});
+  for (const std::string& name : names) {
+    const PluginSpec& spec = registry.get(kind, name);
+    choices.push_back(objectSchema(spec.params, fmt::format("{}.{}: {}", pluginKindName(kind), name, spec.doc),
+                                   Json{{"name", {{"const", name}}}}, {"name"}));
+  }
+  return {{"description", description}, {"oneOf", choices}};
+}
+
+}  // namespace
+
+Json experimentSchema(const PluginRegistry& registry) {
+  Json properties = Json::object();
+  properties["$schema"] = {{"type", "string"}, {"description", "where editors find this schema; ignored"}};
+  properties["name"] = {{"type", "string"},
+                        {"description", "names the run folder runs/<name>-<time>"},
+                        {"pattern", R"(^(?!\.)(?!.*\.\.)[^/\\\x00-\x1f]*$)"}};
+  properties["description"] = {{"type", "string"}, {"description", "a comment, kept in config.json"}};
+  properties["plugins"] = {{"type", "array"},
+                           {"items", {{"type", "string"}}},
+                           {"description", "shared libraries of plugins to load first (paths from the file)"}};
+  for (const auto& [key, kind] : kPluginSections) {
+    properties[key] = pluginSchema(registry, kind, fmt::format("the {} (ddp-run --describe {}.NAME)",
+                                                               pluginKindName(kind), pluginKindName(kind)));
+  }
+  properties["training"] =
+      objectSchema(trainingParamSpecs(), "how each rank trains (ddp-run --describe training)");
+  properties["distributed"] = objectSchema(
+      distributedParamSpecs(), "how the ranks work together (ddp-run --describe distributed)",
+      Json{{"comm_hook", pluginSchema(registry, PluginKind::CommHook,
+                                      "how DDP averages gradient buckets (default allreduce)")}});
+  Json required = Json::array();
+  for (const auto& [key, kind] : kPluginSections) {
+    if (kind != PluginKind::Scheduler) required.push_back(key);
+  }
+  return {{"$schema", "https://json-schema.org/draft/2020-12/schema"},
+          {"title", "ddp experiment"},
+          {"description", "An experiment file for ddp-run (docs/experiments.md). Plugins that a library in "
+                          "\"plugins\" registers are known to the schema only when it was printed with "
+                          "ddp-run --plugin-lib LIBRARY --schema."},
+          {"type", "object"},
+          {"properties", properties},
+          {"required", required},
+          {"additionalProperties", false}};
 }
 
 ExperimentConfig parseExperimentConfig(const std::string& text, const std::string& sourceName,
@@ -526,8 +647,9 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   for (auto it = root.begin(); it != root.end(); ++it) {
     if (std::find(kTopLevelKeys.begin(), kTopLevelKeys.end(), it.key()) == kTopLevelKeys.end()) {
       std::string close = closestName(it.key(), kTopLevelKeys);
-      fail<ConfigError>("{}: unknown key{} (known: {})", it.key(),
-                        close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)),
+      fail<ConfigError>("{}: unknown key{} (known: {}). HINT: ddp-run --describe plugins lists the keys of an "
+                        "experiment file",
+                        it.key(), close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)),
                         fmt::join(kTopLevelKeys, ", "));
     }
   }
@@ -535,7 +657,8 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
     std::string section = o.path.substr(0, o.path.find('.'));
     if (std::find(kTopLevelKeys.begin(), kTopLevelKeys.end(), section) == kTopLevelKeys.end()) {
       std::string close = closestName(section, kTopLevelKeys);
-      fail<ConfigError>("--set {}: unknown section {}{}", o.path, inQuotes(section),
+      fail<ConfigError>("--set {}: unknown section {}{}. HINT: ddp-run --describe plugins lists the sections",
+                        o.path, inQuotes(section),
                         close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)));
     }
     if (o.path == "name") {
@@ -554,7 +677,12 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
     checkExperimentName(config.name, "name");
   }
   resolved["name"] = config.name;
-  if (root.contains("description")) resolved["description"] = root["description"];
+  if (root.contains("description")) {
+    if (!root["description"].is_string()) {
+      v.fail("description", "expected a string, got {}", shown(root["description"]));
+    }
+    resolved["description"] = root["description"];
+  }
 
   // Plugin libraries first: their plugins may be named below.
   if (root.contains("plugins")) {
@@ -619,7 +747,8 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
       }
       body = kept;
     }
-    Json params = v.validateSection(section, body, spec.params, {"name"});
+    Json params =
+        v.validateSection(section, body, spec.params, {"name"}, fmt::format("{}.{}", pluginKindName(kind), name));
     Json shownParams = params;
     params.erase("name");
     return std::make_pair(PluginChoice{name, Params(params)}, shownParams);
@@ -692,7 +821,11 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   }
 
   for (const auto& o : overrides) {
-    if (!o.used) fail<ConfigError>("--set {}: nothing to set; the section is not in this experiment", o.path);
+    if (!o.used) {
+      fail<ConfigError>("--set {}: nothing to set; the section is not in this experiment. HINT: choose the plugin "
+                        "first, e.g. --set {}.name=NAME (ddp-run --list-plugins)",
+                        o.path, o.path.substr(0, o.path.find('.')));
+    }
   }
   config.resolved = resolved;
   return config;

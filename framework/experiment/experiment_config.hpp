@@ -107,4 +107,12 @@ const std::vector<ParamSpec>& distributedParamSpecs();
 // sections with the names `registry` knows); nullopt for anything else.
 std::optional<std::string> describeSection(const std::string& section, const PluginRegistry& registry);
 
+// A JSON Schema (draft 2020-12) of the experiment format, from the same
+// declarations as validation and --describe, with the plugins `registry`
+// knows: `ddp-run --schema`, for editors that complete and check files.
+// The schema checks structure, types, ranges and choices; what it cannot
+// say (files exist, a name fits a folder, a plugin's own checks) the
+// parser still refuses.
+Json experimentSchema(const PluginRegistry& registry);
+
 }  // namespace ddp

@@ -55,6 +55,7 @@ struct ParamSpec {
   std::optional<double> min;  // inclusive bounds for numbers (for lists: each element)
   std::optional<double> max;
   bool minExclusive = false;  // "> 0" rather than ">= 0"
+  bool maxExclusive = false;  // "< 1" rather than "<= 1"
   std::vector<std::string> choices;  // for strings, when non-empty
   std::string doc;
   // A string naming an input file: validation checks that it exists and
@@ -83,9 +84,14 @@ class Param {
     spec_.minExclusive = true;
     return *this;
   }
-  // Inclusive, as ParamSpec has it; a factory checks a strict upper bound itself.
   Param& atMost(double max) {
     spec_.max = max;
+    spec_.maxExclusive = false;
+    return *this;
+  }
+  Param& below(double max) {
+    spec_.max = max;
+    spec_.maxExclusive = true;
     return *this;
   }
   Param& oneOf(std::vector<std::string> choices) {

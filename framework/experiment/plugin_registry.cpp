@@ -36,10 +36,11 @@ std::string formatRange(const ParamSpec& spec) {
     return out;
   }
   if (spec.min && spec.max) {
-    return fmt::format("{}{}, {}]", spec.minExclusive ? "(" : "[", showNumber(*spec.min), showNumber(*spec.max));
+    return fmt::format("{}{}, {}{}", spec.minExclusive ? "(" : "[", showNumber(*spec.min), showNumber(*spec.max),
+                       spec.maxExclusive ? ")" : "]");
   }
   if (spec.min) return fmt::format("{} {}", spec.minExclusive ? ">" : ">=", showNumber(*spec.min));
-  if (spec.max) return fmt::format("<= {}", showNumber(*spec.max));
+  if (spec.max) return fmt::format("{} {}", spec.maxExclusive ? "<" : "<=", showNumber(*spec.max));
   return "";
 }
 

@@ -43,8 +43,9 @@
 // what they produce, PluginRegistry). A plugin library built against other
 // headers is refused by loadPluginLibrary; it is raised whenever a change
 // here would break a compiled plugin. 3: Model is also ShardingUnits.
-// 4: communication hooks (PluginKind::CommHook).
-#define DDP_PLUGIN_API_VERSION 4
+// 4: communication hooks (PluginKind::CommHook). 5: ParamSpec::maxExclusive
+// (Param::below).
+#define DDP_PLUGIN_API_VERSION 5
 
 // Written once, at namespace scope, in a plugin library's source:
 //   DDP_EXPORT_PLUGIN_API_VERSION();

@@ -21,6 +21,7 @@ struct Rule {
 const Rule kRules[] = {
     {"name", true, "a label"},
     {"description", true, "a comment"},
+    {"$schema", true, "a hint for editors"},
     {"plugins", true, "where plugins are loaded from; the plugins used are compared by name"},
     {"dataset", false, "the checkpoint was trained on the old data and split"},
     {"model", false, "the checkpoint holds the old model's weights"},

@@ -53,7 +53,7 @@ std::vector<int64_t> seededPermutation(int64_t n, uint64_t seed) {
 }
 
 ParamSpec testFractionParam() {
-  return Param("test_fraction", ParamType::Float, 0.2, "fraction of rows held out for testing, < 1").above(0).atMost(1);
+  return Param("test_fraction", ParamType::Float, 0.2, "fraction of rows held out for testing").above(0).below(1);
 }
 
 int64_t testRowCount(int64_t n, double testFraction) {
