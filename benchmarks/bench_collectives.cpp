@@ -63,6 +63,7 @@ struct Options {
   int iters = 20;
   bool verify = false;
   std::string jsonPath;
+  std::string plotPath;
   int timeoutSeconds = 900;      // per implementation, all ranks together
   int collectiveTimeoutSeconds = 120;
   std::string hosts;        // "HxR": ranks in a simulated cluster (sim_cluster.hpp)
@@ -438,6 +439,7 @@ void printRatios(const json& records, const std::vector<std::string>& impls) {
 }
 
 void runLauncher(Options o) {
+  checkPlotPath(o.plotPath);
   std::unique_ptr<SimCluster> cluster;
   HostLayout layout;
   if (!o.hosts.empty()) {
@@ -481,7 +483,7 @@ void runLauncher(Options o) {
 
   printTable(records, impls);
   printRatios(records, impls);
-  if (!o.jsonPath.empty()) {
+  if (!o.jsonPath.empty() || !o.plotPath.empty()) {
     json out = json::array();
     for (const auto& r : records) {
       out.push_back({{"impl", r["impl"]},
@@ -500,8 +502,7 @@ void runLauncher(Options o) {
                      {"hosts", o.hosts.empty() ? "1x" + std::to_string(o.worldSize) : o.hosts},
                      {"link", o.hosts.empty() ? "local" : o.link}});
     }
-    writeJsonFile(o.jsonPath, out);
-    std::cerr << "wrote " << o.jsonPath << "\n";
+    writeRecords(o.jsonPath, o.plotPath, out);
   }
 }
 
@@ -527,6 +528,7 @@ void registerCollectivesCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--verify", options->verify, "Check every result against its closed form; a mismatch fails the run");
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->add_option("--plot", options->plotPath, "Also draw bus bandwidth against size into this PNG (scripts/ddp-plot)");
   cmd->add_option("--timeout", options->timeoutSeconds, "Seconds all ranks of one implementation may take")
       ->capture_default_str();
   cmd->add_option("--collective-timeout", options->collectiveTimeoutSeconds,

@@ -62,6 +62,7 @@ struct Options {
   double lr = 1e-4;
   bool noReference = false;
   std::string jsonPath;
+  std::string plotPath;
   int timeoutSeconds = 900;
   bool fsdpBackwardPrefetch = true;
   double fsdpUnitMb = 0;
@@ -293,6 +294,11 @@ std::vector<std::string> workerArguments(const Options& o, const std::string& st
 double relativeDifference(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
 void runLauncher(const Options& o) {
+  if (o.plan && (!o.jsonPath.empty() || !o.plotPath.empty())) {
+    fail<BenchError>("strategies --plan prints the plan and measures nothing: --json and --plot need a run. HINT: "
+                     "drop --plan");
+  }
+  checkPlotPath(o.plotPath);
   if (o.plan) {
     printPlan(o);
     return;
@@ -399,10 +405,7 @@ void runLauncher(const Options& o) {
     std::cout << fmt::format("zero1 / torch-zero (ZeroRedundancyOptimizer) step time: {:.2f}x (target <= 0.8)\n",
                              (*zero1)["step_ms"].get<double>() / (*torchZero)["step_ms"].get<double>());
   }
-  if (!o.jsonPath.empty()) {
-    writeJsonFile(o.jsonPath, records);
-    std::cerr << "wrote " << o.jsonPath << "\n";
-  }
+  writeRecords(o.jsonPath, o.plotPath, records);
   if (!agree) throw BenchError("a strategy ended with other parameters than ddp (params_vs_ddp above 1e-4)");
   if (!formulasHold) throw BenchError("strategyFootprint does not match what a strategy holds (see above)");
 }
@@ -429,6 +432,7 @@ void registerStrategiesCommand(CLI::App& app) {
   cmd->add_option("--lr", options->lr, "Adam's learning rate")->capture_default_str();
   cmd->add_flag("--no-reference", options->noReference, "Do not run PyTorch");
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->add_option("--plot", options->plotPath, "Also draw step time and memory per strategy into this PNG (scripts/ddp-plot)");
   cmd->add_option("--model", options->model, "mlp (of --widths) or gpt (of --gpt-layers, --gpt-width, --gpt-block)")
       ->check(CLI::IsMember({"mlp", "gpt"}))
       ->capture_default_str();

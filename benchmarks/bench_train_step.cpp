@@ -75,6 +75,7 @@ struct Options {
   int warmup = 5;
   int repeats = 3;  // each configuration, interleaved; the median is reported
   std::string jsonPath;
+  std::string plotPath;
   double bucketCapMb = 25;
   bool noOverlap = false;
   bool sweep = false;        // bucket size x overlap at world size 2, no reference
@@ -471,6 +472,7 @@ void printScaling(const json& records) {
 }
 
 void runLauncher(Options o) {
+  checkPlotPath(o.plotPath);
   std::unique_ptr<SimCluster> cluster;
   HostLayout layout;
   if (!o.hosts.empty()) {
@@ -617,10 +619,7 @@ void runLauncher(Options o) {
       }
     }
   }
-  if (!o.jsonPath.empty()) {
-    writeJsonFile(o.jsonPath, records);
-    std::cerr << "wrote " << o.jsonPath << "\n";
-  }
+  writeRecords(o.jsonPath, o.plotPath, records);
 }
 
 }  // namespace
@@ -644,6 +643,7 @@ void registerTrainStepCommand(CLI::App& app) {
                   "Runs of every configuration, taken in turn; the median run is reported")
       ->capture_default_str();
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->add_option("--plot", options->plotPath, "Also draw step time and scaling per implementation into this PNG (scripts/ddp-plot)");
   cmd->add_option("--bucket-cap-mb", options->bucketCapMb, "DDP gradient bucket size in MiB")->capture_default_str();
   cmd->add_flag("--no-overlap", options->noOverlap, "Start every allreduce after backward, not during it");
   cmd->add_flag("--sweep", options->sweep,

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -28,6 +29,8 @@
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
 #include "framework/store/tcp_store.hpp"
+#include "benchmarks/bench_python.hpp"
+#include "ddp/config.hpp"
 
 namespace ddp::bench {
 
@@ -125,6 +128,64 @@ void writeJsonFile(const std::string& path, const nlohmann::json& value) {
   std::error_code error;
   fs::rename(temporary, path, error);
   if (error) fail<BenchError>("cannot rename {} to {}: {}", temporary, path, error.message());
+}
+
+namespace {
+
+std::string ddpPlotProgram() {
+  std::error_code error;
+  const fs::path self = fs::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const fs::path installed = self.parent_path() / "ddp-plot";
+    if (fs::exists(installed)) return installed.string();
+  }
+  return std::string(DDP_SOURCE_DIR) + "/scripts/ddp-plot";
+}
+
+}  // namespace
+
+void checkPlotPath(const std::string& plotPath) {
+  if (plotPath.empty()) return;
+  const fs::path parent = fs::absolute(plotPath).parent_path();
+  if (!fs::is_directory(parent)) {
+    fail<BenchError>("--plot {}: the folder {} does not exist. HINT: create it first", plotPath, parent.string());
+  }
+  if (::access(parent.c_str(), W_OK) != 0) {
+    fail<BenchError>("--plot {}: cannot write into {}: {}", plotPath, parent.string(), errnoText(errno));
+  }
+  const std::string program = ddpPlotProgram();
+  if (::access(program.c_str(), X_OK) != 0) {
+    fail<BenchError>("--plot: {} is missing or not executable; it draws the pictures", program);
+  }
+}
+
+void writeRecords(const std::string& jsonPath, const std::string& plotPath, const nlohmann::json& records) {
+  if (!jsonPath.empty()) {
+    writeJsonFile(jsonPath, records);
+    std::cerr << "wrote " << jsonPath << "\n";
+  }
+  if (plotPath.empty()) return;
+  std::optional<TempDir> scratch;
+  std::string input = jsonPath;
+  if (input.empty()) {
+    scratch.emplace("ddp-bench-plot");
+    input = scratch->path() + "/records.json";
+    writeJsonFile(input, records);
+  }
+  const std::string command =
+      fmt::format("{} auto {} -o {} 2>&1", shellQuote(ddpPlotProgram()), shellQuote(input), shellQuote(plotPath));
+  std::string output;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) fail<BenchError>("--plot: cannot start ddp-plot: {}", errnoText(errno));
+  char buffer[512];
+  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  const int status = ::pclose(pipe);
+  while (!output.empty() && output.back() == '\n') output.pop_back();
+  if (status != 0) {
+    fail<BenchError>("--plot {}: {}", plotPath, output.empty() ? fmt::format("ddp-plot failed (status {})", status)
+                                                               : output);
+  }
+  std::cerr << "wrote " << plotPath << "\n";
 }
 
 nlohmann::json readJsonFile(const std::string& path) {

@@ -10,6 +10,8 @@ packages=(
   libtorch-dev libgloo-dev nlohmann-json3-dev libfmt-dev catch2 libcli11-dev
   libopenblas0-pthread    # without it LibTorch falls back to the reference BLAS (16x slower MLP steps)
   python3-torch python3-sklearn   # references and data sources for the benchmarks
+  python3-jsonschema              # tests/schema: experiments/ checked against ddp-run --schema
+  python3-matplotlib              # scripts/ddp-plot: PNGs of run folders and benchmark records
   fortunes                        # a text corpus: /usr/share/games/fortunes (experiments/char_gpt.json)
   openmpi-bin iproute2            # cluster tests: mpirun, and two hosts in network namespaces
   slurm-wlm munge                 # cluster test: a SLURM cluster on this machine (tests/cluster/slurm_test.sh)
