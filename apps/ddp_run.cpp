@@ -26,6 +26,7 @@
 #include "framework/core/errors.hpp"
 #include "framework/core/log.hpp"
 #include "framework/experiment/experiment_config.hpp"
+#include "framework/launch/elastic_error_file.hpp"
 #include "framework/launch/launcher.hpp"
 #include "framework/experiment/plugin_registry.hpp"
 #include "framework/launch/rank_env.hpp"
@@ -461,14 +462,17 @@ int main(int argc, char** argv) {
     return ddp::launchLocalRanks(lo);
   } catch (const ddp::UsageError& e) {
     std::cerr << e.what() << std::endl;
+    ddp::recordFailureForTorchrun("UsageError", e.what());
     return 2;
   } catch (const ddp::NonFiniteLossError& e) {
     // Training diverged: not a mistake in the input as such, not a crash.
     std::cerr << e.what() << std::endl;
+    ddp::recordFailureForTorchrun("NonFiniteLossError", e.what());
     return 3;
   } catch (const std::exception& e) {
     // One line, LibTorch's errors included (their backtrace dropped).
     std::cerr << "ddp-run: " << ddp::errorLine(e) << std::endl;
+    ddp::recordFailureForTorchrun("Error", ddp::errorLine(e));
     return 1;
   }
 }

@@ -7,11 +7,14 @@
 #include <iostream>
 
 #include "framework/comm/backend_registry.hpp"
+#include "framework/core/errors.hpp"
 #include "framework/launch/arrival.hpp"
 #include "framework/launch/store_token.hpp"
 #include "framework/store/hash_store.hpp"
 #include "framework/comm/single_process_group.hpp"
 #include "framework/core/log.hpp"
+#include "framework/store/c10d_client_store.hpp"
+#include "framework/store/prefix_store.hpp"
 #include "framework/store/tcp_store.hpp"
 
 namespace ddp {
@@ -22,8 +25,25 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
   ctx.env = env;
   setLogRank(env.rank);
   const auto start = std::chrono::steady_clock::now();
+  const char* agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   if (env.worldSize == 1) {
     ctx.store = std::make_shared<HashStore>();
+  } else if (agentStore != nullptr && std::string(agentStore) == "True") {
+    // torchrun's agent serves a c10d store at MASTER_ADDR:MASTER_PORT (its
+    // static rendezvous): every rank joins it as a client, in a namespace of
+    // this attempt, since the store outlives a restart.
+    if (!C10dClientStore::available()) {
+      fail<UsageError>("torchrun: TORCHELASTIC_USE_AGENT_STORE=True asks the ranks to join the agent's c10d store, "
+                       "and this build has no c10d::TCPStore client. HINT: torchrun --rdzv-backend c10d (or "
+                       "--standalone), where rank 0 serves the store");
+    }
+    const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    const std::string attempt = restart != nullptr && *restart != '\0' ? restart : "0";
+    auto agent = std::make_shared<C10dClientStore>(env.masterAddr, static_cast<uint16_t>(env.masterPort),
+                                                   options.connectTimeout, options.timeout);
+    ctx.store = std::make_shared<PrefixStore>("ddp/attempt_" + attempt, agent);
+    logInfo("rendezvous: joined torchrun's agent store at {}:{} (TORCHELASTIC_USE_AGENT_STORE), attempt {}",
+            env.masterAddr, env.masterPort, attempt);
   } else {
     TCPStoreOptions so;
     so.host = env.masterAddr;

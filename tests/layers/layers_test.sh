@@ -4,7 +4,8 @@
 #   framework/core < store < comm < launch < data < parallel < experiment
 #   < backends/ (implements comm) < plugins/ < apps/
 # and the communication library (framework/core..launch, backends/) includes
-# no torch:: header (torch::nn, autograd, optimizers): only ATen and c10.
+# no torch:: header (torch::nn, autograd, optimizers): only ATen and c10, and
+# c10d's TCPStore client for torchrun's agent store.
 #
 # Usage: layers_test.sh
 set -euo pipefail
@@ -57,7 +58,11 @@ while IFS= read -r file; do
 done < <(find framework backends plugins apps include -name '*.hpp' -o -name '*.cpp' | sort)
 
 # The communication library: tensors only.
-torch_in_comm=$(grep -lE '^#include <torch/' -r framework/core framework/store framework/comm framework/launch backends || true)
+# One exception: c10d's TCPStore client (LibTorch's communication layer, no
+# torch::nn or autograd), for torchrun's agent store.
+torch_in_comm=$(grep -rE '^#include <torch/' framework/core framework/store framework/comm framework/launch backends |
+  grep -v '^framework/store/c10d_client_store.cpp:#include <torch/csrc/distributed/c10d/TCPStore.hpp>' |
+  cut -d: -f1 | sort -u || true)
 if [ -n "$torch_in_comm" ]; then
   echo "the communication library includes torch:: headers (torch::nn/autograd belong above it):"
   echo "$torch_in_comm"

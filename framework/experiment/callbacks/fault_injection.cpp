@@ -12,8 +12,10 @@ namespace ddp {
 std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank) {
   const char* fault = std::getenv("DDP_FAULT_INJECT");
   if (!fault) return nullptr;
-  const char* restart = std::getenv("DDP_RESTART");
-  if (restart && std::string(restart) != "0") return nullptr;
+  for (const char* name : {"DDP_RESTART", "TORCHELASTIC_RESTART_COUNT"}) {
+    const char* restart = std::getenv(name);
+    if (restart && *restart && std::string(restart) != "0") return nullptr;
+  }
   int faultRank = -1;
   long long faultEpoch = -1;
   if (std::sscanf(fault, "%d:%lld", &faultRank, &faultEpoch) != 2 || faultRank != rank) return nullptr;

@@ -1,6 +1,7 @@
 // FaultInjection: for the launcher's tests, DDP_FAULT_INJECT="RANK:EPOCH"
 // makes that rank kill itself (SIGKILL) when that epoch (0-based) begins,
-// on the first attempt only (DDP_RESTART unset or 0).
+// on the first attempt only (DDP_RESTART and TORCHELASTIC_RESTART_COUNT
+// unset or 0).
 // SlowRank: for the straggler report's tests, DDP_FAULT_SLOW="RANK:MS"
 // makes that rank sleep MS milliseconds after each optimizer step.
 #pragma once
