@@ -15,6 +15,7 @@
 #include "framework/comm/single_process_group.hpp"
 #include "framework/launch/spawn.hpp"
 #if DDP_HAVE_GLOO
+#include "backends/gloo/hierarchical_group.hpp"
 #include "backends/gloo/process_group_gloo.hpp"
 #endif
 #include "tests/test_support.hpp"
@@ -71,7 +72,9 @@ namespace {
 
 // Every collective x dtype x element count at world size n, on `backend`.
 // With `onDevice`, rank r's inputs and outputs live on cuda:r.
-void checkClosedForms(const std::string& backend, int n, ProcessGroupOptions options = {}, bool onDevice = false) {
+// hostOf(rank), when given, names each rank's host (gloo's hierarchical groups).
+void checkClosedForms(const std::string& backend, int n, ProcessGroupOptions options = {}, bool onDevice = false,
+                      const std::function<std::string(int)>& hostOf = nullptr) {
   std::mutex failuresMutex;
   std::vector<std::string> failures;
   auto fail = [&](int rank, const std::string& what) {
@@ -118,7 +121,11 @@ void checkClosedForms(const std::string& backend, int n, ProcessGroupOptions opt
       }
     }
     pg.barrier()->wait();
-  }, options);
+  }, options, hostOf ? std::function<ProcessGroupOptions(int)>([&](int r) {
+    ProcessGroupOptions o = options;
+    o.hostId = hostOf(r);
+    return o;
+  }) : nullptr);
   INFO(joinErrors(errors));
   REQUIRE(joinErrors(errors).empty());
   for (const auto& f : failures) FAIL_CHECK(f);
@@ -142,6 +149,77 @@ TEMPLATE_TEST_CASE_SIG("gloo collectives match closed forms", "[collectives]", (
 }
 
 #if DDP_HAVE_GLOO
+// Ranks on several hosts, several on one: shared memory within a host, TCP
+// among the hosts' leaders (hierarchical_group.hpp). Threads of one process
+// play the hosts through ProcessGroupOptions::hostId. "0101": ranks 0 and 2
+// on host A, 1 and 3 on host B (a host's ranks need not be consecutive).
+TEST_CASE("gloo hierarchical collectives match closed forms", "[collectives][hierarchical]") {
+  ScopedEnv shm("DDP_GLOO_SHM", nullptr);
+  ScopedEnv hierarchical("DDP_GLOO_HIERARCHICAL", nullptr);
+  const std::string layout = GENERATE(as<std::string>{}, "0011", "0101", "001", "01122");
+  INFO("hosts of the ranks: " << layout);
+  checkClosedForms("gloo", static_cast<int>(layout.size()), {}, false,
+                   [&](int r) { return std::string("host-") + layout[static_cast<size_t>(r)]; });
+}
+
+TEST_CASE("gloo groups by host only when some host has several ranks", "[collectives][hierarchical]") {
+  ScopedEnv shm("DDP_GLOO_SHM", nullptr);
+  struct Case {
+    std::string layout, hierarchicalVariable;
+    bool expectHierarchical;
+  };
+  for (const Case& c : {Case{"0011", "", true}, Case{"01", "", false}, Case{"012", "", false},
+                        Case{"0000", "", false}, Case{"0011", "0", false}}) {
+    INFO(c.layout << " DDP_GLOO_HIERARCHICAL=" << c.hierarchicalVariable);
+    ScopedEnv variable("DDP_GLOO_HIERARCHICAL", c.hierarchicalVariable.empty() ? nullptr : c.hierarchicalVariable.c_str());
+    const int n = static_cast<int>(c.layout.size());
+    std::vector<int> hierarchicalRanks(n, -1);
+    auto errors = runRanks("gloo", n, [&](int rank, ProcessGroup& pg) {
+      hierarchicalRanks[rank] = dynamic_cast<gloo_backend::HierarchicalGroup*>(&pg) != nullptr;
+      // DDP's buckets: in the host's shared memory, reduced across hosts.
+      at::Tensor bucket = pg.allocateCommunicationBuffer(1000, at::TensorOptions().dtype(at::kFloat));
+      bucket.copy_(at::arange(1000, at::kFloat) + rank);
+      pg.allreduce(bucket, {ReduceOp::Avg})->wait();
+      if (!at::equal(bucket, at::arange(1000, at::kFloat) + (n - 1) / 2.0f)) throw std::runtime_error("bucket avg");
+    }, {}, [&](int r) {
+      ProcessGroupOptions o;
+      o.hostId = std::string("host-") + c.layout[static_cast<size_t>(r)];
+      return o;
+    });
+    INFO(joinErrors(errors));
+    REQUIRE(joinErrors(errors).empty());
+    CHECK(hierarchicalRanks == std::vector<int>(n, c.expectHierarchical ? 1 : 0));
+  }
+}
+
+// A rank of another host that never arrives: the cross-host step fails in
+// time and the error names it, on the leader and on the rank behind it.
+TEST_CASE("gloo hierarchical: a failed cross-host step names the step", "[collectives][hierarchical]") {
+  ScopedEnv shm("DDP_GLOO_SHM", nullptr);
+  ScopedEnv hierarchical("DDP_GLOO_HIERARCHICAL", nullptr);
+  ProcessGroupOptions base;
+  base.timeout = std::chrono::milliseconds(2000);
+  auto errors = runRanks("gloo", 4, [&](int rank, ProcessGroup& pg) {
+    at::Tensor t = at::ones({100000}, at::kFloat);
+    pg.allreduce(t)->wait();
+    if (rank == 3) return;  // host B's second rank stops taking part
+    at::Tensor u = at::ones({100000}, at::kFloat);
+    pg.allreduce(u)->wait();
+  }, base, [&](int r) {
+    ProcessGroupOptions o = base;
+    o.hostId = r < 2 ? "host-a" : "host-b";
+    return o;
+  });
+  CHECK(errors[3].empty());
+  for (int r : {0, 1, 2}) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK_THAT(errors[r], Catch::Matchers::Contains("gloo (2 hosts) allreduce"));
+    CHECK_THAT(errors[r], Catch::Matchers::Contains("step failed"));
+  }
+  // Rank 2 (host B's leader) waits for rank 3 in its host's reduction.
+  CHECK_THAT(errors[2], Catch::Matchers::Contains("host reduce step failed"));
+}
+
 // The shared-memory path moves data in slot-sized chunks: counts that
 // straddle chunk boundaries, for every collective, with a small slot.
 TEST_CASE("gloo shared memory splits large payloads into chunks correctly", "[collectives]") {

@@ -40,9 +40,11 @@ namespace ddp::test {
 // `backend` over one HashStore. Returns the message of each exception that
 // escaped a rank ("" where none did); Catch2 asserts only in the caller's
 // thread, since its macros are not thread-safe.
+// optionsOf(rank), when given, gives each rank its own options (a host id).
 inline std::vector<std::string> runRanks(const std::string& backend, int world,
                                          const std::function<void(int, ProcessGroup&)>& body,
-                                         ProcessGroupOptions options = {}) {
+                                         ProcessGroupOptions options = {},
+                                         const std::function<ProcessGroupOptions(int)>& optionsOf = nullptr) {
   auto store = std::make_shared<HashStore>();
   store->setTimeout(std::chrono::milliseconds(30000));
   std::vector<std::string> errors(world);
@@ -50,7 +52,7 @@ inline std::vector<std::string> runRanks(const std::string& backend, int world,
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto group = builtinBackends().create(backend, store, r, world, options);
+        auto group = builtinBackends().create(backend, store, r, world, optionsOf ? optionsOf(r) : options);
         body(r, *group);
       } catch (const std::exception& e) {
         errors[r] = e.what();

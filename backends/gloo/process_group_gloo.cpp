@@ -2,6 +2,7 @@
 // dispatch of each public collective to its file under collectives/.
 #include "backends/gloo/process_group_gloo.hpp"
 
+#include <fmt/format.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 
 #include "backends/gloo/collectives/collectives.hpp"
+#include "backends/gloo/hierarchical_group.hpp"
 #include "backends/gloo/impl.hpp"
 #include "backends/gloo/interface.hpp"
 #include "backends/gloo/shm_channel.hpp"
@@ -147,10 +149,48 @@ WorkPtr ProcessGroupGloo::barrier(const BarrierOptions& opts) {
   return gc::barrier(*impl_, resolveTimeout(opts.timeout));
 }
 
-void registerGlooBackend(BackendRegistry& registry) {
-  registry.add("gloo", [](std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options) {
-    return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options);
-  });
+namespace {
+
+// DDP_GLOO_HIERARCHICAL: unset or empty, "0" or "1"; throws UsageError otherwise.
+bool hierarchicalVariableForbids() {
+  const char* env = std::getenv("DDP_GLOO_HIERARCHICAL");
+  if (env && *env && std::string(env) != "0" && std::string(env) != "1") {
+    fail<UsageError>("DDP_GLOO_HIERARCHICAL=\"{}\": expected 0 (one flat group) or 1 (by host, the default)", env);
+  }
+  return env && std::string(env) == "0";
 }
+
+}  // namespace
+
+ProcessGroupPtr createGlooGroup(std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options) {
+  const bool forbidden = hierarchicalVariableForbids() | shmVariableForbids();
+  if (size > 2 && options.sharedMemory && !forbidden) {
+    auto topology = std::make_shared<PrefixStore>("gloo_topology", store);
+    gloo_backend::HostLayout layout =
+        gloo_backend::discoverHostLayout(*topology, rank, size, options.hostId, options.timeout);
+    if (layout.hosts() >= 2 && layout.largestHost() >= 2) {
+      const int host = layout.hostOf[static_cast<size_t>(rank)];
+      const int index = layout.indexOf[static_cast<size_t>(rank)];
+      const int hostRanks = static_cast<int>(layout.ranksOn[static_cast<size_t>(host)].size());
+      auto local = std::make_shared<ProcessGroupGloo>(
+          std::make_shared<PrefixStore>(fmt::format("gloo_host_{}", host), store), index, hostRanks, options);
+      std::shared_ptr<ProcessGroup> leaders;
+      if (index == 0) {
+        ProcessGroupOptions tcp = options;
+        tcp.sharedMemory = false;  // one rank per host: they meet over the network
+        leaders = std::make_shared<ProcessGroupGloo>(std::make_shared<PrefixStore>("gloo_leaders", store), host,
+                                                     layout.hosts(), tcp);
+      }
+      logInfo("[rank {}/{}] gloo: {} hosts, up to {} ranks each: shared memory within a host, TCP among the hosts' "
+              "leaders (this rank is {} of its host)",
+              rank, size, layout.hosts(), layout.largestHost(), index);
+      return std::make_shared<gloo_backend::HierarchicalGroup>(rank, size, options, std::move(layout),
+                                                               std::move(local), std::move(leaders));
+    }
+  }
+  return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options);
+}
+
+void registerGlooBackend(BackendRegistry& registry) { registry.add("gloo", createGlooGroup); }
 
 }  // namespace ddp

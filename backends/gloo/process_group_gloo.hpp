@@ -67,6 +67,12 @@ class ProcessGroupGloo : public ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
+// The "gloo" backend's factory: a ProcessGroupGloo, or, when the ranks
+// span several hosts and some host has several, a HierarchicalGroup
+// (hierarchical_group.hpp) of ProcessGroupGloos: one per host (shared
+// memory) and one among the hosts' leaders (TCP). DDP_GLOO_HIERARCHICAL=0
+// or no shared memory keeps one flat group.
+ProcessGroupPtr createGlooGroup(std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options);
 void registerGlooBackend(BackendRegistry& registry);
 
 }  // namespace ddp

@@ -74,6 +74,10 @@ struct ProcessGroupOptions {
   // CPU backends: when all ranks share a host, move payloads through shared
   // memory instead of loopback TCP. DDP_GLOO_SHM=0 also turns it off.
   bool sharedMemory = true;
+  // CPU backends: which host this rank counts as when ranks are grouped by
+  // host (gloo's hierarchical collectives); empty = detected (host name,
+  // boot, namespaces). Tests give ranks of one machine different hosts.
+  std::string hostId;
 };
 
 class ProcessGroup {

@@ -1,0 +1,80 @@
+// HierarchicalGroup: the gloo backend's collectives across several hosts
+// with several ranks each. Ranks of one host work through shared memory;
+// one leader per host (its lowest rank) does the cross-host step over TCP;
+// the leader then shares the result with its host.
+//
+// - allreduce: reduce on each host (shared memory), allreduce among the
+//   leaders (TCP ring, or frames when small), broadcast on each host. Per
+//   direction, each host's link carries what one rank sends in a ring of H
+//   hosts, not what the ranks of a flat ring send: at 2 hosts x 2 ranks,
+//   N bytes instead of 1.5 N.
+// - broadcast: to the root's leader, among the leaders, then on each host.
+// - allgather: on each host, among the leaders (one block per host, padded
+//   to the largest host), then on each host; the blocks are put back in
+//   rank order.
+// - reduce_scatter: reduce the whole input on each host (laid out by
+//   host), reduce-scatter by host among the leaders, then each leader gives
+//   its host its block.
+// - barrier: host, leaders, host.
+// - Avg sums at every level and divides once by the world size, so integer
+//   Avg truncates as the contract says. Every rank ends with the same bits.
+// - The steps of one collective run on this group's thread, one collective
+//   after another in call order; a small one (<= 64 KiB) runs in the caller
+//   when nothing is queued. A failed step fails the collective with a
+//   CollectiveError naming the step, and breaks the group (process_group.hpp).
+// - Hosts can differ in rank count (a host with one rank has no shared
+//   memory step). createGlooGroup() (process_group_gloo.hpp) chooses this
+//   group when there are at least two hosts and one of them has two ranks,
+//   shared memory is allowed, and DDP_GLOO_HIERARCHICAL is not 0.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/comm/process_group.hpp"
+#include "framework/store/store.hpp"
+
+namespace ddp::gloo_backend {
+
+// Which ranks share a host. Hosts are numbered by their lowest rank; within
+// a host, ranks are in ascending order (index 0 leads).
+struct HostLayout {
+  std::vector<int> hostOf;     // per rank
+  std::vector<int> indexOf;    // per rank: its place among its host's ranks
+  std::vector<std::vector<int>> ranksOn;  // per host
+  int hosts() const { return static_cast<int>(ranksOn.size()); }
+  int largestHost() const;
+};
+
+// Collective over `store`: every rank says which host it is on (`hostId`,
+// or the detected identity when empty).
+HostLayout discoverHostLayout(Store& store, int rank, int size, const std::string& hostId, Milliseconds timeout);
+
+class HierarchicalGroup : public ProcessGroup {
+ public:
+  // local: this host's ranks; leaders: one rank per host, null on ranks
+  // that do not lead.
+  HierarchicalGroup(int rank, int size, ProcessGroupOptions options, HostLayout layout,
+                    std::shared_ptr<ProcessGroup> local, std::shared_ptr<ProcessGroup> leaders);
+  ~HierarchicalGroup() override;
+
+  std::string backendName() const override { return "gloo"; }
+  std::string describeEndpoint() const override;
+  const HostLayout& layout() const;
+
+  WorkPtr allreduce(at::Tensor& tensor, const AllreduceOptions& opts = {}) override;
+  WorkPtr broadcast(at::Tensor& tensor, const BroadcastOptions& opts = {}) override;
+  WorkPtr allgather(const at::Tensor& input, at::Tensor& output, const AllgatherOptions& opts = {}) override;
+  WorkPtr reduceScatter(const at::Tensor& input, at::Tensor& output,
+                        const ReduceScatterOptions& opts = {}) override;
+  WorkPtr barrier(const BarrierOptions& opts = {}) override;
+  // In shared memory among this host's ranks (collective among them).
+  at::Tensor allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp::gloo_backend
