@@ -4,7 +4,9 @@
 // the leader then shares the result with its host.
 //
 // - allreduce: reduce on each host (shared memory), allreduce among the
-//   leaders (TCP ring, or frames when small), broadcast on each host. Per
+//   leaders (TCP ring, or frames when small), broadcast on each host;
+//   above 1 MiB pipelined over up to 4 chunks, so that the host steps
+//   overlap the cross-host one. Per
 //   direction, each host's link carries what one rank sends in a ring of H
 //   hosts, not what the ranks of a flat ring send: at 2 hosts x 2 ranks,
 //   N bytes instead of 1.5 N.
