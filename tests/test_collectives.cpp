@@ -216,8 +216,70 @@ TEST_CASE("gloo hierarchical: a failed cross-host step names the step", "[collec
     CHECK_THAT(errors[r], Catch::Matchers::Contains("gloo (2 hosts) allreduce"));
     CHECK_THAT(errors[r], Catch::Matchers::Contains("step failed"));
   }
-  // Rank 2 (host B's leader) waits for rank 3 in its host's reduction.
-  CHECK_THAT(errors[2], Catch::Matchers::Contains("host reduce step failed"));
+  // Rank 2 (host B's leader) waits for rank 3 in its host's reduction, and
+  // says which global ranks its host's group holds.
+  CHECK_THAT(errors[2], Catch::Matchers::Contains("host reduce step failed (this host's group is ranks 2, 3 in that order)"));
+}
+
+// A mismatch found in the cross-host step (host A calls with 1000
+// elements, host B with 2000): the leaders fail at once, and abort their
+// hosts' groups, so the other ranks fail at once too, not at the timeout.
+// Errors name the global ranks behind a sub-group's numbering. Outputs that
+// are not contiguous, and a dtype gloo cannot reduce (a UsageError at the
+// call that leaves the group usable), as the flat group has them.
+TEST_CASE("gloo hierarchical: failures end every rank at once; odd outputs and dtypes", "[collectives][hierarchical]") {
+  ScopedEnv shm("DDP_GLOO_SHM", nullptr);
+  ScopedEnv hierarchical("DDP_GLOO_HIERARCHICAL", nullptr);
+  auto hostOf = [](ProcessGroupOptions o) {
+    return [o](int r) mutable {
+      o.hostId = r < 2 ? "host-a" : "host-b";
+      return o;
+    };
+  };
+  ProcessGroupOptions slow;
+  slow.timeout = std::chrono::milliseconds(20000);
+  std::vector<double> failedAfter(4, -1);
+  auto errors = runRanks("gloo", 4, [&](int rank, ProcessGroup& pg) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      at::Tensor t = at::ones({rank < 2 ? 1000 : 2000}, at::kFloat);
+      pg.allreduce(t)->wait();
+    } catch (...) {
+      failedAfter[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      throw;
+    }
+  }, slow, hostOf(slow));
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << " after " << failedAfter[r] << " s: " << errors[r]);
+    CHECK(failedAfter[r] >= 0);
+    CHECK(failedAfter[r] < 10);
+    CHECK_THAT(errors[r], Catch::Matchers::Contains("in that order"));
+  }
+
+  auto odd = runRanks("gloo", 4, [&](int rank, ProcessGroup& pg) {
+    at::Tensor gathered = at::empty({5, 4}, at::kFloat).t();  // [4, 5], not contiguous
+    pg.allgather(at::full({5}, float(rank)), gathered)->wait();
+    for (int r = 0; r < 4; ++r) {
+      if (!at::equal(gathered[r], at::full({5}, float(r)))) throw std::runtime_error("allgather into a transposed output");
+    }
+    at::Tensor scattered = at::empty({3, 2}, at::kFloat).t();  // 6 elements, not contiguous
+    pg.reduceScatter(at::arange(24, at::kFloat), scattered)->wait();
+    if (!at::equal(scattered.contiguous().view(-1), at::arange(6 * rank, 6 * rank + 6, at::kFloat) * 4))
+      throw std::runtime_error("reduce_scatter into a transposed output");
+    at::Tensor shorts = at::ones({4}, at::kShort);
+    bool refused = false;
+    try {
+      pg.allreduce(shorts);
+    } catch (const UsageError&) {
+      refused = true;
+    }
+    if (!refused) throw std::runtime_error("int16 allreduce was not refused at the call");
+    at::Tensor after = at::ones({4}, at::kFloat);
+    pg.allreduce(after)->wait();
+    if (!at::equal(after, at::full({4}, 4.0f))) throw std::runtime_error("the group is not usable after a refused call");
+  }, {}, hostOf({}));
+  INFO(joinErrors(odd));
+  CHECK(joinErrors(odd).empty());
 }
 
 // The shared-memory path moves data in slot-sized chunks: counts that

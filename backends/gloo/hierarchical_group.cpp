@@ -23,12 +23,17 @@ int HostLayout::largestHost() const {
   return static_cast<int>(most);
 }
 
-HostLayout discoverHostLayout(Store& store, int rank, int size, const std::string& hostId, Milliseconds timeout) {
+std::optional<HostLayout> discoverHostLayout(Store& store, int rank, int size, const std::string& hostId, bool flat,
+                                             Milliseconds timeout) {
   auto keyOf = [](int r) { return "hosts/" + std::to_string(r); };
-  store.setString(keyOf(rank), hostId.empty() ? ShmChannel::hostIdentity() : hostId);
+  // "flat" cannot be a detected identity (those hold '|').
+  store.setString(keyOf(rank), flat ? std::string("flat") : hostId.empty() ? ShmChannel::hostIdentity() : "id " + hostId);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(keyOf(r));
   store.wait(keys, timeout);
+  for (int r = 0; r < size; ++r) {
+    if (store.getString(keyOf(r)) == "flat") return std::nullopt;
+  }
   HostLayout layout;
   layout.hostOf.assign(static_cast<size_t>(size), -1);
   layout.indexOf.assign(static_cast<size_t>(size), -1);
@@ -47,8 +52,14 @@ HostLayout discoverHostLayout(Store& store, int rank, int size, const std::strin
 
 namespace {
 
-// 64 KiB and below, a collective runs in the caller when nothing is queued.
-constexpr size_t kInlineMaxBytes = 64 * 1024;
+// 16 KiB and below, a collective runs in the caller when nothing is queued.
+constexpr size_t kInlineMaxBytes = 16 * 1024;
+
+std::string ranksText(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
 
 ReduceOp levelOp(ReduceOp op) { return op == ReduceOp::Avg ? ReduceOp::Sum : op; }
 
@@ -70,8 +81,8 @@ struct HierarchicalGroup::Impl {
     Steps steps;
   };
 
-  Impl(int rank, int size, HostLayout layout, std::shared_ptr<ProcessGroup> local,
-       std::shared_ptr<ProcessGroup> leaders)
+  Impl(int rank, int size, HostLayout layout, std::shared_ptr<ProcessGroupGloo> local,
+       std::shared_ptr<ProcessGroupGloo> leaders)
       : rank(rank),
         size(size),
         layout(std::move(layout)),
@@ -79,6 +90,12 @@ struct HierarchicalGroup::Impl {
         index(this->layout.indexOf[static_cast<size_t>(rank)]),
         local(std::move(local)),
         leaders(std::move(leaders)) {
+    // What the sub-groups' own errors call rank i, in global ranks.
+    std::vector<int> leaderRanks;
+    for (const auto& ranks : this->layout.ranksOn) leaderRanks.push_back(ranks.front());
+    hostRanks = fmt::format("this host's group is ranks {} in that order",
+                            ranksText(this->layout.ranksOn[static_cast<size_t>(host)]));
+    leaderNames = fmt::format("the leaders' group is ranks {} in that order", ranksText(leaderRanks));
     worker = std::thread([this] { loop(); });
   }
 
@@ -140,10 +157,20 @@ struct HierarchicalGroup::Impl {
     if (!error) {
       try {
         task.steps();
+      } catch (const c10::Error& e) {
+        error = std::make_exception_ptr(
+            CollectiveError(fmt::format("{}: {}", task.work->description(), e.what_without_backtrace())));
       } catch (const std::exception& e) {
         error = std::make_exception_ptr(CollectiveError(fmt::format("{}: {}", task.work->description(), e.what())));
       } catch (...) {
         error = std::make_exception_ptr(CollectiveError(task.work->description() + ": unknown failure"));
+      }
+      if (error) {
+        // The host's other ranks may wait in a step with this one: they
+        // fail now, not at their timeout.
+        const std::string why = fmt::format("rank {} failed in {}", rank, task.work->description());
+        local->abort(why);
+        if (leaders) leaders->abort(why);
       }
     }
     {
@@ -155,12 +182,15 @@ struct HierarchicalGroup::Impl {
     task.work->finish(error);
   }
 
-  // One step on a sub-group, waited for; its failure names the step.
+  // One step on a sub-group, waited for; its failure names the step and
+  // the global ranks behind the sub-group's numbering.
   void step(const char* where, const WorkPtr& work) {
     try {
       work->wait();
     } catch (const std::exception& e) {
-      throw CollectiveError(fmt::format("{} step failed: {}", where, e.what()));
+      const bool acrossHosts = std::string(where).rfind("cross-host", 0) == 0;
+      throw CollectiveError(fmt::format("{} step failed ({}): {}", where, acrossHosts ? leaderNames : hostRanks,
+                                        e.what()));
     }
   }
 
@@ -169,7 +199,8 @@ struct HierarchicalGroup::Impl {
   const int rank, size;
   const HostLayout layout;
   const int host, index;  // this rank's host, and its place there
-  std::shared_ptr<ProcessGroup> local, leaders;
+  std::shared_ptr<ProcessGroupGloo> local, leaders;
+  std::string hostRanks, leaderNames;  // for errors
 
   std::mutex mutex;
   std::condition_variable wake;
@@ -181,7 +212,7 @@ struct HierarchicalGroup::Impl {
 };
 
 HierarchicalGroup::HierarchicalGroup(int rank, int size, ProcessGroupOptions options, HostLayout layout,
-                                     std::shared_ptr<ProcessGroup> local, std::shared_ptr<ProcessGroup> leaders)
+                                     std::shared_ptr<ProcessGroupGloo> local, std::shared_ptr<ProcessGroupGloo> leaders)
     : ProcessGroup(rank, size, std::move(options)),
       impl_(std::make_unique<Impl>(rank, size, std::move(layout), std::move(local), std::move(leaders))) {}
 
@@ -198,6 +229,7 @@ std::string HierarchicalGroup::describeEndpoint() const {
 }
 
 WorkPtr HierarchicalGroup::allreduce(at::Tensor& tensor, const AllreduceOptions& opts) {
+  requireSupported(tensor, "allreduce");
   const Milliseconds timeout = resolveTimeout(opts.timeout);
   at::Tensor t = tensor;
   const ReduceOp op = opts.op;
@@ -238,6 +270,7 @@ WorkPtr HierarchicalGroup::allreduce(at::Tensor& tensor, const AllreduceOptions&
 }
 
 WorkPtr HierarchicalGroup::broadcast(at::Tensor& tensor, const BroadcastOptions& opts) {
+  requireSupported(tensor, "broadcast");
   if (opts.root < 0 || opts.root >= size()) {
     fail<UsageError>("[rank {}/{}] gloo broadcast: root {} is not a rank of this group (0..{})", rank(), size(),
                      opts.root, size() - 1);
@@ -257,6 +290,8 @@ WorkPtr HierarchicalGroup::broadcast(at::Tensor& tensor, const BroadcastOptions&
 }
 
 WorkPtr HierarchicalGroup::allgather(const at::Tensor& input, at::Tensor& output, const AllgatherOptions& opts) {
+  requireSupported(input, "allgather");
+  requireSupported(output, "allgather");
   if (output.numel() != input.numel() * size() || output.scalar_type() != input.scalar_type()) {
     fail<UsageError>("[rank {}/{}] gloo allgather: output has {} elements of {}, expected {} x {} of {}", rank(),
                      size(), output.numel(), dtypeName(output), size(), input.numel(), dtypeName(input));
@@ -277,17 +312,21 @@ WorkPtr HierarchicalGroup::allgather(const at::Tensor& input, at::Tensor& output
                       at::Tensor all = at::empty({layout.hosts() * block}, mine.options());
                       if (g->leads()) g->step("cross-host (leaders)", g->leaders->allgather(mine, all, {timeout}));
                       g->step("host broadcast", g->local->broadcast(all, {0, timeout}));
-                      at::Tensor flat = out.view(-1);
+                      at::Tensor host = hostView(out);  // contiguous, on the CPU
+                      at::Tensor flat = host.view(-1);
                       for (int r = 0; r < g->size; ++r) {
                         const int64_t from = layout.hostOf[static_cast<size_t>(r)] * block +
                                              layout.indexOf[static_cast<size_t>(r)] * n;
                         flat.narrow(0, r * n, n).copy_(all.narrow(0, from, n));
                       }
+                      if (!host.is_same(out)) out.copy_(host);
                     });
 }
 
 WorkPtr HierarchicalGroup::reduceScatter(const at::Tensor& input, at::Tensor& output,
                                          const ReduceScatterOptions& opts) {
+  requireSupported(input, "reduce_scatter");
+  requireSupported(output, "reduce_scatter");
   if (input.numel() != output.numel() * size() || output.scalar_type() != input.scalar_type()) {
     fail<UsageError>("[rank {}/{}] gloo reduce_scatter: input has {} elements of {}, expected {} x {} of {}", rank(),
                      size(), input.numel(), dtypeName(input), size(), output.numel(), dtypeName(output));
@@ -319,7 +358,9 @@ WorkPtr HierarchicalGroup::reduceScatter(const at::Tensor& input, at::Tensor& ou
                       g->step("host broadcast", g->local->broadcast(hostBlock, {0, timeout}));
                       at::Tensor result = hostBlock.narrow(0, g->index * n, n);
                       if (op == ReduceOp::Avg) divideInPlace(result, g->size);
-                      out.view(-1).copy_(result);
+                      at::Tensor host = hostView(out);
+                      host.view(-1).copy_(result);
+                      if (!host.is_same(out)) out.copy_(host);
                     });
 }
 

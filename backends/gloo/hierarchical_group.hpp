@@ -21,9 +21,11 @@
 // - Avg sums at every level and divides once by the world size, so integer
 //   Avg truncates as the contract says. Every rank ends with the same bits.
 // - The steps of one collective run on this group's thread, one collective
-//   after another in call order; a small one (<= 64 KiB) runs in the caller
-//   when nothing is queued. A failed step fails the collective with a
-//   CollectiveError naming the step, and breaks the group (process_group.hpp).
+//   after another in call order; a small one (<= 16 KiB: scalars, metrics,
+//   barriers) runs in the caller when nothing is queued. A failed step fails
+//   the collective with a CollectiveError naming the step and the global
+//   ranks of its sub-group, breaks the group (process_group.hpp) and aborts
+//   the sub-groups, so that the host's other ranks fail at once too.
 // - Hosts can differ in rank count (a host with one rank has no shared
 //   memory step). createGlooGroup() (process_group_gloo.hpp) chooses this
 //   group when there are at least two hosts and one of them has two ranks,
@@ -31,9 +33,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "backends/gloo/process_group_gloo.hpp"
 #include "framework/comm/process_group.hpp"
 #include "framework/store/store.hpp"
 
@@ -50,15 +54,18 @@ struct HostLayout {
 };
 
 // Collective over `store`: every rank says which host it is on (`hostId`,
-// or the detected identity when empty).
-HostLayout discoverHostLayout(Store& store, int rank, int size, const std::string& hostId, Milliseconds timeout);
+// or the detected identity when empty), or that it wants one flat group
+// (`flat`). Returns the layout, or nullopt when any rank wants flat, so
+// that every rank decides alike.
+std::optional<HostLayout> discoverHostLayout(Store& store, int rank, int size, const std::string& hostId, bool flat,
+                                             Milliseconds timeout);
 
 class HierarchicalGroup : public ProcessGroup {
  public:
   // local: this host's ranks; leaders: one rank per host, null on ranks
   // that do not lead.
   HierarchicalGroup(int rank, int size, ProcessGroupOptions options, HostLayout layout,
-                    std::shared_ptr<ProcessGroup> local, std::shared_ptr<ProcessGroup> leaders);
+                    std::shared_ptr<ProcessGroupGloo> local, std::shared_ptr<ProcessGroupGloo> leaders);
   ~HierarchicalGroup() override;
 
   std::string backendName() const override { return "gloo"; }

@@ -67,6 +67,8 @@ struct ProcessGroupGloo::Impl {
   static constexpr size_t kInlineMaxBytes = 256 * 1024;
   // kInlineMaxBytes or DDP_GLOO_INLINE_BYTES (UsageError when malformed).
   static size_t inlineMaxBytes();
+  // ProcessGroupGloo::abort.
+  void abort(const std::string& reason);
 
   const int rank, size;
   std::shared_ptr<Store> store;  // "gloo/"-prefixed; also used to close in step
@@ -104,7 +106,7 @@ struct ProcessGroupGloo::Impl {
   bool stopping_ = false;
   bool running_ = false;  // a collective is running (worker or caller)
   uint64_t nextSeq_ = 0;
-  std::exception_ptr broken_;  // first failure; later collectives fail with it
+  std::exception_ptr broken_;  // first failure; later collectives fail with it (under mutex_)
   std::thread worker_;
 };
 

@@ -118,6 +118,7 @@ std::string ProcessGroupGloo::describeEndpoint() const {
 
 const std::string& ProcessGroupGloo::listenAddress() const { return impl_->listenAddress; }
 bool ProcessGroupGloo::usesSharedMemory() const { return impl_->shm != nullptr; }
+void ProcessGroupGloo::abort(const std::string& reason) { impl_->abort(reason); }
 const std::string& ProcessGroupGloo::sharedMemoryUnavailableReason() const { return impl_->shmWhyNot; }
 
 at::Tensor ProcessGroupGloo::allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options) {
@@ -163,18 +164,21 @@ bool hierarchicalVariableForbids() {
 }  // namespace
 
 ProcessGroupPtr createGlooGroup(std::shared_ptr<Store> store, int rank, int size, const ProcessGroupOptions& options) {
-  const bool forbidden = hierarchicalVariableForbids() | shmVariableForbids();
-  if (size > 2 && options.sharedMemory && !forbidden) {
+  const bool forbidden = hierarchicalVariableForbids() | shmVariableForbids() | !options.sharedMemory;
+  if (size > 2) {
+    // Every rank takes part, also one that wants a flat group, so that all
+    // decide alike even when the variables differ between nodes.
     auto topology = std::make_shared<PrefixStore>("gloo_topology", store);
-    gloo_backend::HostLayout layout =
-        gloo_backend::discoverHostLayout(*topology, rank, size, options.hostId, options.timeout);
-    if (layout.hosts() >= 2 && layout.largestHost() >= 2) {
+    std::optional<gloo_backend::HostLayout> found =
+        gloo_backend::discoverHostLayout(*topology, rank, size, options.hostId, forbidden, options.timeout);
+    if (found && found->hosts() >= 2 && found->largestHost() >= 2) {
+      gloo_backend::HostLayout layout = std::move(*found);
       const int host = layout.hostOf[static_cast<size_t>(rank)];
       const int index = layout.indexOf[static_cast<size_t>(rank)];
       const int hostRanks = static_cast<int>(layout.ranksOn[static_cast<size_t>(host)].size());
       auto local = std::make_shared<ProcessGroupGloo>(
           std::make_shared<PrefixStore>(fmt::format("gloo_host_{}", host), store), index, hostRanks, options);
-      std::shared_ptr<ProcessGroup> leaders;
+      std::shared_ptr<ProcessGroupGloo> leaders;
       if (index == 0) {
         ProcessGroupOptions tcp = options;
         tcp.sharedMemory = false;  // one rank per host: they meet over the network

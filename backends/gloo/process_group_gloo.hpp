@@ -57,6 +57,12 @@ class ProcessGroupGloo : public ProcessGroup {
   // Gloo's description of the transport's address, e.g. "tcp, pci=,
   // iface=lo, speed=-1, addr=[127.0.0.1]" (for tests of interface selection).
   const std::string& listenAddress() const;
+  // Breaks the group at once (later collectives fail with `reason`) and,
+  // through shared memory, tells the peers, so that a peer waiting for this
+  // rank in a collective fails now rather than at its timeout. For a group
+  // that uses this one as a step of its own collectives
+  // (hierarchical_group.hpp). Any thread.
+  void abort(const std::string& reason);
   // Whether payloads move through shared memory; if not, why not.
   bool usesSharedMemory() const;
   const std::string& sharedMemoryUnavailableReason() const;

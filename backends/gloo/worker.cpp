@@ -147,12 +147,24 @@ void ProcessGroupGloo::Impl::workerLoop() {
   }
 }
 
+void ProcessGroupGloo::Impl::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_) broken_ = std::make_exception_ptr(CollectiveError(reason));
+  }
+  if (shm) shm->markFailed();
+}
+
 std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
   using gloo_backend::Clock;
-  std::exception_ptr error = broken_;
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error = broken_;
+  }
   if (error) {
     try {
-      std::rethrow_exception(broken_);
+      std::rethrow_exception(error);
     } catch (const std::exception& first) {
       error = std::make_exception_ptr(CollectiveError(
           fmt::format("{} not run: the group failed earlier: {}", task.work->description(), first.what())));
@@ -174,7 +186,10 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
           e.what(), kRendezvousHelp)));
     }
     if (error) {
-      broken_ = error;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!broken_) broken_ = error;
+      }
       if (shm) shm->markFailed();
     }
   }

@@ -587,8 +587,16 @@ Json objectSchema(const std::vector<ParamSpec>& specs, const std::string& descri
 // A plugin section: a name, or {"name": NAME, that plugin's parameters}.
 Json pluginSchema(const PluginRegistry& registry, PluginKind kind, const std::string& description) {
   const std::vector<std::string> names = registry.names(kind);
+  // The name alone only for plugins whose every parameter has a default.
+  std::vector<std::string> byName;
+  for (const std::string& name : names) {
+    const auto& params = registry.get(kind, name).params;
+    if (std::all_of(params.begin(), params.end(), [](const ParamSpec& p) { return !p.defaultValue.is_null(); })) {
+      byName.push_back(name);
+    }
+  }
   Json choices = Json::array();
-  choices.push_back({{"type", "string"}, {"enum", names}, {"description", "a plugin's name, with its defaults"}});
+  choices.push_back({{"type", "string"}, {"enum", byName}, {"description", "a plugin's name, with its defaults"}});
   for (const std::string& name : names) {
     const PluginSpec& spec = registry.get(kind, name);
     choices.push_back(objectSchema(spec.params, fmt::format("{}.{}: {}", pluginKindName(kind), name, spec.doc),

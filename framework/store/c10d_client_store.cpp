@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "ddp/config.hpp"
 
 #if DDP_HAVE_C10D_STORE
@@ -83,10 +86,23 @@ bool C10dClientStore::check(const std::vector<std::string>& keys) {
   return translated(where_, "check " + keysText(keys), [&] { return impl_->store->check(keys); });
 }
 
+// By polling check(), not with c10d's wait: LibTorch 1.13's client keeps a
+// short wait's timeout on its socket, and after a wait that timed out it
+// takes the stale reply for the next request.
 void C10dClientStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   const auto limit = effectiveTimeout(timeout);
-  translated(where_, fmt::format("waiting {} s for {}", limit.count() / 1000.0, keysText(keys)),
-             [&] { impl_->store->wait(keys, limit); });
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    if (check(keys)) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      throw StoreTimeout(fmt::format("store {}: timed out after {} s waiting for {}", where_, limit.count() / 1000.0,
+                                     keysText(keys)));
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
 }
 
 std::string C10dClientStore::describe() const { return where_; }

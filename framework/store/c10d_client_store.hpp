@@ -9,7 +9,9 @@
 //   store has none.
 // - Connecting retries until `connectTimeout`, then fails with StoreError
 //   naming host:port. c10d's failures become StoreError, its timeouts
-//   StoreTimeout naming the keys.
+//   StoreTimeout naming the keys. wait() polls check() (backing off to
+//   50 ms) rather than using c10d's wait, whose client misbehaves after
+//   short or timed-out waits in LibTorch 1.13.
 // - available() is false where the build has no c10d client
 //   (DDP_HAVE_C10D_STORE); constructing one then throws StoreError.
 #pragma once

@@ -74,4 +74,11 @@ torchrun --nnodes 1 --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$port" "$ddp_
 [ "$rc" -ne 0 ] || fail "a bad model did not fail under torchrun"
 grep -q "traceback : model.layers: first width 10 does not match the dataset's 13 features" "$work/bad.out" ||
   { cat "$work/bad.out"; fail "torchrun's summary does not show the rank's error"; }
+echo "== 5. the error file is whole JSON even when the error holds bytes that are not UTF-8"
+bad=$'no_such_caf\xe9.json'
+rc=0
+(cd "$work" && TORCHELASTIC_ERROR_FILE="$work/error.json" "$ddp_run" "$bad" > "$work/utf8.out" 2>&1) || rc=$?
+[ "$rc" -eq 2 ] || { cat "$work/utf8.out"; fail "a missing experiment file gave exit $rc"; }
+$python -c 'import json, sys; m = json.load(open(sys.argv[1]))["message"]; assert "no_such_caf" in m["message"], m' \
+  "$work/error.json" || fail "TORCHELASTIC_ERROR_FILE is not the JSON torchrun reads"
 echo "PASS"

@@ -60,6 +60,7 @@ cases = {
     "hook_unknown": {"distributed": {**base.get("distributed", {}), "comm_hook": "int4"}},
     "missing_model": {"model": None},
     "plugins_not_list": {"plugins": "libx.so"},
+    "required_param_missing": {"dataset": "csv"},
     "name_escapes_runs": {"name": "../elsewhere"},
     "name_hidden": {"name": ".hidden"},
 }
@@ -81,8 +82,8 @@ echo "== --plugin-lib: the example plugin's plugins are in the schema and the li
 $python - "$work/schema.json" "$work/schema_plugin.json" <<'PY'
 import json, sys
 def names(path, section):
-    s = json.load(open(path))["properties"][section]["oneOf"][0]["enum"]
-    return set(s)
+    choices = json.load(open(path))["properties"][section]["oneOf"]
+    return {c["properties"]["name"]["const"] for c in choices[1:]}
 without, with_lib = (names(sys.argv[1], "model") | names(sys.argv[1], "optimizer") | names(sys.argv[1], "loss")
                      | names(sys.argv[1], "scheduler") | names(sys.argv[1], "dataset")), set()
 for section in ("dataset", "model", "optimizer", "scheduler", "loss"):

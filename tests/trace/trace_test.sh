@@ -26,6 +26,17 @@ DDP_TRACE=1 "$ddp_run" experiments/wine_ddp.json --nproc-per-node 2 --out "$work
   --set training.epochs=2 > "$work/wine.out" 2>&1 || { cat "$work/wine.out"; exit 1; }
 $python "$here/check_trace.py" "$work/wine/trace.json" 2 2 4
 
+echo "== DDP_TRACE=1 on one of two nodes: every rank traces (the ranks agree)"
+port=$($python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+common=(experiments/wine_ddp.json --nnodes 2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$port"
+  --set training.epochs=2 --set distributed.timeout_s=60)
+DDP_TRACE=1 timeout -k 5 120 "$ddp_run" "${common[@]}" --node-rank 0 --out "$work/node0" > "$work/node0.out" 2>&1 &
+node0=$!
+timeout -k 5 120 "$ddp_run" "${common[@]}" --node-rank 1 --out "$work/node1" > "$work/node1.out" 2>&1 ||
+  { cat "$work/node1.out"; echo "FAIL: node 1 (no DDP_TRACE)"; exit 1; }
+wait "$node0" || { cat "$work/node0.out"; echo "FAIL: node 0 (DDP_TRACE=1)"; exit 1; }
+$python "$here/check_trace.py" "$work/node0/trace.json" 2 2 4
+
 echo "== wine, 1 rank: compute only"
 "$ddp_run" experiments/wine_baseline.json --out "$work/one" --set training.trace=true --set training.trace_start=5 \
   --set training.trace_steps=2 --set training.epochs=2 > "$work/one.out" 2>&1 || { cat "$work/one.out"; exit 1; }

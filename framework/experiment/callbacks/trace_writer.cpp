@@ -67,7 +67,14 @@ bool environmentAsks() {
 
 }  // namespace
 
-bool TraceWriter::wanted(const Trainer& trainer) { return trainer.config().training.trace || environmentAsks(); }
+bool TraceWriter::wanted(Trainer& trainer) {
+  if (trainer.config().training.trace) return true;  // the same experiment on every rank
+  const bool mine = environmentAsks();
+  if (trainer.worldSize() == 1) return mine;
+  at::Tensor flag = at::full({1}, mine ? 1.0 : 0.0, at::kDouble);
+  trainer.group().allreduce(flag, {ReduceOp::Max})->wait();
+  return flag.item<double>() > 0;
+}
 
 void TraceWriter::onTrainBegin(Trainer& trainer) {
   const auto& tc = trainer.config().training;
@@ -130,7 +137,16 @@ void TraceWriter::write(Trainer& trainer) {
     all.push_back(mine);
   }
   if (!trainer.isWriter()) return;
+  // The peers have gone on: a file that cannot be written ends nothing.
+  try {
+    writeMerged(trainer, all);
+  } catch (const std::exception& e) {
+    trainer.log().line(fmt::format("trace: trace.json not written: {}", e.what()));
+  }
+}
 
+void TraceWriter::writeMerged(Trainer& trainer, const std::vector<std::string>& all) {
+  const int world = trainer.worldSize();
   nlohmann::ordered_json events = nlohmann::ordered_json::array();
   double earliest = std::numeric_limits<double>::infinity();
   // Each rank's times count from when it left the barrier. Ranks on rank

@@ -18,10 +18,13 @@
 //   of the run): off by the barrier's wake-up time, tens of microseconds.
 // - Collective: every rank adds it, and the gather runs at an epoch end
 //   or the run's end that every rank reaches with the same step count.
+//   wanted() is collective too: DDP_TRACE set on one node traces them all.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "framework/experiment/callbacks/callback.hpp"
 
@@ -29,8 +32,9 @@ namespace ddp {
 
 class TraceWriter : public TrainerCallback {
  public:
-  // Whether the run asks for a trace (the config, or DDP_TRACE).
-  static bool wanted(const Trainer& trainer);
+  // Whether the run asks for a trace (the config, or DDP_TRACE on any
+  // rank: one allreduce, so that every rank adds the callback or none).
+  static bool wanted(Trainer& trainer);
 
   bool wantsSteps() const override { return true; }
   void onTrainBegin(Trainer& trainer) override;
@@ -42,6 +46,8 @@ class TraceWriter : public TrainerCallback {
  private:
   void maybeStart(Trainer& trainer);
   void write(Trainer& trainer);
+  // Rank 0: the ranks' spans into trace.json.
+  void writeMerged(Trainer& trainer, const std::vector<std::string>& all);
   int64_t first_ = 0, last_ = 0;  // optimizer steps, 1-based, inclusive
   bool started_ = false, written_ = false;
 };
