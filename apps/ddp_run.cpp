@@ -438,11 +438,19 @@ int main(int argc, char** argv) {
     std::string runDir = args.outDir.empty() ? defaultRunDir(config) : args.outDir;
     if (!args.resume && !isRestart()) ddp::checkRunFolderIsFree(runDir);
     if (nproc == 1 && args.nnodes == 1) {
+      // One rank runs without a backend compiled out of this build; one
+      // that is built but cannot run here (nccl without GPUs) is named as
+      // it is for several ranks.
+      if (!ddp::builtinBackends().compiledOut(config.distributed.backend)) {
+        checkBackendUsable("distributed.backend", config.distributed.backend);
+      }
       Args single = args;
       single.outDir = runDir;
       return runRank(single, ddp::RankEnv{}, std::move(config));
     }
     checkBackendUsable("distributed.backend", config.distributed.backend);
+    // What only the built plugins can tell, once here rather than once per rank.
+    ddp::checkExperimentBuilds(config, registry);
     ddp::LaunchOptions lo;
     lo.nprocPerNode = nproc;
     lo.nnodes = args.nnodes;

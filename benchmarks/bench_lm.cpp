@@ -47,6 +47,7 @@ struct Options {
   // share all but one epoch's order.
   std::vector<int64_t> seeds = {0, 1000};
   std::string jsonPath;
+  std::string plotPath;
   double tolerance = 0.05;
 };
 
@@ -123,6 +124,7 @@ double meanOf(const json& records, const std::string& impl, const std::string& k
 }
 
 void runLm(const Options& o) {
+  checkPlotPath(o.plotPath);
   if (o.seeds.empty()) throw BenchError("--seeds: give at least one seed");
   TempDir dir("ddp-bench-lm-");
   if (auto why = pythonTorchUnavailable()) std::cout << "skipping torch-python: " << *why << "\n";
@@ -151,10 +153,7 @@ void runLm(const Options& o) {
         meanOf(records, "ddp", "seconds") / meanOf(records, "torch-python", "seconds"));
     for (json& r : records) r["mean_val_loss_ratio"] = ratio;
   }
-  if (!o.jsonPath.empty()) {
-    writeJsonFile(o.jsonPath, records);
-    std::cerr << "wrote " << o.jsonPath << "\n";
-  }
+  writeRecords(o.jsonPath, o.plotPath, records);
 }
 
 }  // namespace
@@ -172,6 +171,7 @@ void registerLmCommand(CLI::App& app) {
   cmd->add_option("--tolerance", options->tolerance, "the relative difference of validation loss allowed")
       ->capture_default_str();
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->add_option("--plot", options->plotPath, "Also draw validation loss and time, ours against the reference into this PNG (scripts/ddp-plot)");
   cmd->callback([options] {
     try {
       runLm(*options);

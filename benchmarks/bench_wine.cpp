@@ -44,6 +44,7 @@ using nlohmann::json;
 
 struct Options {
   std::string jsonPath;
+  std::string plotPath;
   int repeats = 5;
 };
 
@@ -107,6 +108,7 @@ double numberOr(const json& r, const char* key) {
 }
 
 void runWine(const Options& o) {
+  checkPlotPath(o.plotPath);
   if (o.repeats < 1) throw BenchError("--repeats must be at least 1");
   std::optional<std::string> noPython = pythonTorchUnavailable();
   if (noPython) std::cout << "skipping torch-python: " << *noPython << "\n";
@@ -149,10 +151,7 @@ void runWine(const Options& o) {
         numberOr(records[0], "seconds") / numberOr(records[1], "seconds"),
         numberOr(records[0], "total_seconds") / numberOr(records[1], "total_seconds"));
   }
-  if (!o.jsonPath.empty()) {
-    writeJsonFile(o.jsonPath, records);
-    std::cerr << "wrote " << o.jsonPath << "\n";
-  }
+  writeRecords(o.jsonPath, o.plotPath, records);
 }
 
 }  // namespace
@@ -161,6 +160,7 @@ void registerWineCommand(CLI::App& app) {
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("wine", "Time the 100-epoch wine baseline in-process vs PyTorch in Python");
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->add_option("--plot", options->plotPath, "Also draw our loop time against PyTorch's into this PNG (scripts/ddp-plot)");
   cmd->add_option("--repeats", options->repeats, "Runs per implementation (the median is reported)")
       ->capture_default_str();
   cmd->callback([options] {

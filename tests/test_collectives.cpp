@@ -227,7 +227,7 @@ TEST_CASE("gloo hierarchical: a failed cross-host step names the step", "[collec
 // Errors name the global ranks behind a sub-group's numbering. Outputs that
 // are not contiguous, and a dtype gloo cannot reduce (a UsageError at the
 // call that leaves the group usable), as the flat group has them.
-TEST_CASE("gloo hierarchical: failures end every rank at once; odd outputs and dtypes", "[collectives][hierarchical]") {
+TEST_CASE("gloo hierarchical: a failure ends every rank at once and odd outputs and dtypes behave as in the flat group", "[collectives][hierarchical]") {
   ScopedEnv shm("DDP_GLOO_SHM", nullptr);
   ScopedEnv hierarchical("DDP_GLOO_HIERARCHICAL", nullptr);
   auto hostOf = [](ProcessGroupOptions o) {

@@ -275,6 +275,9 @@ TEST_CASE("a backend this machine cannot run is named before any rank starts", "
   const Case cases[] = {
       {"--nproc-per-node 2 " + experiment + " --set distributed.backend=nccl --out " + dir + "/run",
        "distributed.backend: " + *why},
+      // One process: the same line (nothing to launch, but the backend is built).
+      {"--nproc-per-node 1 " + experiment + " --set distributed.backend=nccl --out " + dir + "/run",
+       "distributed.backend: " + *why},
       {"--nproc-per-node 2 --demo --demo-backend nccl", "--demo-backend: " + *why},
       {"--nproc-per-node 2 --demo --demo-backend mpi", "--demo-backend: unknown backend 'mpi'; known backends: "},
   };

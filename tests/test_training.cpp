@@ -759,6 +759,8 @@ TEST_CASE("a mistake found by the first forward pass is not retried under --max-
   CHECK(o.exitCode == 2);
   CHECK(o.output.find("do not fit together") != std::string::npos);
   CHECK(o.output.find("restarting all ranks") == std::string::npos);
+  // Found by the launcher before any rank started: one line.
+  CHECK(std::count(o.output.begin(), o.output.end(), '\n') == 1);
   struct stat st;
   CHECK(::stat((dir + "/run").c_str(), &st) != 0);
   std::filesystem::remove_all(dir);

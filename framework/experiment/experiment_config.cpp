@@ -135,17 +135,26 @@ bool fileExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+// Absolute and without "." or ".." parts ("/data/./x.csv" is "/data/x.csv").
 std::string absolutePath(const std::string& path) {
-  if (!path.empty() && path[0] == '/') return path;
+  if (!path.empty() && path[0] == '/') return std::filesystem::path(path).lexically_normal().string();
   char cwd[4096];
-  if (::getcwd(cwd, sizeof(cwd))) return std::string(cwd) + "/" + path;
+  if (::getcwd(cwd, sizeof(cwd))) return (std::filesystem::path(cwd) / path).lexically_normal().string();
   return path;
+}
+
+// The folders resolveFile() looks in, for errors.
+std::string lookedIn(const std::string& configDir) {
+  std::string looked = configDir.empty() ? std::string() : configDir + ", ";
+  looked += "the working folder";
+  for (const std::string& dir : dataSearchDirs()) looked += ", " + dir;
+  return looked;
 }
 
 // Where an input file named in a config is looked for, in order.
 std::optional<std::string> resolveFile(const std::string& path, const std::string& configDir) {
   if (path.empty()) return std::nullopt;
-  if (path[0] == '/') return fileExists(path) ? std::optional<std::string>(path) : std::nullopt;
+  if (path[0] == '/') return fileExists(path) ? std::optional<std::string>(absolutePath(path)) : std::nullopt;
   std::vector<std::string> bases = {configDir, "."};
   for (const std::string& dir : dataSearchDirs()) bases.push_back(dir);
   for (const std::string& base : bases) {
@@ -271,12 +280,7 @@ class Validator {
         }
         if (spec.isFile) {
           auto found = resolveFile(s, configDir_);
-          if (!found) {
-            std::string looked = configDir_.empty() ? std::string() : configDir_ + ", ";
-            looked += "the working folder";
-            for (const std::string& dir : dataSearchDirs()) looked += ", " + dir;
-            fail(where, "file {} not found (looked in {})", inQuotes(s), looked);
-          }
+          if (!found) fail(where, "file {} not found (looked in {})", inQuotes(s), lookedIn(configDir_));
           return *found;
         }
         return v;
@@ -700,7 +704,12 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
       const std::string where = fmt::format("plugins[{}]", i);
       if (!libs[i].is_string()) v.fail(where, "expected a path, got {}", shown(libs[i]));
       auto found = resolveFile(libs[i].get<std::string>(), configDir);
-      if (!found) v.fail(where, "plugin library {} not found", inQuotes(libs[i].get<std::string>()));
+      if (!found) {
+        v.fail(where,
+               "plugin library {} not found (looked in {}). HINT: a relative path is taken from the experiment's "
+               "folder first; give the library's path, e.g. \"build/libmy_plugins.so\"",
+               inQuotes(libs[i].get<std::string>()), lookedIn(configDir));
+      }
       try {
         loadPluginLibrary(*found, registry);
       } catch (const std::exception& e) {

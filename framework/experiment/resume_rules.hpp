@@ -9,19 +9,20 @@
 // - Each changed, added or removed key is looked up in the table by its
 //   longest matching prefix. A key the table lists as safe is allowed: the
 //   new value applies from the resumed step on (epochs, lr and the other
-//   optimizer hyper-parameters, the scheduler, eval/save cadence, threads,
-//   max_steps, timeouts). Every other key is refused, with the table's
+//   optimizer hyper-parameters, the scheduler, eval/save cadence, logging,
+//   tracing, threads, max_steps, the distributed settings, the parallel
+//   strategy included). Every other key is refused, with the table's
 //   reason: the checkpoint was made for the old value (model and dataset
 //   shapes, the seed that draws the split, the loss, the optimizer kind
-//   whose state it holds, batch size and accumulation that define a step,
-//   the parallel strategy). A new key is refused until it is listed as
-//   safe; that is the guard.
+//   whose state it holds, batch size, accumulation, drop_last and join,
+//   which define a step). A new key is refused until it is listed as safe;
+//   that is the guard.
 // - When a plugin's name changed (optimizer.name adam -> sgd), only that key
 //   is reported for its section: the other keys belong to another plugin.
-// - World size is not in the config: every built-in strategy ("ddp") keeps
-//   a full replica in its checkpoint, so a run may resume on another number
-//   of ranks (it then follows another sample order than an uninterrupted
-//   run would).
+// - World size and strategy may change: every built-in strategy saves the
+//   consolidated model and optimizer, so a run may resume under another
+//   strategy or on another number of ranks (it then follows another sample
+//   order than an uninterrupted run would).
 #pragma once
 
 #include <string>

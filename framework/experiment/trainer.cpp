@@ -373,6 +373,33 @@ void Trainer::addStandardCallbacks() {
   if (config_.training.saveEvery > 0) addCallback(std::make_shared<PeriodicCheckpoints>(config_.training.saveEvery));
 }
 
+void checkExperimentBuilds(const ExperimentConfig& config, PluginRegistry& registry) {
+  torch::manual_seed(config.training.seed);
+  DatasetContext dctx{config.training.seed, config.configDir};
+  DatasetSplits data = building("dataset", config.dataset.name, [&] {
+    return registry.get(PluginKind::Dataset, config.dataset.name).dataset(config.dataset.params, dctx);
+  });
+  if (!data.train || !data.test) {
+    fail<std::runtime_error>("dataset {}: its factory returned no train or no test split", config.dataset.name);
+  }
+  const ModelContext modelContext = modelContextFor(data);
+  ModelPtr model = building("model", config.model.name, [&] {
+    return registry.get(PluginKind::Model, config.model.name).model(config.model.params, modelContext);
+  });
+  building("optimizer", config.optimizer.name, [&] {
+    return registry.get(PluginKind::Optimizer, config.optimizer.name)
+        .optimizer(model->parameters(), config.optimizer.params);
+  });
+  if (config.scheduler) {
+    building("scheduler", config.scheduler->name, [&] {
+      return registry.get(PluginKind::Scheduler, config.scheduler->name).scheduler(config.scheduler->params);
+    });
+  }
+  LossFn lossFn = building("loss", config.loss.name,
+                           [&] { return registry.get(PluginKind::Loss, config.loss.name).loss(config.loss.params); });
+  checkPluginsFit(config, data, *model, lossFn, torch::Device(torch::kCPU));
+}
+
 void Trainer::build() {
   if (impl_->built) return;
   Impl& s = *impl_;

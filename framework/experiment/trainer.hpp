@@ -197,6 +197,14 @@ class NonFiniteLossError : public std::runtime_error {
 // backtrace, line breaks made spaces.
 std::string errorLine(const std::exception& e);
 
+// Builds the experiment's dataset, model, optimizer, scheduler and loss on
+// the CPU, as every rank's Trainer::build() does, and runs the model and the
+// loss on two training rows: a launcher calls it before it starts any rank,
+// so that what only the built plugins can tell (a model that does not fit
+// its dataset) is one line and exit code 2, not one line per rank. Throws
+// as build() would (UsageError for the input's mistakes).
+void checkExperimentBuilds(const ExperimentConfig& config, PluginRegistry& registry);
+
 // Trainer(config, dist, options, registry), its standard callbacks, run().
 TrainResult runTraining(const ExperimentConfig& config, const DistributedContext& dist, const RunOptions& options,
                         PluginRegistry& registry);
