@@ -1,9 +1,10 @@
 // FrameExchange: the fixed-size frame with which every TCP collective of
 // ProcessGroupGloo starts.
 //
-// Each rank sends one frame of kFrameBytes to each other rank (to its right
-// neighbour only above kAllToAllMaxRanks ranks). A frame is this
-// collective's Descriptor, then up to kSmallPayloadBytes of payload. Frames
+// Each rank sends one frame to each other rank (to its right neighbour only
+// above kAllToAllMaxRanks ranks). A frame is this collective's Descriptor,
+// then up to kSmallPayloadBytes of payload, and is as long as its payload:
+// receives are posted for the largest frame. Frames
 // are received into buffers posted two collectives ahead (set seq % 2), so
 // a frame needs no "ready to receive" round trip: one network hop. Every
 // received descriptor is checked against this rank's own before anything
@@ -31,13 +32,19 @@ namespace ddp::gloo_backend {
 
 class FrameExchange {
  public:
-  static constexpr size_t kSmallPayloadBytes = 16 * 1024;
+  static constexpr size_t kSmallPayloadBytes = 64 * 1024;
   static constexpr int kAllToAllMaxRanks = 8;
+  // What one rank may send in all its frames of a collective: beyond it,
+  // the ring's 2 N bytes beat (size - 1) N.
+  static constexpr size_t kAllToAllBudgetBytes = 128 * 1024;
   static constexpr size_t kFrameBytes = sizeof(Descriptor) + kSmallPayloadBytes;
 
   // Whether a payload of `bytes` travels inside the frames of a group of
-  // `size` ranks.
-  static bool fits(size_t bytes, int size) { return bytes <= kSmallPayloadBytes && size <= kAllToAllMaxRanks; }
+  // `size` ranks: up to 64 KiB at 2 and 3 ranks, 42 KiB at 4, 18 KiB at 8.
+  static bool fits(size_t bytes, int size) {
+    return bytes <= kSmallPayloadBytes && size <= kAllToAllMaxRanks &&
+           bytes * static_cast<size_t>(size - 1) <= kAllToAllBudgetBytes;
+  }
 
   // Posts the receives of collectives 0 and 1 on `context` (size > 1).
   FrameExchange(::gloo::Context& context, int rank, int size);
@@ -61,6 +68,7 @@ class FrameExchange {
 
   int rank_, size_;
   std::vector<int> peers_;  // ranks we send frames to and expect frames from
+  size_t frameBytes_ = kFrameBytes;  // the buffer of one frame
   // Memory before the unbound buffers over it: destroyed after them.
   std::vector<uint8_t> sendFrame_;
   std::vector<uint8_t> recvFrames_[2];  // [seq % 2]: one frame per rank

@@ -12,8 +12,10 @@
 //   each other rank (frames.hpp) that carries a descriptor (sequence number,
 //   operation, dtype, element count, root, reduce op); ranks that disagree
 //   fail with a CollectiveError before any payload moves. Payloads up to
-//   16 KiB travel inside the frame, so a small collective is one network
-//   hop, reduced locally in rank order (the same bits on every rank).
+//   64 KiB (less above 3 ranks: FrameExchange::fits) travel inside the
+//   frame, which is only as long as its payload, so a small collective is
+//   one network hop, reduced locally in rank order (the same bits on every
+//   rank).
 // - Larger allreduce and reduce_scatter use our own pipelined ring
 //   (ring.hpp); larger broadcast and allgather use Gloo's.
 // - When all ranks share a host, every collective instead goes through a
