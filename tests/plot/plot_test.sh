@@ -41,7 +41,7 @@ quiet() {  # quiet NAME CMD...: CMD's output in NAME.log, shown if it fails
 quiet wine1 "$ddp_run" "$repo/experiments/wine_ddp.json" --nproc-per-node 1 --set training.epochs=12 \
   --set training.eval_every=3 --set training.save_every=0 --out runs/wine1
 quiet wine2 "$ddp_run" "$repo/experiments/wine_ddp.json" --nproc-per-node 2 --set training.epochs=12 \
-  --set training.eval_every=3 --set training.save_every=0 --out runs/wine2
+  --set training.eval_every=3 --set training.save_every=0 --set training.trace=true --out runs/wine2
 quiet gpt "$ddp_run" "$repo/experiments/char_gpt.json" --nproc-per-node 1 --set training.epochs=3 \
   --set training.eval_every=1 --set training.save_every=0 --set dataset.max_bytes=8000 \
   --set model.n_layer=1 --out runs/gpt
@@ -87,11 +87,13 @@ cat > lm.json <<'JSON'
  {"impl": "ddp", "seed": 1, "world_size": 2, "steps": 8, "val_loss": 2.29, "seconds": 30.9},
  {"impl": "torch", "seed": 1, "world_size": 2, "steps": 8, "val_loss": 2.30, "seconds": 43.8}]
 JSON
+draw trace trace runs/wine2/trace.json
+draw auto_trace auto runs/wine2/trace.json
 draw wine wine wine.json
 draw lm lm lm.json
 draw auto_wine auto wine.json
 draw auto_lm auto lm.json
-for kind in curves collectives train_step strategies wine lm; do
+for kind in curves collectives train_step strategies wine lm trace; do
   cmp -s "$kind.png" "auto_$kind.png" || fail "auto drew another picture than $kind"
 done
 # ddp-bench --plot draws what ddp-plot draws from the same records.
@@ -149,13 +151,16 @@ expect_error "empty records" train-step empty.json
 expect_error "no metrics.jsonl" curves not_a_run
 expect_error "no epochs" curves empty_run
 expect_error "wrong kind" strategies collectives.json
+echo '{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0}]}' > empty_trace.json
+expect_error "a trace without spans" trace empty_trace.json
+expect_error "not a trace" trace collectives.json
 expect_error "absent metric" curves runs/wine1 --metric perplexity
 expect_error "bad usage" curves
 OUT=no/such/folder/x.png expect_error "unwritable output" collectives collectives.json
 
 # --help: every command explained.
 "$plot" --help >help.txt
-for command in curves collectives train-step strategies wine lm auto; do
+for command in curves collectives train-step strategies wine lm trace auto; do
   grep -q "^ *$command" help.txt || fail "--help does not list $command"
 done
 "$plot" curves --help | grep -q -- "--metric" || fail "ddp-plot curves --help does not explain --metric"
