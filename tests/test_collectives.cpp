@@ -282,6 +282,35 @@ TEST_CASE("gloo hierarchical: a failure ends every rank at once and odd outputs 
   CHECK(joinErrors(odd).empty());
 }
 
+// Above 8 ranks every TCP frame is a descriptor only and every payload
+// takes the large path, where Gloo's allgather divided by a zero-byte input.
+TEST_CASE("gloo over TCP at 9 ranks: zero and a few elements", "[collectives]") {
+  ProcessGroupOptions tcp;
+  tcp.sharedMemory = false;
+  const int n = 9;
+  auto errors = runRanks("gloo", n, [&](int rank, ProcessGroup& pg) {
+    for (int64_t count : {0, 3}) {
+      at::Tensor t = at::full({count}, float(rank));
+      pg.allreduce(t)->wait();
+      if (!at::equal(t, at::full({count}, 36.0f))) throw std::runtime_error("allreduce x" + std::to_string(count));
+      at::Tensor b = at::full({count}, float(rank));
+      pg.broadcast(b, {5})->wait();
+      if (!at::equal(b, at::full({count}, 5.0f))) throw std::runtime_error("broadcast x" + std::to_string(count));
+      at::Tensor gathered = at::empty({n, count}, at::kFloat);
+      pg.allgather(at::full({count}, float(rank)), gathered)->wait();
+      for (int r = 0; r < n; ++r) {
+        if (!at::equal(gathered[r], at::full({count}, float(r)))) throw std::runtime_error("allgather");
+      }
+      at::Tensor scattered = at::empty({count}, at::kFloat);
+      pg.reduceScatter(at::ones({count * n}, at::kFloat), scattered)->wait();
+      if (!at::equal(scattered, at::full({count}, float(n)))) throw std::runtime_error("reduce_scatter");
+    }
+    pg.barrier()->wait();
+  }, tcp);
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+}
+
 // The shared-memory path moves data in slot-sized chunks: counts that
 // straddle chunk boundaries, for every collective, with a small slot.
 TEST_CASE("gloo shared memory splits large payloads into chunks correctly", "[collectives]") {

@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
@@ -218,6 +220,23 @@ TEST_CASE("overrides are typed by the declaration and land in the resolved confi
   CHECK(c.resolved["training"].contains("save_every"));
   CHECK(c.resolved["dataset"]["path"].get<std::string>().front() == '/');
   CHECK(c.resolved["distributed"]["backend"] == "gloo");
+}
+
+// Resolved paths lose their "." parts, but ".." after a symbolic link is
+// kept: there it is not the folder above in the text.
+TEST_CASE("input paths are made absolute without losing what a symbolic link means", "[config]") {
+  const std::string dir = tempDir();
+  std::filesystem::create_directories(dir + "/real/a/b");
+  std::filesystem::copy_file(std::string(DDP_SOURCE_DIR) + "/data/wine.csv", dir + "/real/a/wine.csv");
+  std::filesystem::create_directory_symlink(dir + "/real/a/b", dir + "/link");
+  auto& registry = builtinPlugins();
+  ExperimentConfig viaLink =
+      parseExperimentConfig(kValid, "inline", ".", {"dataset.path=" + dir + "/link/../wine.csv"}, registry);
+  const std::string resolved = viaLink.resolved["dataset"]["path"].get<std::string>();
+  CHECK(std::filesystem::exists(resolved));
+  ExperimentConfig dotted =
+      parseExperimentConfig(kValid, "inline", ".", {"dataset.path=" + dir + "/./real/./a/wine.csv"}, registry);
+  CHECK(dotted.resolved["dataset"]["path"].get<std::string>() == dir + "/real/a/wine.csv");
 }
 
 TEST_CASE("a plugin switched by an override validates against its own declaration", "[config]") {

@@ -135,11 +135,21 @@ bool fileExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-// Absolute and without "." or ".." parts ("/data/./x.csv" is "/data/x.csv").
+// Absolute, without "." parts ("/data/./x.csv" is "/data/x.csv"). ".." stays:
+// after a symbolic link it does not mean the folder above in the text.
+std::string withoutDots(const std::filesystem::path& path) {
+  std::filesystem::path out;
+  for (const auto& part : path) {
+    if (part == "." || part.empty()) continue;
+    out /= part;
+  }
+  return out.string();
+}
+
 std::string absolutePath(const std::string& path) {
-  if (!path.empty() && path[0] == '/') return std::filesystem::path(path).lexically_normal().string();
+  if (!path.empty() && path[0] == '/') return withoutDots(path);
   char cwd[4096];
-  if (::getcwd(cwd, sizeof(cwd))) return (std::filesystem::path(cwd) / path).lexically_normal().string();
+  if (::getcwd(cwd, sizeof(cwd))) return withoutDots(std::filesystem::path(cwd) / path);
   return path;
 }
 

@@ -198,8 +198,9 @@ class NonFiniteLossError : public std::runtime_error {
 std::string errorLine(const std::exception& e);
 
 // Builds the experiment's dataset, model, optimizer, scheduler and loss on
-// the CPU, as every rank's Trainer::build() does, and runs the model and the
-// loss on two training rows: a launcher calls it before it starts any rank,
+// the CPU, as every rank's Trainer::build() does, and (for a CPU
+// experiment) runs the model and the loss on two training rows: a launcher
+// calls it before it starts any rank,
 // so that what only the built plugins can tell (a model that does not fit
 // its dataset) is one line and exit code 2, not one line per rank. Throws
 // as build() would (UsageError for the input's mistakes).
