@@ -387,6 +387,17 @@ TEST_CASE("ddp-run refuses npy datasets with bad labels: exit code 2, one line, 
   checkRefusedByProgram(dir, cases);
 }
 
+// test_features and test_labels are file parameters: a missing one is
+// found with the others, naming where it was looked for.
+TEST_CASE("ddp-run refuses a missing npy test file before anything runs", "[npy][launcher]") {
+  SKIP_WITHOUT_NUMPY();
+  Folder dir;
+  writeBadDatasets(dir);  // for its x.npy and y.npy, which fit together
+  checkRefusedByProgram(dir, {{{{"features", dir / "x.npy"}, {"labels", dir / "y.npy"},
+                                {"test_features", dir / "x.npy"}, {"test_labels", "nope.npy"}},
+                               "dataset.test_labels: file \"nope.npy\" not found (looked in"}});
+}
+
 TEST_CASE("the npy dataset serves the batches a TensorDataset of the same arrays serves", "[npy]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;

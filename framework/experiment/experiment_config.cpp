@@ -254,7 +254,8 @@ class Validator {
       if (!values.contains(spec.name)) {
         if (spec.defaultValue.is_null()) fail(where, "required parameter is missing ({})", spec.doc);
         out[spec.name] = spec.defaultValue;
-        if (!spec.isFile) continue;
+        // An optional file ("" by default) that is not given stays "".
+        if (!spec.isFile || spec.defaultValue == Json("")) continue;
       }
       out[spec.name] = checkValue(where, spec, values.contains(spec.name) ? values[spec.name] : spec.defaultValue);
     }
@@ -288,7 +289,7 @@ class Validator {
           fail(where, "expected {}, got {}{}", expectation(spec), shown(v),
                close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)));
         }
-        if (spec.isFile) {
+        if (spec.isFile && !s.empty()) {
           auto found = resolveFile(s, configDir_);
           if (!found) fail(where, "file {} not found (looked in {})", inQuotes(s), lookedIn(configDir_));
           return *found;

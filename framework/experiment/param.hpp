@@ -59,8 +59,10 @@ struct ParamSpec {
   std::vector<std::string> choices;  // for strings, when non-empty
   std::string doc;
   // A string naming an input file: validation checks that it exists and
-  // resolves it (against the config's folder, then the working folder, then
-  // the source tree), so a missing data file fails before anything runs.
+  // resolves it (against the config's folder, the working folder, then the
+  // data folders: $DDP_DATA_DIR, the installed share/ddp, the source tree),
+  // so a missing data file fails before anything runs. With a default of
+  // "" the file is optional: "" stays "".
   bool isFile = false;
 };
 

@@ -246,8 +246,9 @@ PluginSpec npyDataset() {
                     "the labels .npy, shape (N,): class indices (integers) or regression targets")
                   .file(),
               Param("test_features", ParamType::String, "",
-                    "features of the test split; with test_labels, instead of test_fraction"),
-              Param("test_labels", ParamType::String, "", "labels of the test split, with test_features"),
+                    "features of the test split; with test_labels, instead of test_fraction")
+                  .file(),
+              Param("test_labels", ParamType::String, "", "labels of the test split, with test_features").file(),
               Param("task", ParamType::String, "classification",
                     "classification: labels are class indices 0..C-1; regression: real targets")
                   .oneOf({"classification", "regression"}),
