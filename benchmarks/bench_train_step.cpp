@@ -70,6 +70,7 @@ constexpr int64_t kMlpBatchPerRank = 64;
 struct Options {
   std::string model = "mlp";  // or "cnn", "gpt"
   int64_t batch = 0;          // per rank; 0: the model's (64, or the experiment's batch_size)
+  std::vector<std::string> sets;  // --set: overrides of the model's experiment (cnn, gpt)
   std::vector<int> worldSizes = {1, 2};
   int steps = 30;
   int warmup = 5;
@@ -139,13 +140,17 @@ std::string experimentFor(const std::string& model) {
 // Reads the experiment and loads its dataset (for the shapes only; the
 // digits table and the text file take well under a second). `batch` > 0
 // replaces the experiment's batch size.
-ModelSetup resolveModel(const std::string& name, int64_t batch) {
+ModelSetup resolveModel(const std::string& name, int64_t batch, const std::vector<std::string>& sets) {
   ModelSetup setup;
   setup.name = name;
+  if (name == "mlp" && !sets.empty()) {
+    fail<BenchError>("--set changes the experiment of --model cnn or gpt; the mlp has none. HINT: --model gpt --set "
+                     "model.n_layer=12");
+  }
   if (name != "mlp") {
     setup.experiment = experimentFor(name);
     PluginRegistry& registry = builtinPlugins();
-    const ExperimentConfig config = loadExperimentConfig(setup.experiment, {}, registry);
+    const ExperimentConfig config = loadExperimentConfig(setup.experiment, sets, registry);
     const DatasetSplits data = registry.get(PluginKind::Dataset, config.dataset.name)
                                    .dataset(config.dataset.params, DatasetContext{config.training.seed, config.configDir});
     setup.context = modelContextFor(data);
@@ -292,7 +297,7 @@ void runWorker(const Options& o) {
 
   // Same seed on every rank (DDP also broadcasts rank 0's parameters);
   // different data per rank, as in real data-parallel training.
-  const ModelSetup setup = resolveModel(o.model, o.batch);
+  const ModelSetup setup = resolveModel(o.model, o.batch, o.sets);
   const int64_t batchPerRank = setup.batchPerRank;
   torch::manual_seed(0);
   Workload work = buildWorkload(setup);
@@ -422,6 +427,7 @@ std::vector<std::string> workerArguments(const Options& o, const Config& c, int 
                                    "--worker-dir", dir,
                                    "--device", o.device};
   if (!o.backend.empty()) args.insert(args.end(), {"--backend", o.backend});
+  for (const std::string& set : o.sets) args.insert(args.end(), {"--set", set});
   if (!c.hook.empty()) args.insert(args.end(), {"--worker-hook", c.hook});
   if (!o.hosts.empty() && c.worldSize > 1) args.insert(args.end(), {"--hosts", o.hosts, "--link", o.link});
   if (c.wrap) args.push_back("--worker-wrap");
@@ -493,7 +499,7 @@ void runLauncher(Options o) {
   }
   if (o.worldSizes.empty()) throw BenchError("--world-sizes names no world size");
   if (o.batch < 0) throw BenchError("--batch must be at least 1 (or 0 for the model's own)");
-  const ModelSetup setup = resolveModel(o.model, o.batch);  // a bad --model fails here, before any rank
+  const ModelSetup setup = resolveModel(o.model, o.batch, o.sets);  // a bad --model or --set fails here, before any rank
   std::vector<Config> configs;
   if (o.sweep) {
     configs.push_back({"ddp", 1, false});
@@ -634,6 +640,10 @@ void registerTrainStepCommand(CLI::App& app) {
   cmd->add_option("--batch", options->batch,
                   "Samples per rank; 0: the model's (64 for mlp, else the experiment's batch_size)")
       ->capture_default_str();
+  cmd->add_option("--set", options->sets,
+                  "Change the experiment of --model cnn or gpt as ddp-run --set does, e.g. --set model.n_layer=12 "
+                  "(repeatable)")
+      ->allow_extra_args(false);
   cmd->add_option("--world-sizes", options->worldSizes, "Comma-separated world sizes")
       ->delimiter(',')
       ->capture_default_str();

@@ -91,6 +91,19 @@ for path, model in zip(sys.argv[1:3], ["cnn", "gpt"]):
     print(f"train-step --model {model}:", sorted(r["impl"] for r in records))
 PY
 
+# --set changes the model's experiment: a 1-layer gpt has fewer parameters.
+run train-step-gpt1 train-step --model gpt --set model.n_layer=1 --world-sizes 1 --steps 1 --warmup 0 --repeats 1 \
+  --no-reference --json "$out/gpt1.json"
+python3 - "$out/gpt.json" "$out/gpt1.json" <<'PY'
+import json, sys
+four = json.load(open(sys.argv[1]))[0]["params"]
+one = [r for r in json.load(open(sys.argv[2])) if r["impl"] == "ddp"][0]["params"]
+# A block of width 128: two LayerNorms (2 x 256), attention (128 x 384 + 384, 128 x 128 + 128), MLP (128 x 512 +
+# 512, 512 x 128 + 128): 198,272 parameters each.
+assert four - one == 3 * 198272, (four, one)
+print("train-step --set model.n_layer=1:", one, "parameters, 4 layers:", four)
+PY
+
 # Wine: ours (and PyTorch's, where python3-torch is installed) train to the
 # baseline's quality.
 run wine wine --repeats 1 --json "$out/wine.json"
@@ -196,6 +209,8 @@ expect_error() {  # expect_error TEXT ARGS...
 }
 expect_error '--device must be "cpu" or "cuda", got "tpu"' train-step --device tpu
 expect_error "--repeats must be at least 1" train-step --repeats 0
+expect_error "--set changes the experiment of --model cnn or gpt" train-step --set model.n_layer=2
+expect_error "model.n_layr: unknown key" train-step --model gpt --set model.n_layr=2
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect_error "--device cuda needs a CUDA build of LibTorch and a GPU; found 0 devices" train-step --device cuda
 fi
