@@ -302,7 +302,8 @@ void registerDatasets(PluginRegistry& registry) {
                 "UCI Wine recognition: 178 wines, 13 chemical features, 3 cultivars (data/wine.csv)",
                 {
                     Param("path", ParamType::String, "data/wine.csv",
-                          "the scikit-learn wine_data.csv; relative to the config, the current or the source directory")
+                          "the scikit-learn wine_data.csv (a relative path: the experiment's folder, the working folder, "
+                          "then the data folders)")
                         .file(),
                     testFractionParam(),
                     standardizeParam(),
@@ -312,7 +313,8 @@ void registerDatasets(PluginRegistry& registry) {
                 "a numeric table from a CSV file: one target column, the others features",
                 {
                     Param("path", ParamType::String, nullptr,
-                          "the CSV file; relative to the config, the current or the source directory")
+                          "the CSV file (a relative path: the experiment's folder, the working folder, then the data "
+                          "folders)")
                         .file(),
                     Param("target_column", ParamType::Int, -1,
                           "0-based column of the target; negative counts from the end"),
@@ -340,8 +342,8 @@ void registerDatasets(PluginRegistry& registry) {
                 "UCI handwritten digits: 1,797 images of 8x8 pixels as [1, 8, 8], 10 classes (data/digits.csv)",
                 {
                     Param("path", ParamType::String, "data/digits.csv",
-                          "64 pixels 0..16 and the digit per line; relative to the config, the current or the source "
-                          "directory")
+                          "64 pixels 0..16 and the digit per line (a relative path: the experiment's folder, the "
+                          "working folder, then the data folders)")
                         .file(),
                     testFractionParam(),
                 },

@@ -526,7 +526,8 @@ std::optional<std::string> describeSection(const std::string& section, const Plu
   }
   if (section == "plugins") {
     std::vector<std::vector<std::string>> rows;
-    rows.push_back({"name", "string", "\"\"", "no / or ..", "names the run folder runs/<name>-<time>"});
+    rows.push_back({"name", "string", "\"\"", "one folder name",
+                    "names the run folder runs/<name>-<time> (no '/', '\\', '..', control characters or leading '.')"});
     rows.push_back({"description", "string", "\"\"", "", "a comment, kept in config.json"});
     rows.push_back({"$schema", "string", "", "", "where an editor finds ddp-run --schema's output; ignored"});
     rows.push_back({"plugins", "list", "[]", "",

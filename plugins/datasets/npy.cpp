@@ -239,8 +239,8 @@ PluginSpec npyDataset() {
           "NumPy .npy files (numpy.save): features of shape (N, ...) and labels (N,), memory-mapped",
           {
               Param("features", ParamType::String, nullptr,
-                    "the features .npy, shape (N, ...): float32, float64, uint8, int32 or int64, C order; relative "
-                    "to the config, the current or the source directory")
+                    "the features .npy, shape (N, ...): float32, float64, uint8, int32 or int64, C order (a "
+                    "relative path: the experiment's folder, the working folder, then the data folders)")
                   .file(),
               Param("labels", ParamType::String, nullptr,
                     "the labels .npy, shape (N,): class indices (integers) or regression targets")
