@@ -15,6 +15,9 @@ cd "$repo"
 $python -c "import jsonschema" 2>/dev/null || { echo "SKIPPED: python3-jsonschema is not installed (scripts/setup.sh installs it)"; exit 0; }
 
 "$ddp_run" --schema > "$work/schema.json"
+echo "== docs/experiment.schema.json (which experiments/ name for editors) is ddp-run --schema's output"
+cmp -s "$work/schema.json" docs/experiment.schema.json ||
+  { echo "FAIL: docs/experiment.schema.json is stale. HINT: build/ddp-run --schema > docs/experiment.schema.json"; exit 1; }
 echo "== every experiment in experiments/ is valid"
 $python "$here/check_schema.py" "$work/schema.json" valid experiments/*.json
 
