@@ -315,9 +315,7 @@ WorkPtr HierarchicalGroup::allgather(const at::Tensor& input, at::Tensor& output
                       at::Tensor host = hostView(out);  // contiguous, on the CPU
                       at::Tensor flat = host.view(-1);
                       for (int r = 0; r < g->size; ++r) {
-                        const int64_t from = layout.hostOf[static_cast<size_t>(r)] * block +
-                                             layout.indexOf[static_cast<size_t>(r)] * n;
-                        flat.narrow(0, r * n, n).copy_(all.narrow(0, from, n));
+                        flat.narrow(0, r * n, n).copy_(all.narrow(0, layout.byHostOffset(r, n), n));
                       }
                       if (!host.is_same(out)) out.copy_(host);
                     });
@@ -346,9 +344,7 @@ WorkPtr HierarchicalGroup::reduceScatter(const at::Tensor& input, at::Tensor& ou
                       at::Tensor byHost = at::zeros({layout.hosts() * block}, out.options().device(at::kCPU));
                       const at::Tensor flatIn = in.contiguous().view(-1).cpu();
                       for (int r = 0; r < g->size; ++r) {
-                        const int64_t to = layout.hostOf[static_cast<size_t>(r)] * block +
-                                           layout.indexOf[static_cast<size_t>(r)] * n;
-                        byHost.narrow(0, to, n).copy_(flatIn.narrow(0, r * n, n));
+                        byHost.narrow(0, layout.byHostOffset(r, n), n).copy_(flatIn.narrow(0, r * n, n));
                       }
                       g->step("host reduce", g->local->allreduce(byHost, {level, timeout}));
                       at::Tensor hostBlock = at::empty({block}, byHost.options());

@@ -32,6 +32,7 @@
 //   shared memory is allowed, and DDP_GLOO_HIERARCHICAL is not 0.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,6 +52,11 @@ struct HostLayout {
   std::vector<std::vector<int>> ranksOn;  // per host
   int hosts() const { return static_cast<int>(ranksOn.size()); }
   int largestHost() const;
+  // Where rank r's n elements sit in a buffer laid out by host, each host's
+  // block padded to largestHost() * n (allgather, reduce_scatter).
+  int64_t byHostOffset(int r, int64_t n) const {
+    return (int64_t(hostOf[static_cast<size_t>(r)]) * largestHost() + indexOf[static_cast<size_t>(r)]) * n;
+  }
 };
 
 // Collective over `store`: every rank says which host it is on (`hostId`,
