@@ -373,32 +373,60 @@ void Trainer::addStandardCallbacks() {
   if (config_.training.saveEvery > 0) addCallback(std::make_shared<PeriodicCheckpoints>(config_.training.saveEvery));
 }
 
-void checkExperimentBuilds(const ExperimentConfig& config, PluginRegistry& registry) {
+namespace {
+
+// An experiment's plugins, as Trainer::build() and the launcher's check
+// build them.
+struct BuiltPlugins {
+  DatasetSplits data;
+  ModelPtr model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<LrScheduler> scheduler;
+  LossFn lossFn;
+};
+
+// Seeds LibTorch with training.seed (the same split and initial weights on
+// every rank), builds each plugin (an error names it), moves the model to
+// `device` before the optimizer takes its parameters, and, when `checkFit`,
+// runs the model and the loss on two rows there (checkPluginsFit).
+BuiltPlugins buildPlugins(const ExperimentConfig& config, PluginRegistry& registry, const torch::Device& device,
+                          bool checkFit) {
+  BuiltPlugins b;
   torch::manual_seed(config.training.seed);
   DatasetContext dctx{config.training.seed, config.configDir};
-  DatasetSplits data = building("dataset", config.dataset.name, [&] {
+  b.data = building("dataset", config.dataset.name, [&] {
     return registry.get(PluginKind::Dataset, config.dataset.name).dataset(config.dataset.params, dctx);
   });
-  if (!data.train || !data.test) {
-    fail<std::runtime_error>("dataset {}: its factory returned no train or no test split", config.dataset.name);
-  }
-  const ModelContext modelContext = modelContextFor(data);
-  ModelPtr model = building("model", config.model.name, [&] {
+  const ModelContext modelContext = modelContextFor(b.data);
+  b.model = building("model", config.model.name, [&] {
     return registry.get(PluginKind::Model, config.model.name).model(config.model.params, modelContext);
   });
-  building("optimizer", config.optimizer.name, [&] {
+  // So the trained model can be rebuilt without its data (trained_model.hpp).
+  b.data.runFiles["model_context.json"] = modelContextJson(modelContext, b.data.task);
+  if (!b.data.train || !b.data.test) {
+    fail<std::runtime_error>("dataset {}: its factory returned no train or no test split", config.dataset.name);
+  }
+  if (device.is_cuda()) b.model->to(device);
+  b.optimizer = building("optimizer", config.optimizer.name, [&] {
     return registry.get(PluginKind::Optimizer, config.optimizer.name)
-        .optimizer(model->parameters(), config.optimizer.params);
+        .optimizer(b.model->parameters(), config.optimizer.params);
   });
   if (config.scheduler) {
-    building("scheduler", config.scheduler->name, [&] {
+    b.scheduler = building("scheduler", config.scheduler->name, [&] {
       return registry.get(PluginKind::Scheduler, config.scheduler->name).scheduler(config.scheduler->params);
     });
   }
-  LossFn lossFn = building("loss", config.loss.name,
-                           [&] { return registry.get(PluginKind::Loss, config.loss.name).loss(config.loss.params); });
+  b.lossFn = building("loss", config.loss.name,
+                      [&] { return registry.get(PluginKind::Loss, config.loss.name).loss(config.loss.params); });
+  if (checkFit) checkPluginsFit(config, b.data, *b.model, b.lossFn, device);
+  return b;
+}
+
+}  // namespace
+
+void checkExperimentBuilds(const ExperimentConfig& config, PluginRegistry& registry) {
   // A model meant for GPUs may have CUDA-only code: the ranks check it there.
-  if (config.distributed.device == "cpu") checkPluginsFit(config, data, *model, lossFn, torch::Device(torch::kCPU));
+  buildPlugins(config, registry, torch::Device(torch::kCPU), /*checkFit=*/config.distributed.device == "cpu");
 }
 
 void Trainer::build() {
@@ -421,37 +449,14 @@ void Trainer::build() {
                              static_cast<c10::DeviceIndex>(dist_.env.localRank % torch::cuda::device_count()));
   }
 
-  // Same seed on every rank: the same split and the same initial weights
-  // (DDP broadcasts rank 0's anyway).
-  torch::manual_seed(tc.seed);
-  DatasetContext dctx{tc.seed, config.configDir};
+  BuiltPlugins built = buildPlugins(config, registry, s.device, /*checkFit=*/true);
+  s.data = std::move(built.data);
+  s.model = std::move(built.model);
+  s.scheduler = std::move(built.scheduler);
+  s.lossFn = std::move(built.lossFn);
+  std::unique_ptr<torch::optim::Optimizer> optimizer = std::move(built.optimizer);
   DatasetSplits& data = s.data;
-  data = building("dataset", config.dataset.name, [&] {
-    return registry.get(PluginKind::Dataset, config.dataset.name).dataset(config.dataset.params, dctx);
-  });
   ModelPtr& model = s.model;
-  const ModelContext modelContext = modelContextFor(data);
-  model = building("model", config.model.name, [&] {
-    return registry.get(PluginKind::Model, config.model.name).model(config.model.params, modelContext);
-  });
-  // So the trained model can be rebuilt without its data (trained_model.hpp).
-  data.runFiles["model_context.json"] = modelContextJson(modelContext, data.task);
-  if (!data.train || !data.test) {
-    fail<std::runtime_error>("dataset {}: its factory returned no train or no test split", config.dataset.name);
-  }
-  if (s.device.is_cuda()) model->to(s.device);
-  auto optimizer = building("optimizer", config.optimizer.name, [&] {
-    return registry.get(PluginKind::Optimizer, config.optimizer.name)
-        .optimizer(model->parameters(), config.optimizer.params);
-  });
-  if (config.scheduler) {
-    s.scheduler = building("scheduler", config.scheduler->name, [&] {
-      return registry.get(PluginKind::Scheduler, config.scheduler->name).scheduler(config.scheduler->params);
-    });
-  }
-  s.lossFn = building("loss", config.loss.name,
-                      [&] { return registry.get(PluginKind::Loss, config.loss.name).loss(config.loss.params); });
-  checkPluginsFit(config, data, *model, s.lossFn, s.device);
   for (auto& g : optimizer->param_groups()) s.baseLrs.push_back(g.options().get_lr());
 
   // Rank 0 takes the run folder and decides what every rank resumes from;
