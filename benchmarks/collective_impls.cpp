@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "benchmarks/bench_util.hpp"
+#include "benchmarks/wire_communicator.hpp"
 #include "framework/comm/backend_registry.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/store/tcp_store.hpp"
@@ -216,6 +217,7 @@ std::unique_ptr<Communicator> makeCommunicator(const std::string& impl, const Re
     fail<BenchError>("{} is not in this build: {}", kC10dGloo, DDP_C10D_GLOO_STATUS);
 #endif
   }
+  if (impl == kTcpWire) return makeWireCommunicator(rendezvous);
   if (impl == kGlooTcp) return std::make_unique<DdpCommunicator>("gloo", rendezvous, /*sharedMemory=*/false);
   return std::make_unique<DdpCommunicator>(impl, rendezvous);
 }

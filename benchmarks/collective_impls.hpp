@@ -27,6 +27,10 @@ bool c10dGlooBuilt(std::string* whyNot = nullptr);
 // Our gloo backend with its same-host shared-memory path turned off: the
 // path that ranks on different hosts take.
 constexpr const char* kGlooTcp = "gloo-tcp";
+// Plain sockets moving the bytes of each operation and nothing else: the
+// ceiling of any TCP implementation (benchmarks/wire_communicator.hpp).
+// Run only when --impls names it.
+constexpr const char* kTcpWire = "tcp-wire";
 
 // Thrown by a bound collective when the implementation lacks the operation.
 // Every rank throws it at the same call, before any data moves, so the
@@ -65,10 +69,14 @@ class Communicator {
   virtual std::function<void()> bind(CollectiveOp op, Buffers& buffers) = 0;
 
   virtual void barrier() = 0;
+
+  // Whether `op` leaves the operation's result (false: it only moves the
+  // bytes, and --verify skips it).
+  virtual bool computes(CollectiveOp) const { return true; }
 };
 
-// `impl` is a backend name from ddp::builtinBackends(), kGlooTcp or
-// kC10dGloo (BenchError when c10dGlooBuilt() is false).
+// `impl` is a backend name from ddp::builtinBackends(), kGlooTcp, kTcpWire
+// or kC10dGloo (BenchError when c10dGlooBuilt() is false).
 std::unique_ptr<Communicator> makeCommunicator(const std::string& impl, const Rendezvous& rendezvous);
 
 }  // namespace ddp::bench
