@@ -72,14 +72,23 @@ std::shared_ptr<::gloo::transport::Device> openTcpDevice(const ProcessGroupOptio
   }
 }
 
+namespace {
+// The text between `key` and `end` in a device description; "" without it.
+std::string deviceField(const std::string& device, const std::string& key, const std::string& end) {
+  const size_t at = device.find(key);
+  if (at == std::string::npos) return std::string();
+  const size_t from = at + key.size();
+  return device.substr(from, device.find(end, from) - from);
+}
+}  // namespace
+
+std::string listenIp(const std::string& device) {
+  std::string addr = deviceField(device, "addr=[", "]");
+  return addr.empty() ? device : addr;
+}
+
 std::string describeListenAddress(const std::string& device, const std::string& masterAddr) {
-  auto field = [&](const std::string& key, const std::string& end) {
-    const size_t at = device.find(key);
-    if (at == std::string::npos) return std::string();
-    const size_t from = at + key.size();
-    return device.substr(from, device.find(end, from) - from);
-  };
-  std::string addr = field("addr=[", "]"), iface = field("iface=", ",");
+  std::string addr = deviceField(device, "addr=[", "]"), iface = deviceField(device, "iface=", ",");
   if (addr.empty()) addr = device;
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   const std::string why =

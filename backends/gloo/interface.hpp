@@ -33,5 +33,9 @@ std::shared_ptr<::gloo::transport::Device> openTcpDevice(const ProcessGroupOptio
 // speed=-1, addr=[10.0.0.2]".
 std::string describeListenAddress(const std::string& device, const std::string& masterAddr);
 
+// The IP address in a Gloo TCP device's description ("addr=[10.0.0.2]"),
+// where the ring's own connections listen too.
+std::string listenIp(const std::string& device);
+
 }  // namespace gloo_backend
 }  // namespace ddp

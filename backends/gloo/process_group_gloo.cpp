@@ -95,7 +95,18 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
       impl_->shm = std::make_unique<gloo_backend::ShmCollectives>(std::move(channel), rank, size);
     } else {
       impl_->frames = std::make_unique<gloo_backend::FrameExchange>(*context, rank, size);
-      impl_->ring = std::make_unique<gloo_backend::Ring>(*context, rank, size);
+      std::unique_ptr<gloo_backend::RingLinks> links;
+      try {
+        links = std::make_unique<gloo_backend::RingLinks>(*impl_->store, rank, size,
+                                                          gloo_backend::listenIp(impl_->listenAddress),
+                                                          options_.timeout);
+      } catch (const std::exception& e) {
+        fail<CollectiveError>(
+            "[rank {}/{}] gloo: setting up {} through {} did not complete: {}. HINT: a peer rank may have died "
+            "during start-up; {}",
+            rank, size, "the ring's connections", store->describe(), e.what(), kRendezvousHelp);
+      }
+      impl_->ring = std::make_unique<gloo_backend::Ring>(std::move(links));
     }
   }
   if (size_ == 1) {

@@ -7,7 +7,7 @@
 
 namespace ddp::gloo_backend {
 
-enum Phase : uint64_t { kFramePhase = 1, kScatterPhase = 2, kGatherPhase = 3 };
+enum Phase : uint64_t { kFramePhase = 1 };
 
 inline uint64_t slotFor(uint64_t seq, Phase phase) { return (seq << 8) | phase; }
 

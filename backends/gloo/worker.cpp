@@ -153,6 +153,8 @@ void ProcessGroupGloo::Impl::abort(const std::string& reason) {
     if (!broken_) broken_ = std::make_exception_ptr(CollectiveError(reason));
   }
   if (shm) shm->markFailed();
+  // A ring waiting on a neighbour fails now, and so do the neighbours'.
+  if (ring) ring->interrupt();
 }
 
 std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {

@@ -52,7 +52,7 @@ WorkPtr allreduce(Impl& g, at::Tensor& tensor, ReduceOp op, Milliseconds timeout
         } else {
           g->frames->exchange(d, nullptr, 0, deadline);
           g->ring->reduceScatter(static_cast<uint8_t*>(host.data_ptr()), host.numel(), host.element_size(),
-                                 static_cast<int>(op), static_cast<int>(host.scalar_type()), d.seq, deadline,
+                                 static_cast<int>(op), static_cast<int>(host.scalar_type()), deadline,
                                  /*thenAllgather=*/true);
         }
         if (op == ReduceOp::Avg) divideInPlace(host, size);

@@ -60,7 +60,7 @@ WorkPtr reduceScatter(Impl& g, const at::Tensor& input, at::Tensor& output, Redu
             if (copy.size() < bytes) copy.resize(bytes);
             std::memcpy(copy.data(), src.data_ptr(), bytes);
             g->ring->reduceScatter(copy.data(), src.numel(), elementSize, static_cast<int>(op),
-                                   static_cast<int>(src.scalar_type()), d.seq, deadline, /*thenAllgather=*/false);
+                                   static_cast<int>(src.scalar_type()), deadline, /*thenAllgather=*/false);
             std::memcpy(mine.data_ptr(), copy.data() + rank * sliceBytes, sliceBytes);
             break;
           }
