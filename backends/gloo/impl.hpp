@@ -8,9 +8,8 @@
 // - The transport, chosen once per collective by pathFor() when it is
 //   queued: Local (one rank), Shm (all ranks share a host: shm), Frame (the
 //   payload fits the frame every TCP collective starts with: frames),
-//   Large (an empty frame, then the ring for reductions, Gloo's own
-//   algorithms for broadcast, allgather and, above
-//   FrameExchange::kAllToAllMaxRanks ranks, barrier). ShmInPlace is an
+//   Large (an empty frame, then the ring: ring.hpp; above
+//   FrameExchange::kAllToAllMaxRanks ranks, a barrier is Gloo's). ShmInPlace is an
 //   allreduce on a communication buffer.
 // - Small collectives in the caller: when nothing is queued or running, a
 //   Local collective, or a shared-memory one of at most kInlineMaxBytes per

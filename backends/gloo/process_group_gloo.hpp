@@ -16,8 +16,10 @@
 //   frame, which is only as long as its payload, so a small collective is
 //   one network hop, reduced locally in rank order (the same bits on every
 //   rank).
-// - Larger allreduce and reduce_scatter use our own pipelined ring
-//   (ring.hpp); larger broadcast and allgather use Gloo's.
+// - Larger payloads go around a ring of our own TCP connections, one to
+//   each neighbour (ring.hpp, ring_links.hpp), pipelined in chunks:
+//   allreduce and reduce_scatter as reduce-scatter (then allgather),
+//   allgather once around, broadcast as a chain from the root.
 // - When all ranks share a host, every collective instead goes through a
 //   shared-memory segment (shm_collectives.hpp, shm_channel.hpp), where the
 //   descriptors are checked too. ProcessGroupOptions::sharedMemory or

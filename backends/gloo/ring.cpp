@@ -34,77 +34,21 @@ size_t ringChunkBytes() {
   return bytes;
 }
 
-namespace {
-
-// A chunk of the stream from the left: where it lands, whether it is added
-// into `data` (reduce-scatter) or stored there (allgather), and whether it
-// then goes on to the right.
-struct Incoming {
-  size_t offset, bytes;
-  bool reduce, forward;
-};
-
-// A stretch of `data` to send to the right.
-struct Outgoing {
-  size_t offset, bytes;
-};
-
-}  // namespace
-
-void Ring::reduceScatter(uint8_t* data, size_t count, size_t elementSize, int reduceOp, int dtype, Deadline deadline,
-                         bool thenAllgather) {
-  const int n = links_->size(), rank = links_->rank();
+void Ring::stream(const std::vector<Incoming>& incoming, std::deque<Outgoing> outgoing, ReduceFn reduce,
+                  int reduceOp, size_t elementSize, Deadline deadline) {
   const int left = links_->left(), right = links_->right();
-  const size_t bytes = count * elementSize;
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
-  uint8_t* tmp = scratch_.data();
-  const ReduceFn reduce = reduceFnFor(static_cast<at::ScalarType>(dtype));
-  const size_t chunkElems = std::max<size_t>(1, ringChunkBytes() / elementSize);
-
-  auto mod = [n](int b) { return ((b % n) + n) % n; };
-  auto blockBegin = [&](int b) { return static_cast<size_t>(b) * count / n; };
-  auto blockEnd = [&](int b) { return static_cast<size_t>(b + 1) * count / n; };
-
-  // The stream from the left, in order. Reduce-scatter step s brings block
-  // r-s-2, which goes on at step s+1 (after the last step, block r, fully
-  // reduced, starts the allgather); allgather step s brings block r-s-1.
-  std::vector<Incoming> incoming;
-  for (int s = 0; s < n - 1; ++s) {
-    const int b = mod(rank - s - 2);
-    const bool forward = s < n - 2 || thenAllgather;
-    for (size_t at = blockBegin(b), end = blockEnd(b); at < end; at += chunkElems) {
-      incoming.push_back({at * elementSize, std::min(chunkElems, end - at) * elementSize, true, forward});
-    }
-  }
-  if (thenAllgather) {
-    for (int s = 0; s < n - 1; ++s) {
-      const int b = mod(rank - s - 1);
-      for (size_t at = blockBegin(b), end = blockEnd(b); at < end; at += chunkElems) {
-        incoming.push_back({at * elementSize, std::min(chunkElems, end - at) * elementSize, false, s < n - 2});
-      }
-    }
-  }
-  // The stream to the right starts with our own block r-1, whole.
-  std::deque<Outgoing> outgoing;
-  {
-    const int b = mod(rank - 1);
-    const size_t length = (blockEnd(b) - blockBegin(b)) * elementSize;
-    if (length > 0) outgoing.push_back({blockBegin(b) * elementSize, length});
-  }
-
   const int out = links_->toRight(), in = links_->fromLeft();
   size_t inIndex = 0, inDone = 0, outDone = 0;
-  auto failed = [&](int peer, const char* phase, const std::string& why) {
-    throw std::runtime_error(fmt::format("the connection to rank {} failed (the ring's {}): {}", peer, phase, why));
-  };
-  auto phase = [&] {
-    return inIndex < incoming.size() && !incoming[inIndex].reduce ? "allgather" : "reduce-scatter";
+  const char* lastPhase = incoming.empty() ? "send" : incoming.back().phase;
+  auto phase = [&] { return inIndex < incoming.size() ? incoming[inIndex].phase : lastPhase; };
+  auto failed = [&](int peer, const std::string& why) {
+    throw std::runtime_error(fmt::format("the connection to rank {} failed (the ring's {}): {}", peer, phase(), why));
   };
   while (inIndex < incoming.size() || !outgoing.empty()) {
     bool moved = false;
     while (!outgoing.empty()) {
       const Outgoing& o = outgoing.front();
-      const ssize_t sent = ::send(out, data + o.offset + outDone, o.bytes - outDone, MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t sent = ::send(out, o.from + outDone, o.bytes - outDone, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (sent > 0) {
         moved = true;
         outDone += static_cast<size_t>(sent);
@@ -112,44 +56,45 @@ void Ring::reduceScatter(uint8_t* data, size_t count, size_t elementSize, int re
           outgoing.pop_front();
           outDone = 0;
         }
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      } else if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         break;
-      } else if (errno != EINTR) {
-        failed(right, phase(), std::strerror(errno));
+      } else if (sent == 0 || errno != EINTR) {
+        failed(right, sent == 0 ? "nothing could be sent" : std::strerror(errno));
       }
     }
     while (inIndex < incoming.size()) {
       const Incoming& c = incoming[inIndex];
-      uint8_t* target = (c.reduce ? tmp : data) + c.offset;
-      const ssize_t got = ::recv(in, target + inDone, c.bytes - inDone, MSG_DONTWAIT);
+      const ssize_t got = ::recv(in, c.into + inDone, c.bytes - inDone, MSG_DONTWAIT);
       if (got > 0) {
         moved = true;
         inDone += static_cast<size_t>(got);
         if (inDone < c.bytes) continue;
-        if (c.reduce) reduce(data + c.offset, tmp + c.offset, c.bytes / elementSize, reduceOp);
-        if (c.forward) outgoing.push_back({c.offset, c.bytes});
+        if (c.reduceInto) reduce(c.reduceInto, c.into, c.bytes / elementSize, reduceOp);
+        if (c.forward) outgoing.push_back({c.forward, c.bytes});
         ++inIndex;
         inDone = 0;
       } else if (got == 0) {
-        failed(left, phase(), "the connection was closed");
+        failed(left, "the connection was closed");
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
         break;
       } else if (errno != EINTR) {
-        failed(left, phase(), std::strerror(errno));
+        failed(left, std::strerror(errno));
       }
     }
     if (moved) continue;
-    // Neither direction can move: wait for one that can.
+    // Neither direction can move: wait until one can.
     pollfd waits[2];
     nfds_t count = 0;
     if (!outgoing.empty()) waits[count++] = {out, POLLOUT, 0};
     if (inIndex < incoming.size()) waits[count++] = {in, POLLIN, 0};
-    const auto left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left_ms <= 0 || ::poll(waits, count, static_cast<int>(std::min<long long>(left_ms + 1, 1 << 30))) == 0) {
-      // Waiting for data from the left, or for the right to take ours.
+    const long long waitMs = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const int ready = waitMs <= 0 ? 0 : ::poll(waits, count, static_cast<int>(std::min<long long>(waitMs + 1, 1 << 30)));
+    if (ready == 0) {
+      // Waiting for bytes from the left, or for the right to take ours.
       const int peer = inIndex < incoming.size() ? left : right;
       throw std::runtime_error(fmt::format("rank {} did not arrive before the timeout (the ring's {})", peer, phase()));
     }
+    if (ready < 0 && errno != EINTR) failed(inIndex < incoming.size() ? left : right, std::strerror(errno));
   }
 }
 

@@ -1,21 +1,25 @@
-// Ring: ProcessGroupGloo's pipelined ring reduce-scatter (and allreduce)
-// for payloads too large for a frame, over the rank's own two ring
-// connections (ring_links.hpp), not Gloo's pairs.
+// Ring: ProcessGroupGloo's algorithms for payloads too large for a frame,
+// over the rank's own two ring connections (ring_links.hpp), not Gloo's
+// pairs: reduce-scatter and allreduce (ring_reduce_scatter.cpp), allgather
+// (ring_allgather.cpp) and a pipelined chain broadcast (ring_broadcast.cpp).
 //
-// The data is split into one block per rank; block b spans elements
-// [b*count/n, (b+1)*count/n). Blocks travel to the right neighbour in
-// chunks of ringChunkBytes() (DDP_GLOO_CHUNK_BYTES), each chunk sent on as
-// soon as it is reduced, so reduction overlaps transfer. What comes from
-// the left is one byte stream whose order both sides know (the
-// reduce-scatter's blocks, then the allgather's), so it needs no headers;
-// the collective's frame exchange has already checked that every rank runs
-// the same collective. One thread drives both directions with
-// non-blocking sends and receives and waits in poll() only when neither can
-// move. The worker thread's only: not thread-safe.
+// Each algorithm is a plan for one stream engine (ring.cpp). What comes from
+// the left is one byte stream whose order both sides know, a list of
+// chunks, so it needs no headers: the collective's frame exchange has
+// already checked that every rank runs the same collective with the same
+// count. Each arriving chunk may be added into the data (reduction) and may
+// then be sent on to the right, so reduction and forwarding overlap the
+// transfer at ringChunkBytes() (DDP_GLOO_CHUNK_BYTES). One thread drives
+// both directions with non-blocking sends and receives and waits in poll()
+// only when neither can move: no transport thread hands the bytes over,
+// and no "ready to receive" message precedes them. The worker thread's
+// only: not thread-safe (interrupt() excepted).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -34,21 +38,58 @@ class Ring {
  public:
   explicit Ring(std::unique_ptr<RingLinks> links) : links_(std::move(links)) {}
 
+  // Errors of every algorithm: a neighbour that neither sends nor takes
+  // bytes by the deadline throws std::runtime_error "rank P did not arrive
+  // before the timeout (the ring's PHASE)", a broken connection "the
+  // connection to rank P failed (the ring's PHASE): <reason>".
+
   // Reduces `count` elements of `dtype` at `data` in place with `reduceOp`
   // (ReduceOp's number; Avg sums): afterwards rank r holds the reduction of
-  // block r. With thenAllgather the reduced blocks travel on around the
-  // ring, so every rank holds all of them (allreduce). A neighbour that
-  // neither sends nor receives by the deadline throws std::runtime_error
-  // "rank P did not arrive before the timeout (...)", a broken connection
-  // "the connection to rank P failed (...): <reason>".
+  // block r, elements [r*count/n, (r+1)*count/n). With thenAllgather the
+  // reduced blocks travel on around the ring, so every rank holds all of
+  // them (allreduce).
   void reduceScatter(uint8_t* data, size_t count, size_t elementSize, int reduceOp, int dtype, Deadline deadline,
                      bool thenAllgather);
-  // From any thread: a running or later reduceScatter fails at once.
+  // Every rank's `bytes` at `input` into `output` (size x bytes, in rank
+  // order); `input` may be this rank's slot of `output`.
+  void allgather(const uint8_t* input, uint8_t* output, size_t bytes, Deadline deadline);
+  // `bytes` at `data` from `root` to every rank, along the ring from the
+  // root to its left neighbour, chunk by chunk.
+  void broadcast(uint8_t* data, size_t bytes, int root, Deadline deadline);
+
+  // From any thread: a running or later algorithm fails at once.
   void interrupt() { links_->interrupt(); }
 
  private:
+  // A chunk of the stream from the left: it lands at `into`; if
+  // `reduceInto` is set, it is then added into it; if `forward` is set,
+  // `bytes` from there go on to the right. `phase` names it in errors.
+  struct Incoming {
+    uint8_t* into;
+    size_t bytes;
+    uint8_t* reduceInto;
+    const uint8_t* forward;
+    const char* phase;
+  };
+  // Bytes to send to the right, in order.
+  struct Outgoing {
+    const uint8_t* from;
+    size_t bytes;
+  };
+  // Runs a plan: sends `outgoing` (and each forwarded chunk after it) while
+  // it receives `incoming`, until both are done.
+  void stream(const std::vector<Incoming>& incoming, std::deque<Outgoing> outgoing, ReduceFn reduce, int reduceOp,
+              size_t elementSize, Deadline deadline);
+  // Calls fn(offsetElems, lengthElems) for each ringChunkBytes() piece of
+  // elements [begin, end).
+  template <typename Fn>
+  static void forChunks(size_t begin, size_t end, size_t elementSize, Fn&& fn) {
+    const size_t chunk = std::max<size_t>(1, ringChunkBytes() / elementSize);
+    for (size_t at = begin; at < end; at += chunk) fn(at, std::min(chunk, end - at));
+  }
+
   std::unique_ptr<RingLinks> links_;
-  std::vector<uint8_t> scratch_;  // receive space, reused
+  std::vector<uint8_t> scratch_;  // receive space for reductions, reused
 };
 
 }  // namespace ddp::gloo_backend

@@ -1,8 +1,6 @@
 // allgather: every rank's input, in rank order, into every rank's output;
-// through shared memory, inside the frames, or with Gloo's allgather after
-// an empty frame.
-#include <gloo/allgather.h>
-
+// through shared memory, inside the frames, or around the ring after an
+// empty frame.
 #include <cstring>
 
 #include "backends/gloo/collectives/collectives.hpp"
@@ -44,13 +42,8 @@ WorkPtr allgather(Impl& g, const at::Tensor& input, at::Tensor& output, Millisec
                        }
                      } else {
                        g->frames->exchange(d, nullptr, 0, deadline);
-                       if (bytes == 0) return;  // Gloo's allgather divides by the input's size
-                       ::gloo::AllgatherOptions ao(g->context);
-                       ao.setInput(static_cast<uint8_t*>(src.data_ptr()), src.nbytes());
-                       ao.setOutput(static_cast<uint8_t*>(dst.data_ptr()), dst.nbytes());
-                       ao.setTag(static_cast<uint32_t>(d.seq));
-                       ao.setTimeout(remaining(deadline));
-                       ::gloo::allgather(ao);
+                       g->ring->allgather(static_cast<const uint8_t*>(src.data_ptr()),
+                                          static_cast<uint8_t*>(dst.data_ptr()), bytes, deadline);
                      }
                      if (!dst.is_same(out)) out.copy_(dst);
                    });

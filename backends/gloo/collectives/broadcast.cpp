@@ -1,7 +1,5 @@
 // broadcast: root's tensor to every rank; through shared memory, inside the
-// root's frame, or with Gloo's broadcast after an empty frame.
-#include <gloo/broadcast.h>
-
+// root's frame, or along the ring after an empty frame.
 #include <cstring>
 
 #include "backends/gloo/collectives/collectives.hpp"
@@ -37,12 +35,7 @@ WorkPtr broadcast(Impl& g, at::Tensor& tensor, int root, Milliseconds timeout) {
           if (rank != root && bytes) std::memcpy(host.data_ptr(), frames[root], bytes);
         } else {
           g->frames->exchange(d, nullptr, 0, deadline);
-          ::gloo::BroadcastOptions bo(g->context);
-          bo.setOutput(static_cast<uint8_t*>(host.data_ptr()), host.nbytes());
-          bo.setRoot(root);
-          bo.setTag(static_cast<uint32_t>(d.seq));
-          bo.setTimeout(remaining(deadline));
-          ::gloo::broadcast(bo);
+          g->ring->broadcast(static_cast<uint8_t*>(host.data_ptr()), bytes, root, deadline);
         }
         if (!host.is_same(target)) target.copy_(host);
       });

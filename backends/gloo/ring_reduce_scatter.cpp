@@ -1,0 +1,49 @@
+// The ring's reduce-scatter, and allreduce (reduce-scatter, then the
+// reduced blocks once more around the ring).
+#include "backends/gloo/ring.hpp"
+
+namespace ddp::gloo_backend {
+
+void Ring::reduceScatter(uint8_t* data, size_t count, size_t elementSize, int reduceOp, int dtype, Deadline deadline,
+                         bool thenAllgather) {
+  const int n = links_->size(), rank = links_->rank();
+  const size_t bytes = count * elementSize;
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  uint8_t* tmp = scratch_.data();
+  auto mod = [n](int b) { return ((b % n) + n) % n; };
+  auto begin = [&](int b) { return static_cast<size_t>(b) * count / n; };
+  auto end = [&](int b) { return static_cast<size_t>(b + 1) * count / n; };
+
+  // Reduce-scatter step s brings block r-s-2 (the left's partial sum),
+  // which goes on at step s+1; after the last step block r is reduced and,
+  // for allreduce, starts the allgather, whose step s brings block r-s-1.
+  // A block is received into only after this rank sent its own
+  // contribution to it, so no region is overwritten before it has left.
+  std::vector<Incoming> incoming;
+  for (int s = 0; s < n - 1; ++s) {
+    const bool forward = s < n - 2 || thenAllgather;
+    forChunks(begin(mod(rank - s - 2)), end(mod(rank - s - 2)), elementSize, [&](size_t at, size_t len) {
+      uint8_t* home = data + at * elementSize;
+      incoming.push_back({tmp + at * elementSize, len * elementSize, home, forward ? home : nullptr,
+                          "reduce-scatter"});
+    });
+  }
+  if (thenAllgather) {
+    for (int s = 0; s < n - 1; ++s) {
+      forChunks(begin(mod(rank - s - 1)), end(mod(rank - s - 1)), elementSize, [&](size_t at, size_t len) {
+        uint8_t* home = data + at * elementSize;
+        incoming.push_back({home, len * elementSize, nullptr, s < n - 2 ? home : nullptr, "allgather"});
+      });
+    }
+  }
+  // The stream to the right starts with this rank's own block r-1, whole.
+  std::deque<Outgoing> outgoing;
+  const int first = mod(rank - 1);
+  if (end(first) > begin(first)) {
+    outgoing.push_back({data + begin(first) * elementSize, (end(first) - begin(first)) * elementSize});
+  }
+  stream(incoming, std::move(outgoing), reduceFnFor(static_cast<at::ScalarType>(dtype)), reduceOp, elementSize,
+         deadline);
+}
+
+}  // namespace ddp::gloo_backend
