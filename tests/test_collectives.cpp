@@ -100,7 +100,7 @@ void checkClosedForms(const std::string& backend, int n, ProcessGroupOptions opt
           if (!exactlyEqual(rsOut, expectedReduction(op, rsBase, n), dtype))
             fail(rank, caseName("reduce_scatter", dtype, count) + " " + reduceOpName(op));
         }
-        const int root = n - 1;
+        const int root = static_cast<int>((count + n - 1) % n);  // 0, the last and ranks between
         at::Tensor b = place(base + rank, dtype);
         pg.broadcast(b, {root})->wait();
         if (!exactlyEqual(b, base + root, dtype)) fail(rank, caseName("broadcast", dtype, count));

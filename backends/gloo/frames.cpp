@@ -57,8 +57,9 @@ void FrameExchange::postReceives(uint64_t seq) {
 }
 
 std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, const void* payload,
-                                                    size_t payloadBytes, Deadline deadline) {
+                                                    size_t payloadBytes, Deadline deadline, int onlyFrom) {
   DDP_CHECK(sizeof(Descriptor) + payloadBytes <= frameBytes_, "frame payload too large");
+  settleDeferred(deadline);
   std::memcpy(sendFrame_.data(), &mine, sizeof(mine));
   if (payloadBytes) std::memcpy(sendFrame_.data() + sizeof(Descriptor), payload, payloadBytes);
   const uint64_t slot = slotFor(mine.seq, kFramePhase);
@@ -68,6 +69,10 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
   uint8_t* frames = recvFrames_[mine.seq % 2].data();
   std::vector<const uint8_t*> payloads(size_, nullptr);
   for (int from : peersIn()) {
+    if (onlyFrom >= 0 && from != onlyFrom) {
+      deferredFrom_.push_back(from);
+      continue;
+    }
     waitRecvFrom(*recvBuffers_[mine.seq % 2][from], from, deadline,
                  fmt::format("its frame of collective #{} was not received", mine.seq));
     const uint8_t* frame = frames + static_cast<size_t>(from) * frameBytes_;
@@ -76,12 +81,32 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
     checkPeerDescriptor(rank_, size_, mine, theirs, from);
     payloads[from] = frame + sizeof(Descriptor);
   }
+  if (!deferredFrom_.empty()) {
+    deferred_ = true;
+    deferredMine_ = mine;
+  }
   return payloads;
 }
 
-void FrameExchange::finish(uint64_t seq, Deadline deadline) {
-  // The frame buffer of this collective is consumed: reuse it two ahead.
+void FrameExchange::settleDeferred(Deadline deadline) {
+  if (!deferred_) return;
+  const uint64_t seq = deferredMine_.seq;
+  for (int from : deferredFrom_) {
+    waitRecvFrom(*recvBuffers_[seq % 2][from], from, deadline,
+                 fmt::format("its frame of collective #{} was not received", seq));
+    Descriptor theirs;
+    std::memcpy(&theirs, recvFrames_[seq % 2].data() + static_cast<size_t>(from) * frameBytes_, sizeof(theirs));
+    checkPeerDescriptor(rank_, size_, deferredMine_, theirs, from);
+  }
+  deferredFrom_.clear();
+  deferred_ = false;
   postReceives(seq + 2);
+}
+
+void FrameExchange::finish(uint64_t seq, Deadline deadline) {
+  // The frame buffers of this collective are consumed (unless some wait for
+  // the next collective): reuse them two ahead.
+  if (!(deferred_ && deferredMine_.seq == seq)) postReceives(seq + 2);
   for (size_t i = 0; i < peers_.size(); ++i) sendBuffer_->waitSend(remaining(deadline));
 }
 

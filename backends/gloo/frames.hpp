@@ -55,10 +55,18 @@ class FrameExchange {
   // Sends this collective's frame (`mine`, then `payload`) and checks the
   // peers' frames; returns their payload areas by rank (null for this rank,
   // and for ranks whose frames we do not receive). Valid until finish().
+  //
+  // With `onlyFrom` >= 0 (a broadcast's root), only that rank's frame is
+  // waited for now; the others' are checked at the start of the next
+  // collective (or never, if there is none: they still check ours, so a
+  // mismatch is still found, by them). Their payload pointers are null. A
+  // root thus sends and goes on, as c10d's does, instead of waiting a round
+  // trip for every rank to arrive; it runs at most one collective ahead.
   std::vector<const uint8_t*> exchange(const Descriptor& mine, const void* payload, size_t payloadBytes,
-                                       Deadline deadline);
-  // After collective `seq` ran: reposts its receive buffers for seq + 2 and
-  // waits until this rank's frames are sent.
+                                       Deadline deadline, int onlyFrom = -1);
+  // After collective `seq` ran: reposts its receive buffers for seq + 2
+  // (once its deferred frames are in) and waits until this rank's frames
+  // are sent.
   void finish(uint64_t seq, Deadline deadline);
 
  private:
@@ -66,7 +74,15 @@ class FrameExchange {
   // The ranks whose frames we receive: every other, or the left neighbour.
   std::vector<int> peersIn() const;
 
+  // Waits for and checks the frames deferred by the previous collective,
+  // then reposts their buffers.
+  void settleDeferred(Deadline deadline);
+
   int rank_, size_;
+  // The previous collective's frames not yet waited for (onlyFrom).
+  Descriptor deferredMine_{};
+  std::vector<int> deferredFrom_;
+  bool deferred_ = false;
   std::vector<int> peers_;  // ranks we send frames to and expect frames from
   size_t frameBytes_ = kFrameBytes;  // the buffer of one frame
   // Memory before the unbound buffers over it: destroyed after them.
