@@ -1,113 +1,163 @@
 #include "backends/gloo/frames.hpp"
 
-#include <gloo/context.h>
-#include <gloo/transport/unbound_buffer.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/socket.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
-#include "backends/gloo/peer_wait.hpp"
-#include "backends/gloo/slots.hpp"
 #include "framework/core/errors.hpp"
 
 namespace ddp::gloo_backend {
 
-FrameExchange::FrameExchange(::gloo::Context& context, int rank, int size) : rank_(rank), size_(size) {
-  if (size_ <= kAllToAllMaxRanks) {
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_) peers_.push_back(r);
+FrameExchange::FrameExchange(std::unique_ptr<Links> links) : links_(std::move(links)) {
+  const int n = links_->size(), rank = links_->rank();
+  std::vector<int> peersIn;
+  if (n <= kAllToAllMaxRanks) {
+    for (int p = 0; p < n; ++p) {
+      if (p != rank) peersIn.push_back(p);
     }
+    peersOut_ = peersIn;
   } else {
-    peers_ = {(rank_ + 1) % size_};  // sent to the right, received from the left
+    peersOut_ = {links_->right()};
+    peersIn = {links_->left()};
   }
-  // Above kAllToAllMaxRanks no payload travels in frames: a descriptor each.
-  frameBytes_ = size_ <= kAllToAllMaxRanks ? kFrameBytes : sizeof(Descriptor);
-  sendFrame_.assign(frameBytes_, 0);
-  sendBuffer_ = context.createUnboundBuffer(sendFrame_.data(), frameBytes_);
-  for (int b = 0; b < 2; ++b) {
-    recvFrames_[b].assign(frameBytes_ * size_, 0);
-    recvBuffers_[b].resize(size_);
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer == rank_) continue;
-      recvBuffers_[b][peer] = context.createUnboundBuffer(recvFrames_[b].data() + peer * frameBytes_, frameBytes_);
-    }
+  for (int p : peersIn) {
+    Reader reader;
+    reader.peer = p;
+    reader.frame.resize(sizeof(Header) + kSmallPayloadBytes);
+    readers_.push_back(std::move(reader));
   }
-  postReceives(0);
-  postReceives(1);
+  sendFrame_.resize(sizeof(Header) + kSmallPayloadBytes);
 }
 
-FrameExchange::~FrameExchange() {
-  // Unbound buffers first (pending receives into them are dropped), then the memory.
-  sendBuffer_.reset();
-  recvBuffers_[0].clear();
-  recvBuffers_[1].clear();
-}
-
-std::vector<int> FrameExchange::peersIn() const {
-  return size_ <= kAllToAllMaxRanks ? peers_ : std::vector<int>{(rank_ + size_ - 1) % size_};
-}
-
-// Frames of collective `seq` land in recvFrames_[seq % 2], rank p's at
-// offset p * frameBytes_. A frame may be shorter than the buffer posted for
-// it (Gloo allows a send up to the receive's size): the descriptor in it
-// says how long its payload is.
-void FrameExchange::postReceives(uint64_t seq) {
-  auto& buffers = recvBuffers_[seq % 2];
-  const uint64_t slot = slotFor(seq, kFramePhase);
-  for (int peer : peersIn()) buffers[peer]->recv(peer, slot, 0, frameBytes_);
-}
+FrameExchange::~FrameExchange() = default;
 
 std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, const void* payload,
                                                     size_t payloadBytes, Deadline deadline, int onlyFrom) {
-  DDP_CHECK(sizeof(Descriptor) + payloadBytes <= frameBytes_, "frame payload too large");
-  settleDeferred(deadline);
-  std::memcpy(sendFrame_.data(), &mine, sizeof(mine));
-  if (payloadBytes) std::memcpy(sendFrame_.data() + sizeof(Descriptor), payload, payloadBytes);
-  const uint64_t slot = slotFor(mine.seq, kFramePhase);
-  // Only the bytes used: a 4 KiB allreduce puts 4 KiB on the wire, not the
-  // whole frame (at 1 Gbit/s, 64 KiB take half a millisecond).
-  for (int peer : peers_) sendBuffer_->send(peer, slot, 0, sizeof(Descriptor) + payloadBytes);
-  uint8_t* frames = recvFrames_[mine.seq % 2].data();
-  std::vector<const uint8_t*> payloads(size_, nullptr);
-  for (int from : peersIn()) {
-    if (onlyFrom >= 0 && from != onlyFrom) {
-      deferredFrom_.push_back(from);
-      continue;
+  DDP_CHECK(payloadBytes <= kSmallPayloadBytes, "frame payload too large");
+  const int rank = links_->rank(), size = links_->size();
+  Header header{static_cast<uint32_t>(payloadBytes), 0, mine};
+  std::memcpy(sendFrame_.data(), &header, sizeof header);
+  if (payloadBytes) std::memcpy(sendFrame_.data() + sizeof header, payload, payloadBytes);
+  const size_t frameBytes = sizeof header + payloadBytes;
+  std::vector<size_t> sent(peersOut_.size(), 0);
+  std::vector<bool> pending(readers_.size());  // this collective's frame still to read
+  for (size_t i = 0; i < readers_.size(); ++i) pending[i] = onlyFrom < 0 || readers_[i].peer == onlyFrom;
+  std::vector<const uint8_t*> payloads(size, nullptr);
+
+  const std::string what = fmt::format("its frame of collective #{} was not received", mine.seq);
+  auto failed = [&](int peer, const std::string& why) {
+    if (links_->interrupted()) throw std::runtime_error("interrupted (the frame exchange): the group was aborted");
+    throw std::runtime_error(fmt::format("the connection to rank {} failed ({}): {}", peer, what, why));
+  };
+  auto reading = [&](size_t i) { return readers_[i].owed > 0 || pending[i]; };
+
+  for (;;) {
+    bool moved = false, busy = false;
+    for (size_t i = 0; i < peersOut_.size(); ++i) {
+      while (sent[i] < frameBytes) {
+        const ssize_t n = ::send(links_->to(peersOut_[i]), sendFrame_.data() + sent[i], frameBytes - sent[i],
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+          sent[i] += static_cast<size_t>(n);
+          moved = true;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          busy = true;
+          break;
+        } else if (n == 0 || errno != EINTR) {
+          failed(peersOut_[i], n == 0 ? "nothing could be sent" : std::strerror(errno));
+        }
+      }
     }
-    waitRecvFrom(*recvBuffers_[mine.seq % 2][from], from, deadline,
-                 fmt::format("its frame of collective #{} was not received", mine.seq));
-    const uint8_t* frame = frames + static_cast<size_t>(from) * frameBytes_;
-    Descriptor theirs;
-    std::memcpy(&theirs, frame, sizeof(theirs));
-    checkPeerDescriptor(rank_, size_, mine, theirs, from);
-    payloads[from] = frame + sizeof(Descriptor);
+    for (size_t i = 0; i < readers_.size(); ++i) {
+      Reader& r = readers_[i];
+      while (reading(i)) {
+        // The header first; then, knowing the payload's length, the rest.
+        size_t want = sizeof(Header);
+        if (r.done >= sizeof(Header)) want += reinterpret_cast<const Header*>(r.frame.data())->payloadBytes;
+        if (r.done < want) {
+          const ssize_t n = ::recv(links_->from(r.peer), r.frame.data() + r.done, want - r.done, MSG_DONTWAIT);
+          if (n > 0) {
+            r.done += static_cast<size_t>(n);
+            moved = true;
+          } else if (n == 0) {
+            failed(r.peer, "the connection was closed");
+          } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            busy = true;
+            break;
+          } else if (errno != EINTR) {
+            failed(r.peer, std::strerror(errno));
+          }
+          if (n > 0 && r.done == sizeof(Header)) {
+            const Header* theirs = reinterpret_cast<const Header*>(r.frame.data());
+            if (theirs->payloadBytes > kSmallPayloadBytes || theirs->reserved != 0) {
+              failed(r.peer, fmt::format("a malformed frame (payload of {} bytes)", theirs->payloadBytes));
+            }
+          }
+          continue;
+        }
+        // A whole frame: check it against the collective it belongs to.
+        Header theirs;
+        std::memcpy(&theirs, r.frame.data(), sizeof theirs);
+        r.done = 0;
+        if (r.owed > 0) {
+          checkPeerDescriptor(rank, size, deferred_, theirs.descriptor, r.peer);
+          --r.owed;
+        } else {
+          checkPeerDescriptor(rank, size, mine, theirs.descriptor, r.peer);
+          payloads[r.peer] = r.frame.data() + sizeof(Header);
+          pending[i] = false;
+        }
+      }
+    }
+    bool done = true;
+    for (size_t i = 0; i < peersOut_.size(); ++i) done = done && sent[i] == frameBytes;
+    for (size_t i = 0; i < readers_.size(); ++i) done = done && !reading(i);
+    if (done) break;
+    if (moved || !busy) continue;
+    // Nothing can move: wait for a socket that can.
+    std::vector<pollfd> waits;
+    for (size_t i = 0; i < peersOut_.size(); ++i) {
+      if (sent[i] < frameBytes) waits.push_back({links_->to(peersOut_[i]), POLLOUT, 0});
+    }
+    for (size_t i = 0; i < readers_.size(); ++i) {
+      if (reading(i)) waits.push_back({links_->from(readers_[i].peer), POLLIN, 0});
+    }
+    const long long waitMs = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const int ready = waitMs <= 0 ? 0 : ::poll(waits.data(), waits.size(), static_cast<int>(std::min<long long>(waitMs + 1, 1 << 30)));
+    if (ready == 0) {
+      std::string missing;
+      for (size_t i = 0; i < readers_.size(); ++i) {
+        if (reading(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(readers_[i].peer);
+      }
+      if (!missing.empty()) {
+        throw std::runtime_error(fmt::format("rank {} did not arrive before the timeout ({})", missing, what));
+      }
+      for (size_t i = 0; i < peersOut_.size(); ++i) {
+        if (sent[i] < frameBytes) {
+          throw std::runtime_error(fmt::format(
+              "rank {} did not arrive before the timeout (it took no frame of collective #{})", peersOut_[i], mine.seq));
+        }
+      }
+    }
+    if (ready < 0 && errno != EINTR) throw std::runtime_error(fmt::format("poll: {}", std::strerror(errno)));
   }
-  if (!deferredFrom_.empty()) {
-    deferred_ = true;
-    deferredMine_ = mine;
+  // The frames not read now are owed: read at the next exchange.
+  bool owes = false;
+  for (size_t i = 0; i < readers_.size(); ++i) {
+    if (onlyFrom >= 0 && readers_[i].peer != onlyFrom) {
+      ++readers_[i].owed;
+      owes = true;
+    }
   }
+  if (owes) deferred_ = mine;
   return payloads;
-}
-
-void FrameExchange::settleDeferred(Deadline deadline) {
-  if (!deferred_) return;
-  const uint64_t seq = deferredMine_.seq;
-  for (int from : deferredFrom_) {
-    waitRecvFrom(*recvBuffers_[seq % 2][from], from, deadline,
-                 fmt::format("its frame of collective #{} was not received", seq));
-    Descriptor theirs;
-    std::memcpy(&theirs, recvFrames_[seq % 2].data() + static_cast<size_t>(from) * frameBytes_, sizeof(theirs));
-    checkPeerDescriptor(rank_, size_, deferredMine_, theirs, from);
-  }
-  deferredFrom_.clear();
-  deferred_ = false;
-  postReceives(seq + 2);
-}
-
-void FrameExchange::finish(uint64_t seq, Deadline deadline) {
-  // The frame buffers of this collective are consumed (unless some wait for
-  // the next collective): reuse them two ahead.
-  if (!(deferred_ && deferredMine_.seq == seq)) postReceives(seq + 2);
-  for (size_t i = 0; i < peers_.size(); ++i) sendBuffer_->waitSend(remaining(deadline));
 }
 
 }  // namespace ddp::gloo_backend

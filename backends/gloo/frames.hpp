@@ -1,16 +1,20 @@
-// FrameExchange: the fixed-size frame with which every TCP collective of
-// ProcessGroupGloo starts.
+// FrameExchange: the frame with which every TCP collective of
+// ProcessGroupGloo starts, over the rank's own connections (links.hpp).
 //
-// Each rank sends one frame to each other rank (to its right neighbour only
-// above kAllToAllMaxRanks ranks). A frame is this collective's Descriptor,
-// then up to kSmallPayloadBytes of payload, and is as long as its payload:
-// receives are posted for the largest frame. Frames
-// are received into buffers posted two collectives ahead (set seq % 2), so
-// a frame needs no "ready to receive" round trip: one network hop. Every
-// received descriptor is checked against this rank's own before anything
-// else happens. Collectives whose payload fits a frame (smallPath) are that
-// one hop; larger ones send an empty frame, then use the ring or Gloo's own
-// algorithms. The worker thread's only: not thread-safe.
+// Each rank sends one frame to each other rank (a Mesh of connections);
+// above kAllToAllMaxRanks ranks, to its right neighbour only (a Ring). A
+// frame is a small header (its payload's length), this collective's
+// Descriptor, then up to kSmallPayloadBytes of payload. Every received
+// descriptor is checked against this rank's own before anything else
+// happens. Collectives whose payload fits a frame (smallPath) are that one
+// network hop; larger ones send an empty frame, then use the ring.
+//
+// The worker thread reads the frames itself, from non-blocking sockets in
+// one poll() loop that also finishes its own sends: no transport thread
+// hands them over. Since each connection is a byte stream in call order,
+// a frame that need not be read now can be read later: a broadcast waits
+// only for its root's frame and checks the others' at the start of the
+// next collective. The worker thread's only: not thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -20,13 +24,7 @@
 
 #include "backends/gloo/descriptor.hpp"
 #include "backends/gloo/host_tensors.hpp"
-
-namespace gloo {
-class Context;
-namespace transport {
-class UnboundBuffer;
-}
-}  // namespace gloo
+#include "backends/gloo/links.hpp"
 
 namespace ddp::gloo_backend {
 
@@ -37,7 +35,6 @@ class FrameExchange {
   // What one rank may send in all its frames of a collective: beyond it,
   // the ring's 2 N bytes beat (size - 1) N.
   static constexpr size_t kAllToAllBudgetBytes = 128 * 1024;
-  static constexpr size_t kFrameBytes = sizeof(Descriptor) + kSmallPayloadBytes;
 
   // Whether a payload of `bytes` travels inside the frames of a group of
   // `size` ranks: up to 64 KiB at 2 and 3 ranks, 42 KiB at 4, 18 KiB at 8.
@@ -45,53 +42,54 @@ class FrameExchange {
     return bytes <= kSmallPayloadBytes && size <= kAllToAllMaxRanks &&
            bytes * static_cast<size_t>(size - 1) <= kAllToAllBudgetBytes;
   }
+  // The shape of connections frames need at `size` ranks.
+  static Links::Shape shapeFor(int size) {
+    return size <= kAllToAllMaxRanks ? Links::Shape::Mesh : Links::Shape::Ring;
+  }
 
-  // Posts the receives of collectives 0 and 1 on `context` (size > 1).
-  FrameExchange(::gloo::Context& context, int rank, int size);
+  explicit FrameExchange(std::unique_ptr<Links> links);
   ~FrameExchange();
   FrameExchange(const FrameExchange&) = delete;
   FrameExchange& operator=(const FrameExchange&) = delete;
 
   // Sends this collective's frame (`mine`, then `payload`) and checks the
   // peers' frames; returns their payload areas by rank (null for this rank,
-  // and for ranks whose frames we do not receive). Valid until finish().
+  // and for ranks whose frames we do not receive). Valid until the next
+  // exchange. A peer whose frame does not come by the deadline throws
+  // std::runtime_error "rank P did not arrive before the timeout (...)".
   //
   // With `onlyFrom` >= 0 (a broadcast's root), only that rank's frame is
   // waited for now; the others' are checked at the start of the next
-  // collective (or never, if there is none: they still check ours, so a
-  // mismatch is still found, by them). Their payload pointers are null. A
-  // root thus sends and goes on, as c10d's does, instead of waiting a round
-  // trip for every rank to arrive; it runs at most one collective ahead.
+  // collective (or never, if there is none: they check ours, so a mismatch
+  // is still found, by them). A root thus sends and goes on instead of
+  // waiting for every rank to arrive, at most one collective ahead.
   std::vector<const uint8_t*> exchange(const Descriptor& mine, const void* payload, size_t payloadBytes,
                                        Deadline deadline, int onlyFrom = -1);
-  // After collective `seq` ran: reposts its receive buffers for seq + 2
-  // (once its deferred frames are in) and waits until this rank's frames
-  // are sent.
-  void finish(uint64_t seq, Deadline deadline);
+
+  // From any thread: a running or later exchange fails at once.
+  void interrupt() { links_->interrupt(); }
 
  private:
-  void postReceives(uint64_t seq);
-  // The ranks whose frames we receive: every other, or the left neighbour.
-  std::vector<int> peersIn() const;
+  struct Header {
+    uint32_t payloadBytes;
+    uint32_t reserved;
+    Descriptor descriptor;
+  };
+  // Reading one peer's frames: `owed` deferred ones (checked against
+  // deferred_), then, if `wanted`, this collective's.
+  struct Reader {
+    int peer = -1;
+    int owed = 0;
+    bool wanted = false;
+    size_t done = 0;  // bytes of the current frame read
+    std::vector<uint8_t> frame;
+  };
 
-  // Waits for and checks the frames deferred by the previous collective,
-  // then reposts their buffers.
-  void settleDeferred(Deadline deadline);
-
-  int rank_, size_;
-  // The previous collective's frames not yet waited for (onlyFrom).
-  Descriptor deferredMine_{};
-  std::vector<int> deferredFrom_;
-  bool deferred_ = false;
-  std::vector<int> peers_;  // ranks we send frames to and expect frames from
-  size_t frameBytes_ = kFrameBytes;  // the buffer of one frame
-  // Memory before the unbound buffers over it: destroyed after them.
-  std::vector<uint8_t> sendFrame_;
-  std::vector<uint8_t> recvFrames_[2];  // [seq % 2]: one frame per rank
-  std::unique_ptr<::gloo::transport::UnboundBuffer> sendBuffer_;
-  // [seq % 2][peer]: one unbound buffer per peer, since Gloo reports only
-  // the rank of the latest completed receive of a buffer.
-  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> recvBuffers_[2];
+  std::unique_ptr<Links> links_;
+  std::vector<int> peersOut_;       // ranks we send frames to
+  std::vector<Reader> readers_;     // ranks we receive frames from
+  std::vector<uint8_t> sendFrame_;  // header and payload
+  Descriptor deferred_{};           // the collective whose frames some readers owe
 };
 
 }  // namespace ddp::gloo_backend

@@ -73,8 +73,10 @@ struct ProcessGroupGloo::Impl {
   std::shared_ptr<Store> store;  // "gloo/"-prefixed; also used to close in step
   std::string listenAddress;     // Gloo's description of its TCP device
   std::string shmWhyNot;
-  // The transports; the ones a group does not use stay null. Destroyed
-  // before the context (frames, ring) and in ~Impl's order.
+  // The transports; the ones a group does not use stay null; destroyed in
+  // ~Impl's order. Gloo's context now serves only the barrier above
+  // FrameExchange::kAllToAllMaxRanks ranks; frames and ring have their
+  // own connections (links.hpp).
   std::shared_ptr<::gloo::Context> context;
   std::unique_ptr<gloo_backend::FrameExchange> frames;  // size > 1, no shared memory
   std::unique_ptr<gloo_backend::Ring> ring;             // likewise

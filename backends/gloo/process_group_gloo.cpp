@@ -94,19 +94,23 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     if (channel) {
       impl_->shm = std::make_unique<gloo_backend::ShmCollectives>(std::move(channel), rank, size);
     } else {
-      impl_->frames = std::make_unique<gloo_backend::FrameExchange>(*context, rank, size);
-      std::unique_ptr<gloo_backend::RingLinks> links;
+      // The frames and the ring run over connections of their own.
+      using gloo_backend::Links;
+      const std::string ip = gloo_backend::listenIp(impl_->listenAddress);
+      std::unique_ptr<Links> frameLinks, ringLinks;
       try {
-        links = std::make_unique<gloo_backend::RingLinks>(*impl_->store, rank, size,
-                                                          gloo_backend::listenIp(impl_->listenAddress),
-                                                          options_.timeout);
+        frameLinks = std::make_unique<Links>(*impl_->store, "frames", gloo_backend::FrameExchange::shapeFor(size),
+                                             rank, size, ip, options_.timeout);
+        ringLinks = std::make_unique<Links>(*impl_->store, "ring", Links::Shape::Ring, rank, size, ip,
+                                            options_.timeout);
       } catch (const std::exception& e) {
         fail<CollectiveError>(
-            "[rank {}/{}] gloo: setting up {} through {} did not complete: {}. HINT: a peer rank may have died "
-            "during start-up; {}",
-            rank, size, "the ring's connections", store->describe(), e.what(), kRendezvousHelp);
+            "[rank {}/{}] gloo: connecting the TCP collectives' links through {} did not complete: {}. HINT: a "
+            "peer rank may have died during start-up; {}",
+            rank, size, store->describe(), e.what(), kRendezvousHelp);
       }
-      impl_->ring = std::make_unique<gloo_backend::Ring>(std::move(links));
+      impl_->frames = std::make_unique<gloo_backend::FrameExchange>(std::move(frameLinks));
+      impl_->ring = std::make_unique<gloo_backend::Ring>(std::move(ringLinks));
     }
   }
   if (size_ == 1) {

@@ -37,11 +37,14 @@ size_t ringChunkBytes() {
 void Ring::stream(const std::vector<Incoming>& incoming, std::deque<Outgoing> outgoing, ReduceFn reduce,
                   int reduceOp, size_t elementSize, Deadline deadline) {
   const int left = links_->left(), right = links_->right();
-  const int out = links_->toRight(), in = links_->fromLeft();
+  const int out = links_->to(right), in = links_->from(left);
   size_t inIndex = 0, inDone = 0, outDone = 0;
   const char* lastPhase = incoming.empty() ? "send" : incoming.back().phase;
   auto phase = [&] { return inIndex < incoming.size() ? incoming[inIndex].phase : lastPhase; };
   auto failed = [&](int peer, const std::string& why) {
+    if (links_->interrupted()) {
+      throw std::runtime_error(fmt::format("interrupted (the ring's {}): the group was aborted", phase()));
+    }
     throw std::runtime_error(fmt::format("the connection to rank {} failed (the ring's {}): {}", peer, phase(), why));
   };
   while (inIndex < incoming.size() || !outgoing.empty()) {
@@ -70,9 +73,12 @@ void Ring::stream(const std::vector<Incoming>& incoming, std::deque<Outgoing> ou
         inDone += static_cast<size_t>(got);
         if (inDone < c.bytes) continue;
         if (c.reduceInto) reduce(c.reduceInto, c.into, c.bytes / elementSize, reduceOp);
-        if (c.forward) outgoing.push_back({c.forward, c.bytes});
         ++inIndex;
         inDone = 0;
+        if (c.forward) {
+          outgoing.push_back({c.forward, c.bytes});
+          break;  // send it on before reducing more
+        }
       } else if (got == 0) {
         failed(left, "the connection was closed");
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {

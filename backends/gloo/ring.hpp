@@ -1,5 +1,5 @@
 // Ring: ProcessGroupGloo's algorithms for payloads too large for a frame,
-// over the rank's own two ring connections (ring_links.hpp), not Gloo's
+// over the rank's own two ring connections (links.hpp, Shape::Ring), not Gloo's
 // pairs: reduce-scatter and allreduce (ring_reduce_scatter.cpp), allgather
 // (ring_allgather.cpp) and a pipelined chain broadcast (ring_broadcast.cpp).
 //
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "backends/gloo/host_tensors.hpp"
-#include "backends/gloo/ring_links.hpp"
+#include "backends/gloo/links.hpp"
 
 namespace ddp::gloo_backend {
 
@@ -36,12 +36,13 @@ size_t ringChunkBytes();
 
 class Ring {
  public:
-  explicit Ring(std::unique_ptr<RingLinks> links) : links_(std::move(links)) {}
+  explicit Ring(std::unique_ptr<Links> links) : links_(std::move(links)) {}
 
   // Errors of every algorithm: a neighbour that neither sends nor takes
   // bytes by the deadline throws std::runtime_error "rank P did not arrive
   // before the timeout (the ring's PHASE)", a broken connection "the
-  // connection to rank P failed (the ring's PHASE): <reason>".
+  // connection to rank P failed (the ring's PHASE): <reason>"; after
+  // interrupt(), "interrupted (the ring's PHASE): the group was aborted".
 
   // Reduces `count` elements of `dtype` at `data` in place with `reduceOp`
   // (ReduceOp's number; Avg sums): afterwards rank r holds the reduction of
@@ -88,7 +89,7 @@ class Ring {
     for (size_t at = begin; at < end; at += chunk) fn(at, std::min(chunk, end - at));
   }
 
-  std::unique_ptr<RingLinks> links_;
+  std::unique_ptr<Links> links_;
   std::vector<uint8_t> scratch_;  // receive space for reductions, reused
 };
 

@@ -61,8 +61,7 @@ ProcessGroupGloo::Impl::~Impl() {
       // A peer that is gone cannot be waited for; close anyway.
     }
   }
-  // Unbound buffers first (pending receives into them are dropped), then the
-  // connections, then the memory.
+  // Our own connections, then Gloo's, then the memory.
   frames.reset();
   ring.reset();
   context.reset();
@@ -153,7 +152,8 @@ void ProcessGroupGloo::Impl::abort(const std::string& reason) {
     if (!broken_) broken_ = std::make_exception_ptr(CollectiveError(reason));
   }
   if (shm) shm->markFailed();
-  // A ring waiting on a neighbour fails now, and so do the neighbours'.
+  // A TCP collective waiting on a peer fails now, and so do the peers'.
+  if (frames) frames->interrupt();
   if (ring) ring->interrupt();
 }
 
@@ -175,7 +175,6 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
     const auto started = Clock::now();
     try {
       task.run(task.descriptor, task.deadline);
-      if (frames) frames->finish(task.descriptor.seq, task.deadline);
     } catch (const CollectiveError&) {
       error = std::current_exception();
     } catch (const std::exception& e) {

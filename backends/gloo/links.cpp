@@ -1,0 +1,172 @@
+#include "backends/gloo/links.hpp"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+#include "framework/core/system.hpp"
+#include "framework/store/store.hpp"
+#include "framework/store/tcp/socket.hpp"
+
+namespace ddp::gloo_backend {
+namespace {
+
+using tcpstore::Clock;
+
+constexpr uint32_t kMagic = 0x4c4e4b31;  // "LNK1"
+constexpr size_t kNonceHexBytes = 32;
+
+// What a connecting rank sends first.
+struct Hello {
+  uint32_t magic;
+  int32_t rank;
+  char nonce[kNonceHexBytes];
+};
+
+// Closes a socket unless released.
+struct FdGuard {
+  int fd = -1;
+  ~FdGuard() { tcpstore::closeFd(fd); }
+  int release() { return std::exchange(fd, -1); }
+};
+
+std::chrono::milliseconds remainingUntil(Clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+}
+
+}  // namespace
+
+Links::Links(Store& store, const std::string& name, Shape shape, int rank, int size, const std::string& address,
+             std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), to_(size, -1), from_(size, -1) {
+  const auto deadline = Clock::now() + timeout;
+  std::vector<int> connectTo;
+  std::set<int> acceptFrom;
+  if (shape == Shape::Ring) {
+    connectTo = {right()};
+    acceptFrom = {left()};
+  } else {
+    for (int p = 0; p < rank_; ++p) connectTo.push_back(p);
+    for (int p = rank_ + 1; p < size_; ++p) acceptFrom.insert(p);
+  }
+  auto keyOf = [&](int r) { return fmt::format("{}/{}", name, r); };
+
+  try {
+    tcpstore::AddrInfoList here;
+    std::string error = tcpstore::resolve(address, 0, /*passive=*/true, &here);
+    if (!error.empty()) throw std::runtime_error(fmt::format("cannot resolve {}: {}", address, error));
+    int err = 0;
+    FdGuard listener{tcpstore::listenOn(*here.list, &err)};
+    if (listener.fd < 0) throw std::runtime_error(fmt::format("cannot listen on {}: {}", address, std::strerror(err)));
+    const std::string nonce = randomHex(kNonceHexBytes / 2);
+    store.setString(keyOf(rank_), fmt::format("{} {} {}", tcpstore::boundPort(listener.fd), nonce, address));
+
+    // Connect first: a peer's listener backlog completes the connection
+    // before it accepts, so no order of ranks can wait on another.
+    for (int peer : connectTo) {
+      try {
+        store.wait({keyOf(peer)}, remainingUntil(deadline));
+      } catch (const StoreTimeout&) {
+        throw std::runtime_error(fmt::format("rank {} did not publish its address before the timeout", peer));
+      }
+      std::istringstream published(store.getString(keyOf(peer)));
+      uint16_t port = 0;
+      std::string theirNonce, theirAddress;
+      published >> port >> theirNonce >> theirAddress;
+      tcpstore::AddrInfoList there;
+      error = tcpstore::resolve(theirAddress, port, /*passive=*/false, &there);
+      FdGuard fd;
+      if (error.empty()) fd.fd = tcpstore::connectTo(*there.list, deadline, &error);
+      if (fd.fd < 0) {
+        throw std::runtime_error(fmt::format("cannot connect to rank {} at {}: {}", peer,
+                                             tcpstore::formatHostPort(theirAddress, port), error));
+      }
+      Hello hello{kMagic, rank_, {}};
+      std::memcpy(hello.nonce, theirNonce.data(), std::min(theirNonce.size(), kNonceHexBytes));
+      try {
+        tcpstore::sendAll(fd.fd, std::string(reinterpret_cast<const char*>(&hello), sizeof hello), deadline);
+      } catch (const tcpstore::IoTimeout&) {
+        throw std::runtime_error(fmt::format("rank {} did not take this rank's greeting before the timeout", peer));
+      } catch (const tcpstore::ConnectionLost& e) {
+        throw std::runtime_error(fmt::format("the connection to rank {} broke: {}", peer, e.reason));
+      }
+      to_[peer] = fd.release();
+      if (shape == Shape::Mesh) from_[peer] = to_[peer];
+    }
+
+    // Then accept, until every expected peer has proved itself.
+    while (!acceptFrom.empty()) {
+      bool ready = false;
+      try {
+        ready = tcpstore::waitReady(listener.fd, POLLIN, deadline);
+      } catch (const tcpstore::ConnectionLost& e) {
+        throw std::runtime_error(fmt::format("waiting for connections on {}: {}", address, e.reason));
+      }
+      if (!ready) {
+        std::string missing;
+        for (int p : acceptFrom) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+        throw std::runtime_error(fmt::format("rank(s) {} did not connect before the timeout", missing));
+      }
+      FdGuard fd{::accept4(listener.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)};
+      if (fd.fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED || errno == EPROTO) {
+          continue;
+        }
+        throw std::runtime_error(fmt::format("accepting a connection on {}: {}", address, std::strerror(errno)));
+      }
+      Hello theirs{};
+      try {
+        // A stranger that says nothing is given a few seconds at most.
+        tcpstore::recvAll(fd.fd, reinterpret_cast<char*>(&theirs), sizeof theirs,
+                          std::min(deadline, Clock::now() + std::chrono::seconds(5)));
+      } catch (const tcpstore::IoTimeout&) {
+        continue;
+      } catch (const tcpstore::ConnectionLost&) {
+        continue;
+      }
+      if (theirs.magic != kMagic || acceptFrom.count(theirs.rank) == 0 ||
+          std::string(theirs.nonce, kNonceHexBytes) != nonce) {
+        continue;  // not one of ours: dropped
+      }
+      acceptFrom.erase(theirs.rank);
+      from_[theirs.rank] = fd.release();
+      if (shape == Shape::Mesh) to_[theirs.rank] = from_[theirs.rank];
+    }
+  } catch (...) {
+    closeAll();
+    throw;
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (to_[p] >= 0) tcpstore::setNoDelay(to_[p]);
+  }
+}
+
+Links::~Links() { closeAll(); }
+
+void Links::closeAll() {
+  for (int p = 0; p < size_; ++p) {
+    if (from_[p] >= 0 && from_[p] != to_[p]) tcpstore::closeFd(from_[p]);
+    tcpstore::closeFd(to_[p]);
+    to_[p] = from_[p] = -1;
+  }
+}
+
+void Links::interrupt() {
+  interrupted_ = true;
+  for (int p = 0; p < size_; ++p) {
+    if (to_[p] >= 0) ::shutdown(to_[p], SHUT_RDWR);
+    if (from_[p] >= 0) ::shutdown(from_[p], SHUT_RDWR);
+  }
+}
+
+}  // namespace ddp::gloo_backend

@@ -1,0 +1,66 @@
+// Links: a rank's own TCP connections to its peers, beside Gloo's pairs,
+// for the TCP collectives' frames (frames.hpp) and ring (ring.hpp).
+//
+// Two shapes:
+// - Ring: a connection to the right neighbour (rank + 1) % n, used only to
+//   send, and one from the left, used only to receive. At two ranks these
+//   are two connections between the same pair, one per direction.
+// - Mesh: one connection between every pair of ranks, both directions.
+// Ranks meet through the group's store: each publishes "<name>/<rank>" =
+// its port, a random nonce and its address (the one Gloo's device listens
+// on), connects to the peers it must (the right; or every lower rank) and
+// accepts the others, each of which proves itself with its rank and the
+// acceptor's nonce. Anything else that connects is dropped, and accepting
+// goes on until the deadline.
+//
+// Every socket is non-blocking; the users do their own I/O with poll().
+// interrupt() shuts every connection down, from any thread, so that a
+// collective waiting on either side fails at once (ProcessGroupGloo::abort);
+// interrupted() then tells the waiting side why its connection broke.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ddp {
+class Store;
+}
+
+namespace ddp::gloo_backend {
+
+class Links {
+ public:
+  enum class Shape { Ring, Mesh };
+
+  // Connects (size > 1) by `timeout`; throws std::runtime_error naming the
+  // peer that did not connect, or what failed. `address` is the IP to
+  // listen on.
+  Links(Store& store, const std::string& name, Shape shape, int rank, int size, const std::string& address,
+        std::chrono::milliseconds timeout);
+  ~Links();
+  Links(const Links&) = delete;
+  Links& operator=(const Links&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int right() const { return (rank_ + 1) % size_; }
+  int left() const { return (rank_ + size_ - 1) % size_; }
+  // The socket that carries bytes to / from `peer`; -1 where this shape
+  // has none (a ring sends only to the right, receives only from the left).
+  int to(int peer) const { return to_[static_cast<size_t>(peer)]; }
+  int from(int peer) const { return from_[static_cast<size_t>(peer)]; }
+
+  void interrupt();
+  bool interrupted() const { return interrupted_.load(); }
+
+ private:
+  void closeAll();
+
+  const int rank_, size_;
+  std::vector<int> to_, from_;  // by peer rank; a mesh holds the same socket in both
+  std::atomic<bool> interrupted_{false};
+};
+
+}  // namespace ddp::gloo_backend
