@@ -65,6 +65,8 @@ class Ring {
   // A chunk of the stream from the left: it lands at `into`; if
   // `reduceInto` is set, it is then added into it; if `forward` is set,
   // `bytes` from there go on to the right. `phase` names it in errors.
+  // Chunks are received one after another, each handled before the next
+  // begins, so chunks that are reduced may share one `into`.
   struct Incoming {
     uint8_t* into;
     size_t bytes;
@@ -90,7 +92,7 @@ class Ring {
   }
 
   std::unique_ptr<Links> links_;
-  std::vector<uint8_t> scratch_;  // receive space for reductions, reused
+  std::vector<uint8_t> scratch_;  // receive space for one chunk of a reduction, reused
 };
 
 }  // namespace ddp::gloo_backend

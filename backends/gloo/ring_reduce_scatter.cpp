@@ -7,8 +7,10 @@ namespace ddp::gloo_backend {
 void Ring::reduceScatter(uint8_t* data, size_t count, size_t elementSize, int reduceOp, int dtype, Deadline deadline,
                          bool thenAllgather) {
   const int n = links_->size(), rank = links_->rank();
-  const size_t bytes = count * elementSize;
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  // Chunks are received and reduced one at a time, in stream order, so one
+  // chunk of receive space, which stays in cache, serves them all.
+  const size_t chunkBytes = std::max<size_t>(1, ringChunkBytes() / elementSize) * elementSize;
+  if (scratch_.size() < chunkBytes) scratch_.resize(chunkBytes);
   uint8_t* tmp = scratch_.data();
   auto mod = [n](int b) { return ((b % n) + n) % n; };
   auto begin = [&](int b) { return static_cast<size_t>(b) * count / n; };
@@ -24,7 +26,7 @@ void Ring::reduceScatter(uint8_t* data, size_t count, size_t elementSize, int re
     const bool forward = s < n - 2 || thenAllgather;
     forChunks(begin(mod(rank - s - 2)), end(mod(rank - s - 2)), elementSize, [&](size_t at, size_t len) {
       uint8_t* home = data + at * elementSize;
-      incoming.push_back({tmp + at * elementSize, len * elementSize, home, forward ? home : nullptr,
+      incoming.push_back({tmp, len * elementSize, home, forward ? home : nullptr,
                           "reduce-scatter"});
     });
   }
