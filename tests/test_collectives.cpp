@@ -4,8 +4,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <thread>
 #include <catch2/catch.hpp>
 
 #include "backends/builtin.hpp"
@@ -722,6 +724,99 @@ TEST_CASE("ranks that disagree fail clearly", "[collectives][errors]") {
     CHECK(errors[r].find("does not match rank") != std::string::npos);
     CHECK(errors[r].find("HINT:") != std::string::npos);
   }
+}
+
+// Over TCP, ranks that call different collectives fail at once, not at
+// the timeout: the ones that see the mismatch report it, and close their
+// connections, so the others' waits end too. In the third case the
+// broadcasts' roots differ: every rank is a root, and still none may
+// succeed.
+TEST_CASE("over TCP ranks that disagree all fail at once", "[collectives][errors]") {
+  ProcessGroupOptions tcp;
+  tcp.sharedMemory = false;
+  struct Case {
+    int n;
+    int64_t count;
+    const char* what;
+  };
+  for (const Case& c : {Case{3, 3 << 20, "broadcast and allreduce, ring"}, Case{3, 100, "broadcast and allreduce, frames"},
+                        Case{2, 3 << 20, "broadcasts with different roots"}, Case{9, 3 << 20, "9 ranks, counts"}}) {
+    INFO(c.what);
+    const std::string what = c.what;
+    const auto started = std::chrono::steady_clock::now();
+    std::atomic<int> finished{0};
+    auto errors = runRanks("gloo", c.n, [&](int rank, ProcessGroup& pg) {
+      const std::chrono::milliseconds timeout(20000);
+      at::Tensor t = at::ones({c.count});
+      std::exception_ptr error;
+      try {
+        if (what.rfind("broadcasts", 0) == 0) {
+          pg.broadcast(t, {rank, timeout})->wait();
+        } else if (what.rfind("9 ranks", 0) == 0) {
+          at::Tensor u = at::ones({rank == 4 ? c.count + 1 : c.count});
+          pg.broadcast(u, {0, timeout})->wait();
+        } else if (rank == 1) {
+          pg.allreduce(t, {ReduceOp::Sum, timeout})->wait();
+        } else {
+          pg.broadcast(t, {0, timeout})->wait();
+        }
+      } catch (...) {
+        error = std::current_exception();
+      }
+      // A failed rank keeps its group (and connections) open until every
+      // rank is done, as a process that handles the error would: the others
+      // must not depend on its exit to stop waiting.
+      ++finished;
+      while (finished.load() < c.n && std::chrono::steady_clock::now() - started < std::chrono::seconds(25)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (error) std::rethrow_exception(error);
+    }, tcp);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    INFO(joinErrors(errors));
+    // Up to 8 ranks every rank checks every frame. Above, ranks check their
+    // left neighbour's: the ones around the disagreeing rank fail, and a
+    // rank upstream of it in the broadcast's chain may finish first, with
+    // the root's data; it fails at its next collective.
+    for (int r = 0; r < c.n; ++r) {
+      if (c.n <= 8 || r == 4 || r == 5) CHECK_FALSE(errors[r].empty());
+    }
+    bool named = false;
+    for (int r = 0; r < c.n; ++r) named = named || errors[r].find("does not match rank") != std::string::npos;
+    CHECK(named);
+    CHECK(seconds < 10.0);  // the timeout is 20 s
+  }
+}
+
+// reduce_scatter into this rank's own block of its input (in place), and
+// allgather from another rank's slot of the output, on every path.
+TEST_CASE("gloo reduce_scatter in place and allgather from inside the output", "[collectives]") {
+  ProcessGroupOptions options;
+  options.sharedMemory = GENERATE(true, false);
+  const int n = GENERATE(2, 3);
+  INFO("shared memory " << options.sharedMemory << ", " << n << " ranks");
+  auto errors = runRanks("gloo", n, [n](int rank, ProcessGroup& pg) {
+    for (int64_t count : {int64_t(10), int64_t(100000)}) {
+      at::Tensor in = at::arange(count * n, at::kFloat).remainder(7) + rank;
+      at::Tensor out = in.narrow(0, rank * count, count);
+      pg.reduceScatter(in, out)->wait();
+      at::Tensor expected = (at::arange(count * n, at::kFloat).remainder(7) * n + n * (n - 1) / 2)
+                                .narrow(0, rank * count, count);
+      if (!at::equal(out, expected)) throw std::runtime_error("reduce_scatter in place x" + std::to_string(count));
+
+      at::Tensor whole = at::zeros({n, count}, at::kFloat);
+      const int slot = (rank + 1) % n;  // another rank's slot holds this rank's input
+      whole[slot].fill_(float(rank));
+      pg.allgather(whole[slot], whole)->wait();
+      for (int r = 0; r < n; ++r) {
+        if (!at::equal(whole[r], at::full({count}, float(r)))) {
+          throw std::runtime_error("allgather from inside the output x" + std::to_string(count));
+        }
+      }
+    }
+  }, options);
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
 }
 
 TEST_CASE("a failed group fails later collectives at once", "[collectives][errors]") {

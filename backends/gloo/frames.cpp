@@ -39,7 +39,7 @@ FrameExchange::FrameExchange(std::unique_ptr<Links> links) : links_(std::move(li
 FrameExchange::~FrameExchange() = default;
 
 std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, const void* payload,
-                                                    size_t payloadBytes, Deadline deadline, int onlyFrom) {
+                                                    size_t payloadBytes, Deadline deadline) {
   DDP_CHECK(payloadBytes <= kSmallPayloadBytes, "frame payload too large");
   const int rank = links_->rank(), size = links_->size();
   Header header{static_cast<uint32_t>(payloadBytes), 0, mine};
@@ -47,16 +47,15 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
   if (payloadBytes) std::memcpy(sendFrame_.data() + sizeof header, payload, payloadBytes);
   const size_t frameBytes = sizeof header + payloadBytes;
   std::vector<size_t> sent(peersOut_.size(), 0);
-  std::vector<bool> pending(readers_.size());  // this collective's frame still to read
-  for (size_t i = 0; i < readers_.size(); ++i) pending[i] = onlyFrom < 0 || readers_[i].peer == onlyFrom;
+  std::vector<bool> pending(readers_.size(), true);  // the frame still to read
   std::vector<const uint8_t*> payloads(size, nullptr);
 
-  const std::string what = fmt::format("its frame of collective #{} was not received", mine.seq);
+  const std::string what = fmt::format("the frames of collective #{}", mine.seq);
   auto failed = [&](int peer, const std::string& why) {
     if (links_->interrupted()) throw std::runtime_error("interrupted (the frame exchange): the group was aborted");
     throw std::runtime_error(fmt::format("the connection to rank {} failed ({}): {}", peer, what, why));
   };
-  auto reading = [&](size_t i) { return readers_[i].owed > 0 || pending[i]; };
+  auto reading = [&](size_t i) { return static_cast<bool>(pending[i]); };
 
   for (;;) {
     bool moved = false, busy = false;
@@ -102,18 +101,13 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
           }
           continue;
         }
-        // A whole frame: check it against the collective it belongs to.
+        // A whole frame: check it against ours.
         Header theirs;
         std::memcpy(&theirs, r.frame.data(), sizeof theirs);
         r.done = 0;
-        if (r.owed > 0) {
-          checkPeerDescriptor(rank, size, deferred_, theirs.descriptor, r.peer);
-          --r.owed;
-        } else {
-          checkPeerDescriptor(rank, size, mine, theirs.descriptor, r.peer);
-          payloads[r.peer] = r.frame.data() + sizeof(Header);
-          pending[i] = false;
-        }
+        checkPeerDescriptor(rank, size, mine, theirs.descriptor, r.peer);
+        payloads[r.peer] = r.frame.data() + sizeof(Header);
+        pending[i] = false;
       }
     }
     bool done = true;
@@ -133,11 +127,16 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
     const int ready = waitMs <= 0 ? 0 : ::poll(waits.data(), waits.size(), static_cast<int>(std::min<long long>(waitMs + 1, 1 << 30)));
     if (ready == 0) {
       std::string missing;
+      int count = 0;
       for (size_t i = 0; i < readers_.size(); ++i) {
-        if (reading(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(readers_[i].peer);
+        if (!reading(i)) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(readers_[i].peer);
+        ++count;
       }
-      if (!missing.empty()) {
-        throw std::runtime_error(fmt::format("rank {} did not arrive before the timeout ({})", missing, what));
+      if (count > 0) {
+        throw std::runtime_error(fmt::format(
+            "{} {} did not arrive before the timeout ({} frame of collective #{} was not received)",
+            count == 1 ? "rank" : "ranks", missing, count == 1 ? "its" : "their", mine.seq));
       }
       for (size_t i = 0; i < peersOut_.size(); ++i) {
         if (sent[i] < frameBytes) {
@@ -148,15 +147,6 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
     }
     if (ready < 0 && errno != EINTR) throw std::runtime_error(fmt::format("poll: {}", std::strerror(errno)));
   }
-  // The frames not read now are owed: read at the next exchange.
-  bool owes = false;
-  for (size_t i = 0; i < readers_.size(); ++i) {
-    if (onlyFrom >= 0 && readers_[i].peer != onlyFrom) {
-      ++readers_[i].owed;
-      owes = true;
-    }
-  }
-  if (owes) deferred_ = mine;
   return payloads;
 }
 

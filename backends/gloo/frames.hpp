@@ -11,10 +11,11 @@
 //
 // The worker thread reads the frames itself, from non-blocking sockets in
 // one poll() loop that also finishes its own sends: no transport thread
-// hands them over. Since each connection is a byte stream in call order,
-// a frame that need not be read now can be read later: a broadcast waits
-// only for its root's frame and checks the others' at the start of the
-// next collective. The worker thread's only: not thread-safe.
+// hands them over. Every rank waits for every frame it receives, even a
+// broadcast's non-roots' (reading those later gained nothing measurable
+// and would let ranks that disagree succeed), so ranks that disagree
+// always fail before any payload moves. The worker thread's only: not
+// thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -57,14 +58,8 @@ class FrameExchange {
   // and for ranks whose frames we do not receive). Valid until the next
   // exchange. A peer whose frame does not come by the deadline throws
   // std::runtime_error "rank P did not arrive before the timeout (...)".
-  //
-  // With `onlyFrom` >= 0 (a broadcast's root), only that rank's frame is
-  // waited for now; the others' are checked at the start of the next
-  // collective (or never, if there is none: they check ours, so a mismatch
-  // is still found, by them). A root thus sends and goes on instead of
-  // waiting for every rank to arrive, at most one collective ahead.
   std::vector<const uint8_t*> exchange(const Descriptor& mine, const void* payload, size_t payloadBytes,
-                                       Deadline deadline, int onlyFrom = -1);
+                                       Deadline deadline);
 
   // From any thread: a running or later exchange fails at once.
   void interrupt() { links_->interrupt(); }
@@ -75,13 +70,10 @@ class FrameExchange {
     uint32_t reserved;
     Descriptor descriptor;
   };
-  // Reading one peer's frames: `owed` deferred ones (checked against
-  // deferred_), then, if `wanted`, this collective's.
+  // Reading one peer's frame.
   struct Reader {
     int peer = -1;
-    int owed = 0;
-    bool wanted = false;
-    size_t done = 0;  // bytes of the current frame read
+    size_t done = 0;  // bytes of the frame read
     std::vector<uint8_t> frame;
   };
 
@@ -89,7 +81,6 @@ class FrameExchange {
   std::vector<int> peersOut_;       // ranks we send frames to
   std::vector<Reader> readers_;     // ranks we receive frames from
   std::vector<uint8_t> sendFrame_;  // header and payload
-  Descriptor deferred_{};           // the collective whose frames some readers owe
 };
 
 }  // namespace ddp::gloo_backend

@@ -8,10 +8,13 @@
 // - One worker thread runs the collectives in call order; callers get a
 //   Work at once. Non-contiguous or non-CPU tensors are staged through a
 //   contiguous host copy.
-// - Every TCP collective starts with a fixed-size frame from each rank to
-//   each other rank (frames.hpp) that carries a descriptor (sequence number,
+// - Every TCP collective starts with a frame from each rank to each other
+//   rank (frames.hpp) that carries a descriptor (sequence number,
 //   operation, dtype, element count, root, reduce op); ranks that disagree
-//   fail with a CollectiveError before any payload moves. Payloads up to
+//   fail with a CollectiveError before any payload moves, and close their
+//   connections, so that the others fail at once too. (Above 8 ranks frames
+//   go to the right neighbour only: the ranks next to a disagreeing one
+//   fail at once, others at the latest at their next collective.) Payloads up to
 //   64 KiB (less above 3 ranks: FrameExchange::fits) travel inside the
 //   frame, which is only as long as its payload, so a small collective is
 //   one network hop, reduced locally in rank order (the same bits on every

@@ -173,13 +173,14 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
     }
   } else {
     const auto started = Clock::now();
+    bool timedOut = false;
     try {
       task.run(task.descriptor, task.deadline);
     } catch (const CollectiveError&) {
       error = std::current_exception();
     } catch (const std::exception& e) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
-      const bool timedOut = Clock::now() >= task.deadline;
+      timedOut = Clock::now() >= task.deadline;
       error = std::make_exception_ptr(CollectiveError(fmt::format(
           "{} {} after {} ms (timeout {} ms): {}. HINT: a peer rank may have died, or not called this "
           "collective; {}",
@@ -192,6 +193,14 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
         if (!broken_) broken_ = error;
       }
       if (shm) shm->markFailed();
+      // A failure other than a timeout (ranks that disagree, a broken
+      // connection) ends the peers' waits on this rank at once, instead of
+      // at their timeout. After a timeout every peer waiting times out too,
+      // each naming whom it waited for; closing here would blame this rank.
+      if (!timedOut) {
+        if (frames) frames->interrupt();
+        if (ring) ring->interrupt();
+      }
     }
   }
   return error;

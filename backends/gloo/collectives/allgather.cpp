@@ -36,9 +36,11 @@ WorkPtr allgather(Impl& g, const at::Tensor& input, at::Tensor& output, Millisec
                        auto frames = g->frames->exchange(d, src.data_ptr(), bytes, deadline);
                        frames[rank] = static_cast<const uint8_t*>(src.data_ptr());
                        uint8_t* outBytes = static_cast<uint8_t*>(dst.data_ptr());
-                       for (int p = 0; p < size && bytes; ++p) {
-                         // In place, this rank's slice is already there.
-                         if (outBytes + p * bytes != frames[p]) std::memcpy(outBytes + p * bytes, frames[p], bytes);
+                       // This rank's own slice first: an input inside the
+                       // output is then copied before anything overwrites it.
+                       for (int i = 0; i < size && bytes; ++i) {
+                         const int p = (rank + i) % size;
+                         if (outBytes + p * bytes != frames[p]) std::memmove(outBytes + p * bytes, frames[p], bytes);
                        }
                      } else {
                        g->frames->exchange(d, nullptr, 0, deadline);

@@ -30,12 +30,11 @@ WorkPtr broadcast(Impl& g, at::Tensor& tensor, int root, Milliseconds timeout) {
         if (path == Impl::Path::Shm) {
           g->shm->broadcast(d, host, root, deadline);
         } else if (path == Impl::Path::Frame) {
-          // Only the root's frame is waited for (the others' are checked later).
-          auto frames = g->frames->exchange(d, rank == root ? host.data_ptr() : nullptr, rank == root ? bytes : 0,
-                                            deadline, root);
+          auto frames =
+              g->frames->exchange(d, rank == root ? host.data_ptr() : nullptr, rank == root ? bytes : 0, deadline);
           if (rank != root && bytes) std::memcpy(host.data_ptr(), frames[root], bytes);
         } else {
-          g->frames->exchange(d, nullptr, 0, deadline, root);
+          g->frames->exchange(d, nullptr, 0, deadline);
           g->ring->broadcast(static_cast<uint8_t*>(host.data_ptr()), bytes, root, deadline);
         }
         if (!host.is_same(target)) target.copy_(host);

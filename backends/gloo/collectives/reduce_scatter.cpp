@@ -43,6 +43,14 @@ WorkPtr reduceScatter(Impl& g, const at::Tensor& input, at::Tensor& output, Redu
           case Impl::Path::Frame: {
             auto frames = g->frames->exchange(d, src.data_ptr(), bytes, deadline);
             frames[rank] = static_cast<const uint8_t*>(src.data_ptr());
+            // An output inside the input would be overwritten before this
+            // rank's own part is read: read that from a copy.
+            std::vector<uint8_t> own;
+            const auto* outAt = static_cast<const uint8_t*>(mine.data_ptr());
+            if (sliceBytes > 0 && outAt < frames[rank] + bytes && frames[rank] < outAt + sliceBytes) {
+              own.assign(frames[rank], frames[rank] + bytes);
+              frames[rank] = own.data();
+            }
             if (sliceBytes > 0) {
               const ReduceFn reduce = reduceFnFor(src.scalar_type());
               uint8_t* acc = static_cast<uint8_t*>(mine.data_ptr());
