@@ -286,10 +286,11 @@ TEST_CASE("gloo hierarchical: a failure ends every rank at once and odd outputs 
 
 // Above 8 ranks every TCP frame is a descriptor only and every payload
 // takes the large path, where Gloo's allgather divided by a zero-byte input.
-TEST_CASE("gloo over TCP at 9 ranks: zero and a few elements", "[collectives]") {
+TEST_CASE("gloo over TCP at 9 ranks: zero and a few elements and the barrier", "[collectives]") {
   ProcessGroupOptions tcp;
   tcp.sharedMemory = false;
   const int n = 9;
+  std::vector<std::atomic<bool>> entered(n);
   auto errors = runRanks("gloo", n, [&](int rank, ProcessGroup& pg) {
     for (int64_t count : {0, 3}) {
       at::Tensor t = at::full({count}, float(rank));
@@ -307,7 +308,14 @@ TEST_CASE("gloo over TCP at 9 ranks: zero and a few elements", "[collectives]") 
       pg.reduceScatter(at::ones({count * n}, at::kFloat), scattered)->wait();
       if (!at::equal(scattered, at::full({count}, float(n)))) throw std::runtime_error("reduce_scatter");
     }
+    // The barrier (the ring's, at 9 ranks): nobody leaves before the last,
+    // which comes 60 ms after the first, has entered.
+    std::this_thread::sleep_for(std::chrono::milliseconds(rank == n - 1 ? 60 : 0));
+    entered[rank] = true;
     pg.barrier()->wait();
+    for (int r = 0; r < n; ++r) {
+      if (!entered[r]) throw std::runtime_error("left the barrier before rank " + std::to_string(r) + " entered");
+    }
   }, tcp);
   INFO(joinErrors(errors));
   REQUIRE(joinErrors(errors).empty());

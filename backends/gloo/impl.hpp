@@ -8,8 +8,8 @@
 // - The transport, chosen once per collective by pathFor() when it is
 //   queued: Local (one rank), Shm (all ranks share a host: shm), Frame (the
 //   payload fits the frame every TCP collective starts with: frames),
-//   Large (an empty frame, then the ring: ring.hpp; above
-//   FrameExchange::kAllToAllMaxRanks ranks, a barrier is Gloo's). ShmInPlace is an
+//   Large (an empty frame, then the ring: ring.hpp; a barrier above
+//   FrameExchange::kAllToAllMaxRanks ranks too). ShmInPlace is an
 //   allreduce on a communication buffer.
 // - Small collectives in the caller: when nothing is queued or running, a
 //   Local collective, or a shared-memory one of at most kInlineMaxBytes per
@@ -74,9 +74,8 @@ struct ProcessGroupGloo::Impl {
   std::string listenAddress;     // Gloo's description of its TCP device
   std::string shmWhyNot;
   // The transports; the ones a group does not use stay null; destroyed in
-  // ~Impl's order. Gloo's context now serves only the barrier above
-  // FrameExchange::kAllToAllMaxRanks ranks; frames and ring have their
-  // own connections (links.hpp).
+  // ~Impl's order. Gloo's context no longer carries collectives: frames
+  // and ring have their own connections (links.hpp).
   std::shared_ptr<::gloo::Context> context;
   std::unique_ptr<gloo_backend::FrameExchange> frames;  // size > 1, no shared memory
   std::unique_ptr<gloo_backend::Ring> ring;             // likewise

@@ -1,7 +1,8 @@
 // Ring: ProcessGroupGloo's algorithms for payloads too large for a frame,
 // over the rank's own two ring connections (links.hpp, Shape::Ring), not Gloo's
 // pairs: reduce-scatter and allreduce (ring_reduce_scatter.cpp), allgather
-// (ring_allgather.cpp) and a pipelined chain broadcast (ring_broadcast.cpp).
+// (ring_allgather.cpp), a pipelined chain broadcast (ring_broadcast.cpp)
+// and a barrier (ring_barrier.cpp).
 //
 // Each algorithm is a plan for one stream engine (ring.cpp). What comes from
 // the left is one byte stream whose order both sides know, a list of
@@ -57,6 +58,9 @@ class Ring {
   // `bytes` at `data` from `root` to every rank, along the ring from the
   // root to its left neighbour, chunk by chunk.
   void broadcast(uint8_t* data, size_t bytes, int root, Deadline deadline);
+
+  // Returns once every rank has called it: a token twice around the ring.
+  void barrier(Deadline deadline);
 
   // From any thread: a running or later algorithm fails at once.
   void interrupt() { links_->interrupt(); }

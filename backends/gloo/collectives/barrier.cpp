@@ -1,9 +1,7 @@
 // barrier: through shared memory (one step), or the frame exchange itself
 // when every rank frames every other; beyond
-// FrameExchange::kAllToAllMaxRanks frames go around the ring, so Gloo's
-// barrier follows them.
-#include <gloo/barrier.h>
-
+// FrameExchange::kAllToAllMaxRanks frames go around the ring, so the
+// ring's barrier follows them.
 #include "backends/gloo/collectives/collectives.hpp"
 #include "backends/gloo/impl.hpp"
 
@@ -20,12 +18,7 @@ WorkPtr barrier(Impl& g, Milliseconds timeout) {
       return;
     }
     g->frames->exchange(d, nullptr, 0, deadline);
-    if (path == Impl::Path::Large) {
-      ::gloo::BarrierOptions bo(g->context);
-      bo.setTag(static_cast<uint32_t>(d.seq));
-      bo.setTimeout(remaining(deadline));
-      ::gloo::barrier(bo);
-    }
+    if (path == Impl::Path::Large) g->ring->barrier(deadline);
   });
 }
 
