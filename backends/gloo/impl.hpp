@@ -80,7 +80,7 @@ struct ProcessGroupGloo::Impl {
   std::unique_ptr<gloo_backend::FrameExchange> frames;  // size > 1, no shared memory
   std::unique_ptr<gloo_backend::Ring> ring;             // likewise
   std::unique_ptr<gloo_backend::ShmCollectives> shm;
-  // reduce_scatter's copy of its input for the ring, reused: a fresh 64 MiB
+  // reduce_scatter's partial sums on the ring, reused: a fresh 64 MiB
   // buffer per call costs page faults.
   std::vector<uint8_t> reduceScatterIn;
 

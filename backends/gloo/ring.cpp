@@ -72,7 +72,10 @@ void Ring::stream(const std::vector<Incoming>& incoming, std::deque<Outgoing> ou
         moved = true;
         inDone += static_cast<size_t>(got);
         if (inDone < c.bytes) continue;
-        if (c.reduceInto) reduce(c.reduceInto, c.into, c.bytes / elementSize, reduceOp);
+        if (c.reduceInto) {
+          if (c.seed && c.seed != c.reduceInto) std::memcpy(c.reduceInto, c.seed, c.bytes);
+          reduce(c.reduceInto, c.into, c.bytes / elementSize, reduceOp);
+        }
         ++inIndex;
         inDone = 0;
         if (c.forward) {

@@ -45,13 +45,17 @@ class Ring {
   // connection to rank P failed (the ring's PHASE): <reason>"; after
   // interrupt(), "interrupted (the ring's PHASE): the group was aborted".
 
-  // Reduces `count` elements of `dtype` at `data` in place with `reduceOp`
-  // (ReduceOp's number; Avg sums): afterwards rank r holds the reduction of
-  // block r, elements [r*count/n, (r+1)*count/n). With thenAllgather the
-  // reduced blocks travel on around the ring, so every rank holds all of
-  // them (allreduce).
-  void reduceScatter(uint8_t* data, size_t count, size_t elementSize, int reduceOp, int dtype, Deadline deadline,
-                     bool thenAllgather);
+  // Reduces `count` elements of `dtype` at `input` with `reduceOp`
+  // (ReduceOp's number; Avg sums), block r of them, elements
+  // [r*count/n, (r+1)*count/n), for rank r. Partial sums are kept in `work`
+  // (count elements, at the same offsets; it may be `input`, which is then
+  // overwritten), the reduced block r goes to `output`, or with `output`
+  // null stays in `work`. With thenAllgather (work == input, output null)
+  // the reduced blocks travel on around the ring, so every rank holds all
+  // of them in `work` (allreduce). `output` may be input's block r, and
+  // must not overlap the rest of it.
+  void reduceScatter(const uint8_t* input, uint8_t* work, uint8_t* output, size_t count, size_t elementSize,
+                     int reduceOp, int dtype, Deadline deadline, bool thenAllgather);
   // Every rank's `bytes` at `input` into `output` (size x bytes, in rank
   // order); `input` may be this rank's slot of `output`.
   void allgather(const uint8_t* input, uint8_t* output, size_t bytes, Deadline deadline);
@@ -67,7 +71,8 @@ class Ring {
 
  private:
   // A chunk of the stream from the left: it lands at `into`; if
-  // `reduceInto` is set, it is then added into it; if `forward` is set,
+  // `reduceInto` is set, it is then added into it (after `seed` is copied
+  // there, if set: this rank's own contribution); if `forward` is set,
   // `bytes` from there go on to the right. `phase` names it in errors.
   // Chunks are received one after another, each handled before the next
   // begins, so chunks that are reduced may share one `into`.
@@ -77,6 +82,7 @@ class Ring {
     uint8_t* reduceInto;
     const uint8_t* forward;
     const char* phase;
+    const uint8_t* seed = nullptr;  // if set, copied into reduceInto first
   };
   // Bytes to send to the right, in order.
   struct Outgoing {

@@ -51,7 +51,8 @@ WorkPtr allreduce(Impl& g, at::Tensor& tensor, ReduceOp op, Milliseconds timeout
           for (int p = 1; p < size; ++p) reduce(out, frames[p], host.numel(), static_cast<int>(op));
         } else {
           g->frames->exchange(d, nullptr, 0, deadline);
-          g->ring->reduceScatter(static_cast<uint8_t*>(host.data_ptr()), host.numel(), host.element_size(),
+          uint8_t* data = static_cast<uint8_t*>(host.data_ptr());
+          g->ring->reduceScatter(data, data, nullptr, host.numel(), host.element_size(),
                                  static_cast<int>(op), static_cast<int>(host.scalar_type()), deadline,
                                  /*thenAllgather=*/true);
         }

@@ -1,6 +1,5 @@
 // reduce_scatter: rank r gets the reduction of block r of every rank's
-// input; through shared memory, inside the frames, or over the ring (which
-// reduces in place, so it works on a reused copy of the input).
+// input; through shared memory, inside the frames, or over the ring.
 #include <cstring>
 #include <vector>
 
@@ -64,12 +63,21 @@ WorkPtr reduceScatter(Impl& g, const at::Tensor& input, at::Tensor& output, Redu
           case Impl::Path::ShmInPlace:  // allreduce only
           case Impl::Path::Large: {
             g->frames->exchange(d, nullptr, 0, deadline);
-            std::vector<uint8_t>& copy = g->reduceScatterIn;
-            if (copy.size() < bytes) copy.resize(bytes);
-            std::memcpy(copy.data(), src.data_ptr(), bytes);
-            g->ring->reduceScatter(copy.data(), src.numel(), elementSize, static_cast<int>(op),
+            // The ring keeps its partial sums in a reused buffer and reads
+            // this rank's contributions from the input as it goes; the sum
+            // lands in the output. An output that overlaps the input other
+            // than as this rank's block reads from a copy of the input.
+            std::vector<uint8_t>& work = g->reduceScatterIn;
+            if (work.size() < bytes) work.resize(bytes);
+            const auto* input = static_cast<const uint8_t*>(src.data_ptr());
+            auto* output = static_cast<uint8_t*>(mine.data_ptr());
+            const bool overlaps = sliceBytes > 0 && output < input + bytes && input < output + sliceBytes;
+            if (overlaps && output != input + rank * sliceBytes) {
+              std::memcpy(work.data(), input, bytes);
+              input = work.data();
+            }
+            g->ring->reduceScatter(input, work.data(), output, src.numel(), elementSize, static_cast<int>(op),
                                    static_cast<int>(src.scalar_type()), deadline, /*thenAllgather=*/false);
-            std::memcpy(mine.data_ptr(), copy.data() + rank * sliceBytes, sliceBytes);
             break;
           }
         }
