@@ -509,7 +509,8 @@ TEST_CASE("gloo logs every collective once at DDP_LOG_LEVEL=debug", "[collective
     return output;
   };
   // Lines "[rank R/2] gloo OP #SEQ (SUMMARY) queued, path PATH" (or "runs
-  // in the caller, path PATH" for small shared-memory ones), counted.
+  // in the caller, path PATH" for small shared-memory and frame ones),
+  // counted.
   auto count = [](const std::string& output, const std::string& line) {
     size_t n = 0;
     for (size_t at = output.find(line); at != std::string::npos; at = output.find(line, at + 1)) ++n;
@@ -522,10 +523,10 @@ TEST_CASE("gloo logs every collective once at DDP_LOG_LEVEL=debug", "[collective
   };
   const std::vector<Expected> expected = {
       {"allreduce #0 (1048576 elements, float32, sum) ", "queued, path shm", "queued, path ring"},
-      {"broadcast #1 (4 elements, float64, root 1) ", "runs in the caller, path shm", "queued, path frame"},
-      {"allgather #2 (1 elements, int64) ", "runs in the caller, path shm", "queued, path frame"},
+      {"broadcast #1 (4 elements, float64, root 1) ", "runs in the caller, path shm", "runs in the caller, path frame"},
+      {"allgather #2 (1 elements, int64) ", "runs in the caller, path shm", "runs in the caller, path frame"},
       {"reduce_scatter #3 (6291456 elements, float32, sum) ", "queued, path shm", "queued, path ring"},
-      {"barrier #4 (no data) ", "runs in the caller, path shm", "queued, path frame"},
+      {"barrier #4 (no data) ", "runs in the caller, path shm", "runs in the caller, path frame"},
   };
   for (const std::string shm : {"1", "0"}) {
     const std::string output = runChild(shm);
@@ -644,15 +645,21 @@ TEST_CASE("collectives run asynchronously and in call order", "[collectives]") {
 }
 
 #if DDP_HAVE_GLOO
-TEST_CASE("gloo runs small shared-memory collectives in the caller, large ones on its worker", "[collectives]") {
+TEST_CASE("gloo runs small collectives in the caller and large ones on its worker", "[collectives]") {
   if (const char* env = std::getenv("DDP_GLOO_INLINE_BYTES"); env && *env) {
     WARN("SKIPPED: DDP_GLOO_INLINE_BYTES is set (" << env << "); this checks the default");
     return;
   }
+  // Through shared memory, and over TCP (small: inside the frames).
+  ProcessGroupOptions options;
+  options.sharedMemory = GENERATE(true, false);
+  INFO("shared memory " << options.sharedMemory);
   std::vector<std::string> seen(2);
   auto errors = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
     auto& gloo = dynamic_cast<ProcessGroupGloo&>(pg);
-    if (!gloo.usesSharedMemory()) throw std::runtime_error("no shared memory: " + gloo.sharedMemoryUnavailableReason());
+    if (gloo.usesSharedMemory() != options.sharedMemory) {
+      throw std::runtime_error("shared memory: " + gloo.sharedMemoryUnavailableReason());
+    }
     std::string& out = seen[rank];
     // Completed on return: the caller ran it, and its result is there.
     at::Tensor small = at::full({1000}, float(rank + 1));
@@ -671,7 +678,7 @@ TEST_CASE("gloo runs small shared-memory collectives in the caller, large ones o
     behind->wait();
     if (!queued->isCompleted()) throw std::runtime_error("a later call finished before an earlier one");
     if (large[-1].item<float>() != 3.0f || after[0].item<double>() != 2.0) throw std::runtime_error("wrong values");
-  });
+  }, options);
   REQUIRE(joinErrors(errors).empty());
   CHECK(seen[0] == "small:done large:pending ");
 }

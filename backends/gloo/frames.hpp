@@ -63,6 +63,8 @@ class FrameExchange {
 
   // From any thread: a running or later exchange fails at once.
   void interrupt() { links_->interrupt(); }
+  // On the thread that runs collectives, after one failed: Links::reset().
+  void reset() { links_->reset(); }
 
  private:
   struct Header {

@@ -12,10 +12,12 @@
 //   FrameExchange::kAllToAllMaxRanks ranks too). ShmInPlace is an
 //   allreduce on a communication buffer.
 // - Small collectives in the caller: when nothing is queued or running, a
-//   Local collective, or a shared-memory one of at most kInlineMaxBytes per
-//   rank (DDP_GLOO_INLINE_BYTES overrides; 0 turns it off), runs on the
-//   calling thread and returns a completed Work. Waking the worker and then
-//   the waiter costs more than such a collective. Call order is kept: a
+//   Local collective, or a shared-memory or Frame one of at most
+//   kInlineMaxBytes per rank (DDP_GLOO_INLINE_BYTES overrides; 0 turns it
+//   off), runs on the calling thread and returns a completed Work. Waking
+//   the worker and then the waiter costs more than such a collective (over
+//   loopback TCP, a 4 KiB allreduce took about 110 us more). The caller
+//   then waits for its peers itself, as it would in wait(). Call order is kept: a
 //   call made while one runs is queued, and the worker starts it only when
 //   the running one has finished.
 // Everything here but enqueue() belongs to whichever thread runs a

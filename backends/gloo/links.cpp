@@ -161,8 +161,20 @@ void Links::closeAll() {
   }
 }
 
+void Links::reset() {
+  interrupt();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const linger abortive{1, 0};
+  for (int p = 0; p < size_; ++p) {
+    if (to_[p] >= 0) setsockopt(to_[p], SOL_SOCKET, SO_LINGER, &abortive, sizeof abortive);
+    if (from_[p] >= 0) setsockopt(from_[p], SOL_SOCKET, SO_LINGER, &abortive, sizeof abortive);
+  }
+  closeAll();
+}
+
 void Links::interrupt() {
   interrupted_ = true;
+  std::lock_guard<std::mutex> lock(mutex_);
   for (int p = 0; p < size_; ++p) {
     if (to_[p] >= 0) ::shutdown(to_[p], SHUT_RDWR);
     if (from_[p] >= 0) ::shutdown(from_[p], SHUT_RDWR);

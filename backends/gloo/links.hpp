@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -54,13 +55,22 @@ class Links {
 
   void interrupt();
   bool interrupted() const { return interrupted_.load(); }
+  // Only from the thread that does the I/O, when nothing else uses the
+  // sockets: interrupt(), then close every connection with a reset, so that
+  // a peer still sending to this rank fails at once too (after a mere
+  // shutdown its bytes would be taken until the buffers fill, and it would
+  // wait for its timeout).
+  void reset();
 
  private:
   void closeAll();
 
   const int rank_, size_;
-  std::vector<int> to_, from_;  // by peer rank; a mesh holds the same socket in both
+  // By peer rank; a mesh holds the same socket in both. Changed only under
+  // mutex_ after the constructor (interrupt() may run on another thread).
+  std::vector<int> to_, from_;
   std::atomic<bool> interrupted_{false};
+  std::mutex mutex_;
 };
 
 }  // namespace ddp::gloo_backend

@@ -68,6 +68,8 @@ class Ring {
 
   // From any thread: a running or later algorithm fails at once.
   void interrupt() { links_->interrupt(); }
+  // On the thread that runs collectives, after one failed: Links::reset().
+  void reset() { links_->reset(); }
 
  private:
   // A chunk of the stream from the left: it lands at `into`; if

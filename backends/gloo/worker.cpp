@@ -87,7 +87,7 @@ size_t ProcessGroupGloo::Impl::inlineMaxBytes() {
 
 bool ProcessGroupGloo::Impl::runsInline(Path path, const Descriptor& d) const {
   if (path == Path::Local) return true;
-  if (path != Path::Shm && path != Path::ShmInPlace) return false;
+  if (path != Path::Shm && path != Path::ShmInPlace && path != Path::Frame) return false;
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(d.numel, 0)) *
                        c10::elementSize(static_cast<c10::ScalarType>(d.dtype));
   return bytes <= inlineMaxBytes();
@@ -198,8 +198,8 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
       // at their timeout. After a timeout every peer waiting times out too,
       // each naming whom it waited for; closing here would blame this rank.
       if (!timedOut) {
-        if (frames) frames->interrupt();
-        if (ring) ring->interrupt();
+        if (frames) frames->reset();
+        if (ring) ring->reset();
       }
     }
   }
