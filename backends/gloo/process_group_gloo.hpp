@@ -1,10 +1,12 @@
 // ProcessGroupGloo: the ProcessGroup contract (framework/comm/process_group.hpp)
-// over the Gloo library's TCP transport, for CPU tensors.
+// for CPU tensors, between hosts over TCP, within one through shared memory.
 //
-// - Ranks meet through gloo::rendezvous over our Store, then hold one TCP
-//   connection per peer. The transport binds to the interface that reaches
-//   MASTER_ADDR (ProcessGroupOptions::masterAddr), or to GLOO_SOCKET_IFNAME
-//   / ProcessGroupOptions::interface when set (interface.hpp).
+// - Ranks meet through gloo::rendezvous over our Store; Gloo's TCP device
+//   binds to the interface that reaches MASTER_ADDR
+//   (ProcessGroupOptions::masterAddr), or to GLOO_SOCKET_IFNAME /
+//   ProcessGroupOptions::interface when set (interface.hpp). The
+//   collectives themselves run over connections of our own on the same
+//   address (links.hpp), not Gloo's pairs.
 // - One worker thread runs the collectives in call order; callers get a
 //   Work at once. Non-contiguous or non-CPU tensors are staged through a
 //   contiguous host copy.
@@ -14,13 +16,13 @@
 //   fail with a CollectiveError before any payload moves, and close their
 //   connections, so that the others fail at once too. (Above 8 ranks frames
 //   go to the right neighbour only: the ranks next to a disagreeing one
-//   fail at once, others at the latest at their next collective.) Payloads up to
-//   64 KiB (less above 3 ranks: FrameExchange::fits) travel inside the
-//   frame, which is only as long as its payload, so a small collective is
-//   one network hop, reduced locally in rank order (the same bits on every
-//   rank).
+//   fail at once, others at the latest at their next collective.) Payloads
+//   up to 64 KiB (less above 3 ranks: FrameExchange::fits) travel inside
+//   the frame, which is only as long as its payload, so a small collective
+//   is one network hop, reduced locally in rank order (the same bits on
+//   every rank), and runs in the caller when nothing is queued (impl.hpp).
 // - Larger payloads go around a ring of our own TCP connections, one to
-//   each neighbour (ring.hpp, ring_links.hpp), pipelined in chunks:
+//   each neighbour (ring.hpp, links.hpp), pipelined in chunks:
 //   allreduce and reduce_scatter as reduce-scatter (then allgather),
 //   allgather once around, broadcast as a chain from the root.
 // - When all ranks share a host, every collective instead goes through a
