@@ -25,6 +25,12 @@
 //   each neighbour (ring.hpp, links.hpp), pipelined in chunks:
 //   allreduce and reduce_scatter as reduce-scatter (then allgather),
 //   allgather once around, broadcast as a chain from the root.
+// - Small collectives (shared memory, or a payload that fits a frame) run
+//   in the calling thread when nothing is queued (impl.hpp), and so wait
+//   for the peers there: ranks must call the collectives of two groups in
+//   the same order, and a Work callback must not wait() on a collective of
+//   the same group. DDP_GLOO_INLINE_BYTES=0 keeps every collective on the
+//   worker.
 // - When all ranks share a host, every collective instead goes through a
 //   shared-memory segment (shm_collectives.hpp, shm_channel.hpp), where the
 //   descriptors are checked too. ProcessGroupOptions::sharedMemory or

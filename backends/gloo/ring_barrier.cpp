@@ -2,6 +2,10 @@
 // FrameExchange::kAllToAllMaxRanks ranks): a token goes once around from
 // rank 0, each rank passing it on only once it has entered, so when it
 // comes back every rank has; a second lap lets every rank go.
+#include <fmt/format.h>
+
+#include <stdexcept>
+
 #include "backends/gloo/ring.hpp"
 
 namespace ddp::gloo_backend {
@@ -21,6 +25,11 @@ void Ring::barrier(Deadline deadline) {
     incoming.push_back({&received[1], 1, nullptr, &token[1], "barrier"});
   }
   stream(incoming, std::move(outgoing), nullptr, 0, 1, deadline);
+  if (received[0] != token[0] || received[1] != token[1]) {
+    // The ring's stream is out of step: some rank ran another collective.
+    throw std::runtime_error(fmt::format("the ring's barrier received bytes {} and {} from rank {}, not 1 and 2",
+                                         received[0], received[1], links_->left()));
+  }
 }
 
 }  // namespace ddp::gloo_backend

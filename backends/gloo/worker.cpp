@@ -90,7 +90,8 @@ bool ProcessGroupGloo::Impl::runsInline(Path path, const Descriptor& d) const {
   if (path != Path::Shm && path != Path::ShmInPlace && path != Path::Frame) return false;
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(d.numel, 0)) *
                        c10::elementSize(static_cast<c10::ScalarType>(d.dtype));
-  return bytes <= inlineMaxBytes();
+  const size_t limit = inlineMaxBytes();
+  return limit > 0 && bytes <= limit;  // 0: nothing in the caller, not even a barrier
 }
 
 WorkPtr ProcessGroupGloo::Impl::enqueue(Descriptor descriptor, const std::string& summary, Milliseconds timeout,

@@ -68,11 +68,13 @@ WorkPtr reduceScatter(Impl& g, const at::Tensor& input, at::Tensor& output, Redu
             // lands in the output. An output that overlaps the input other
             // than as this rank's block reads from a copy of the input.
             std::vector<uint8_t>& work = g->reduceScatterIn;
-            if (work.size() < bytes) work.resize(bytes);
             const auto* input = static_cast<const uint8_t*>(src.data_ptr());
             auto* output = static_cast<uint8_t*>(mine.data_ptr());
             const bool overlaps = sliceBytes > 0 && output < input + bytes && input < output + sliceBytes;
-            if (overlaps && output != input + rank * sliceBytes) {
+            const bool copy = overlaps && output != input + rank * sliceBytes;
+            // At two ranks the only partial sum is the last, into the output.
+            if ((size > 2 || copy) && work.size() < bytes) work.resize(bytes);
+            if (copy) {
               std::memcpy(work.data(), input, bytes);
               input = work.data();
             }
