@@ -42,6 +42,23 @@ print("collectives:", sorted(impls), len(records), "records")
 PY
 grep -q "^# gloo .*Avg bus bandwidth    : [0-9.]* GB/s" "$out/collectives.log" || fail "no Avg bus bandwidth line for gloo"
 
+# tcp-wire, the bare sockets' ceiling, only when named: it moves every
+# operation's bytes; allgather and broadcast are verified, the reductions
+# (no arithmetic) are not; every other implementation gets a ratio to it.
+run wire collectives --impls tcp-wire,gloo-tcp --min-bytes 4K --max-bytes 256K --warmup 1 --iters 2 --verify \
+  --json "$out/wire.json"
+python3 - "$out/wire.json" <<'PY'
+import json, sys
+records = json.load(open(sys.argv[1]))
+wire = [r for r in records if r["impl"] == "tcp-wire"]
+assert len(wire) == 4 * 4, wire  # 4 ops x 4 sizes
+for r in wire:
+    assert r["supported"] and r["time_us"] > 0, r
+    assert r["wrong"] == (0 if r["op"] in ("allgather", "broadcast") else None), r
+PY
+grep -q "^ratio gloo-tcp/tcp-wire allreduce 262144 bytes: busbw [0-9.]*x" "$out/wire.log" || fail "no ratio to tcp-wire"
+grep -q "^ratio tcp-wire/" "$out/wire.log" && fail "tcp-wire compared with itself"
+
 # Train step: 1 and 2 ranks, two repeats each, the machine's ceiling included.
 run train-step train-step --steps 2 --warmup 1 --repeats 2 --no-reference --json "$out/train-step.json"
 grep -q "^ceiling: 2 independent ranks" "$out/train-step.log" || fail "train-step printed no ceiling line"
