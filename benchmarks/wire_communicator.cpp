@@ -2,22 +2,22 @@
 
 #include <fmt/format.h>
 #include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "benchmarks/bench_util.hpp"
+#include "framework/comm/links.hpp"
 #include "framework/core/errors.hpp"
-#include "framework/store/tcp/socket.hpp"
 #include "framework/store/tcp_store.hpp"
 
 namespace ddp::bench {
 namespace {
 
-using tcpstore::Clock;
+using Clock = std::chrono::steady_clock;
 
 // One direction of one step: bytes to send to, or receive from, a peer.
 struct Transfer {
@@ -30,7 +30,7 @@ struct Transfer {
 class WireCommunicator : public Communicator {
  public:
   explicit WireCommunicator(const Rendezvous& rendezvous)
-      : rank_(rendezvous.rank), size_(rendezvous.worldSize), timeout_(rendezvous.timeout), fds_(size_, -1) {
+      : rank_(rendezvous.rank), size_(rendezvous.worldSize), timeout_(rendezvous.timeout) {
     TCPStoreOptions storeOptions;
     storeOptions.host = benchMasterAddr();
     storeOptions.isServer = rank_ == 0;
@@ -39,18 +39,12 @@ class WireCommunicator : public Communicator {
     storeOptions.timeout = timeout_;
     store_ = std::make_shared<TCPStore>(storeOptions);
     if (storeOptions.isServer) publishPort(rendezvous.portFile, store_->port());
+    // One connection between every pair of ranks.
     try {
-      connectMesh();
-    } catch (const tcpstore::IoTimeout&) {
-      fail<BenchError>("tcp-wire rank {}: connecting to the other ranks took longer than {} ms", rank_,
-                       timeout_.count());
-    } catch (const tcpstore::ConnectionLost& e) {
-      fail<BenchError>("tcp-wire rank {}: a connection broke while the ranks met: {}", rank_, e.reason);
+      links_ = std::make_unique<Links>(*store_, "wire", Links::Shape::Mesh, rank_, size_, benchHostAddr(), timeout_);
+    } catch (const std::exception& e) {
+      fail<BenchError>("tcp-wire rank {}: connecting to the other ranks: {}", rank_, e.what());
     }
-  }
-
-  ~WireCommunicator() override {
-    for (int fd : fds_) tcpstore::closeFd(fd);
   }
 
   bool computes(CollectiveOp op) const override {
@@ -85,51 +79,6 @@ class WireCommunicator : public Communicator {
  private:
   static uint8_t* bytesOf(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
   int mod(int b) const { return ((b % size_) + size_) % size_; }
-
-  // Every pair of ranks gets one connection: rank r connects to the ranks
-  // below it and accepts the ones above, each of which says who it is.
-  void connectMesh() {
-    const auto deadline = Clock::now() + timeout_;
-    tcpstore::AddrInfoList here;
-    const std::string host = benchHostAddr();
-    std::string error = tcpstore::resolve(host, 0, /*passive=*/true, &here);
-    if (!error.empty()) fail<BenchError>("tcp-wire rank {}: cannot resolve {}: {}", rank_, host, error);
-    int err = 0;
-    const int listener = tcpstore::listenOn(*here.list, &err);
-    if (listener < 0) fail<BenchError>("tcp-wire rank {}: cannot listen on {}: {}", rank_, host, std::strerror(err));
-    store_->setString(fmt::format("wire/{}", rank_), std::to_string(tcpstore::boundPort(listener)) + " " + host);
-
-    for (int peer = 0; peer < rank_; ++peer) {
-      const std::string value = store_->getString(fmt::format("wire/{}", peer));
-      const auto space = value.find(' ');
-      const auto port = static_cast<uint16_t>(std::stoi(value.substr(0, space)));
-      const std::string peerHost = value.substr(space + 1);
-      tcpstore::AddrInfoList there;
-      error = tcpstore::resolve(peerHost, port, /*passive=*/false, &there);
-      if (error.empty()) {
-        fds_[peer] = tcpstore::connectTo(*there.list, deadline, &error);
-      }
-      if (fds_[peer] < 0) {
-        fail<BenchError>("tcp-wire rank {}: cannot connect to rank {} at {}: {}", rank_, peer,
-                         tcpstore::formatHostPort(peerHost, port), error);
-      }
-      const int32_t me = rank_;
-      tcpstore::sendAll(fds_[peer], std::string(reinterpret_cast<const char*>(&me), sizeof me), deadline);
-    }
-    for (int accepted = rank_ + 1; accepted < size_; ++accepted) {
-      if (!tcpstore::waitReady(listener, POLLIN, deadline)) throw tcpstore::IoTimeout{};
-      const int fd = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) fail<BenchError>("tcp-wire rank {}: accept: {}", rank_, std::strerror(errno));
-      int32_t peer = -1;
-      tcpstore::recvAll(fd, reinterpret_cast<char*>(&peer), sizeof peer, deadline);
-      if (peer <= rank_ || peer >= size_ || fds_[peer] >= 0) {
-        fail<BenchError>("tcp-wire rank {}: a connection claimed to be rank {}", rank_, peer);
-      }
-      tcpstore::setNoDelay(fd);
-      fds_[peer] = fd;
-    }
-    tcpstore::closeFd(listener);
-  }
 
   // The ring's steps over `bytes` at `data`, cut into one block per rank
   // (of whole float32 elements): at step s, block r-s goes right while
@@ -173,57 +122,48 @@ class WireCommunicator : public Communicator {
   void move(std::vector<Transfer>& sends, std::vector<Transfer>& recvs, const char* what) {
     const auto deadline = Clock::now() + timeout_;
     std::vector<pollfd> waiting;
+    std::string why;
     for (;;) {
       waiting.clear();
       for (auto& t : sends) {
         while (t.done < t.bytes) {
-          const ssize_t n = ::send(fds_[t.peer], t.data + t.done, t.bytes - t.done, MSG_NOSIGNAL);
-          if (n > 0) {
-            t.done += static_cast<size_t>(n);
-          } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-            if (errno == EAGAIN) {
-              waiting.push_back({fds_[t.peer], POLLOUT, 0});
-              break;
-            }
-          } else {
-            lost(t.peer, what, std::strerror(errno));
+          const ssize_t n = sendSome(links_->to(t.peer), t.data + t.done, t.bytes - t.done, &why);
+          if (n < 0) lost(t.peer, what, why);
+          if (n == 0) {
+            waiting.push_back({links_->to(t.peer), POLLOUT, 0});
+            break;
           }
+          t.done += static_cast<size_t>(n);
         }
       }
       for (auto& t : recvs) {
         while (t.done < t.bytes) {
-          const ssize_t n = ::recv(fds_[t.peer], t.data + t.done, t.bytes - t.done, 0);
-          if (n > 0) {
-            t.done += static_cast<size_t>(n);
-          } else if (n == 0) {
-            lost(t.peer, what, "the connection was closed");
-          } else if (errno == EAGAIN) {
-            waiting.push_back({fds_[t.peer], POLLIN, 0});
+          const ssize_t n = recvSome(links_->from(t.peer), t.data + t.done, t.bytes - t.done, &why);
+          if (n < 0) lost(t.peer, what, why);
+          if (n == 0) {
+            waiting.push_back({links_->from(t.peer), POLLIN, 0});
             break;
-          } else if (errno != EINTR) {
-            lost(t.peer, what, std::strerror(errno));
           }
+          t.done += static_cast<size_t>(n);
         }
       }
       if (waiting.empty()) return;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) {
+      const int ready = pollUntil(waiting.data(), waiting.size(), deadline);
+      if (ready == 0) {
         fail<BenchError>("tcp-wire rank {}: {} did not finish within {} ms", rank_, what, timeout_.count());
       }
-      if (::poll(waiting.data(), waiting.size(), static_cast<int>(left)) < 0 && errno != EINTR) {
-        fail<BenchError>("tcp-wire rank {}: poll: {}", rank_, std::strerror(errno));
-      }
+      if (ready < 0 && errno != EINTR) fail<BenchError>("tcp-wire rank {}: poll: {}", rank_, std::strerror(errno));
     }
   }
 
-  [[noreturn]] void lost(int peer, const char* what, const char* why) const {
+  [[noreturn]] void lost(int peer, const char* what, const std::string& why) const {
     fail<BenchError>("tcp-wire rank {}: the connection to rank {} failed during a {}: {}", rank_, peer, what, why);
   }
 
   const int rank_, size_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<TCPStore> store_;
-  std::vector<int> fds_;  // by peer rank; -1 for this rank
+  std::unique_ptr<Links> links_;  // after the store it met through
   std::vector<uint8_t> scratch_;
 };
 

@@ -1,9 +1,10 @@
 // The wire: what the network itself allows, measured beside the backends.
 //
 // `ddp-bench collectives --impls tcp-wire,...` runs this "implementation":
-// plain TCP sockets between every pair of ranks (Nagle off), driven by one
-// poll() loop per rank, moving exactly the bytes of the bandwidth-optimal
-// algorithm of each operation and doing nothing else:
+// plain TCP sockets between every pair of ranks (the mesh of
+// framework/comm/links.hpp, Nagle off), driven by one poll() loop per rank,
+// moving exactly the bytes of the bandwidth-optimal algorithm of each
+// operation and doing nothing else:
 // - allreduce: a ring of 2(n-1) steps; each step sends one block (N/n
 //   bytes) to the right while it receives one from the left;
 // - reduce_scatter: the first n-1 of those steps;

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <poll.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -55,45 +54,37 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
     if (links_->interrupted()) throw std::runtime_error("interrupted (the frame exchange): the group was aborted");
     throw std::runtime_error(fmt::format("the connection to rank {} failed ({}): {}", peer, what, why));
   };
-  auto reading = [&](size_t i) { return static_cast<bool>(pending[i]); };
-
   for (;;) {
     bool moved = false, busy = false;
+    std::string why;
     for (size_t i = 0; i < peersOut_.size(); ++i) {
       while (sent[i] < frameBytes) {
-        const ssize_t n = ::send(links_->to(peersOut_[i]), sendFrame_.data() + sent[i], frameBytes - sent[i],
-                                 MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) {
-          sent[i] += static_cast<size_t>(n);
-          moved = true;
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        const ssize_t n = sendSome(links_->to(peersOut_[i]), sendFrame_.data() + sent[i], frameBytes - sent[i], &why);
+        if (n < 0) failed(peersOut_[i], why);
+        if (n == 0) {
           busy = true;
           break;
-        } else if (n == 0 || errno != EINTR) {
-          failed(peersOut_[i], n == 0 ? "nothing could be sent" : std::strerror(errno));
         }
+        sent[i] += static_cast<size_t>(n);
+        moved = true;
       }
     }
     for (size_t i = 0; i < readers_.size(); ++i) {
       Reader& r = readers_[i];
-      while (reading(i)) {
+      while (pending[i]) {
         // The header first; then, knowing the payload's length, the rest.
         size_t want = sizeof(Header);
         if (r.done >= sizeof(Header)) want += reinterpret_cast<const Header*>(r.frame.data())->payloadBytes;
         if (r.done < want) {
-          const ssize_t n = ::recv(links_->from(r.peer), r.frame.data() + r.done, want - r.done, MSG_DONTWAIT);
-          if (n > 0) {
-            r.done += static_cast<size_t>(n);
-            moved = true;
-          } else if (n == 0) {
-            failed(r.peer, "the connection was closed");
-          } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          const ssize_t n = recvSome(links_->from(r.peer), r.frame.data() + r.done, want - r.done, &why);
+          if (n < 0) failed(r.peer, why);
+          if (n == 0) {
             busy = true;
             break;
-          } else if (errno != EINTR) {
-            failed(r.peer, std::strerror(errno));
           }
-          if (n > 0 && r.done == sizeof(Header)) {
+          r.done += static_cast<size_t>(n);
+          moved = true;
+          if (r.done == sizeof(Header)) {
             const Header* theirs = reinterpret_cast<const Header*>(r.frame.data());
             if (theirs->payloadBytes > kSmallPayloadBytes || theirs->reserved != 0) {
               failed(r.peer, fmt::format("a malformed frame (payload of {} bytes)", theirs->payloadBytes));
@@ -112,7 +103,7 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
     }
     bool done = true;
     for (size_t i = 0; i < peersOut_.size(); ++i) done = done && sent[i] == frameBytes;
-    for (size_t i = 0; i < readers_.size(); ++i) done = done && !reading(i);
+    for (size_t i = 0; i < readers_.size(); ++i) done = done && !pending[i];
     if (done) break;
     if (moved || !busy) continue;
     // Nothing can move: wait for a socket that can.
@@ -121,15 +112,14 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
       if (sent[i] < frameBytes) waits.push_back({links_->to(peersOut_[i]), POLLOUT, 0});
     }
     for (size_t i = 0; i < readers_.size(); ++i) {
-      if (reading(i)) waits.push_back({links_->from(readers_[i].peer), POLLIN, 0});
+      if (pending[i]) waits.push_back({links_->from(readers_[i].peer), POLLIN, 0});
     }
-    const long long waitMs = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    const int ready = waitMs <= 0 ? 0 : ::poll(waits.data(), waits.size(), static_cast<int>(std::min<long long>(waitMs + 1, 1 << 30)));
+    const int ready = pollUntil(waits.data(), waits.size(), deadline);
     if (ready == 0) {
       std::string missing;
       int count = 0;
       for (size_t i = 0; i < readers_.size(); ++i) {
-        if (!reading(i)) continue;
+        if (!pending[i]) continue;
         missing += (missing.empty() ? "" : ", ") + std::to_string(readers_[i].peer);
         ++count;
       }

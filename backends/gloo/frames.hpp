@@ -1,5 +1,5 @@
 // FrameExchange: the frame with which every TCP collective of
-// ProcessGroupGloo starts, over the rank's own connections (links.hpp).
+// ProcessGroupGloo starts, over the rank's own connections (framework/comm/links.hpp).
 //
 // Each rank sends one frame to each other rank (a Mesh of connections);
 // above kAllToAllMaxRanks ranks, to its right neighbour only (a Ring). A
@@ -25,7 +25,7 @@
 
 #include "backends/gloo/descriptor.hpp"
 #include "backends/gloo/host_tensors.hpp"
-#include "backends/gloo/links.hpp"
+#include "framework/comm/links.hpp"
 
 namespace ddp::gloo_backend {
 

@@ -77,7 +77,7 @@ struct ProcessGroupGloo::Impl {
   std::string shmWhyNot;
   // The transports; the ones a group does not use stay null; destroyed in
   // ~Impl's order. Gloo's context no longer carries collectives: frames
-  // and ring have their own connections (links.hpp).
+  // and ring have their own connections (framework/comm/links.hpp).
   std::shared_ptr<::gloo::Context> context;
   std::unique_ptr<gloo_backend::FrameExchange> frames;  // size > 1, no shared memory
   std::unique_ptr<gloo_backend::Ring> ring;             // likewise

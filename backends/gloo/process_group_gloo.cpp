@@ -95,7 +95,6 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
       impl_->shm = std::make_unique<gloo_backend::ShmCollectives>(std::move(channel), rank, size);
     } else {
       // The frames and the ring run over connections of their own.
-      using gloo_backend::Links;
       const std::string ip = gloo_backend::listenIp(impl_->listenAddress);
       std::unique_ptr<Links> frameLinks, ringLinks;
       try {

@@ -6,7 +6,7 @@
 //   (ProcessGroupOptions::masterAddr), or to GLOO_SOCKET_IFNAME /
 //   ProcessGroupOptions::interface when set (interface.hpp). The
 //   collectives themselves run over connections of our own on the same
-//   address (links.hpp), not Gloo's pairs.
+//   address (framework/comm/links.hpp), not Gloo's pairs.
 // - One worker thread runs the collectives in call order; callers get a
 //   Work at once. Non-contiguous or non-CPU tensors are staged through a
 //   contiguous host copy.
@@ -22,7 +22,7 @@
 //   is one network hop, reduced locally in rank order (the same bits on
 //   every rank), and runs in the caller when nothing is queued (impl.hpp).
 // - Larger payloads go around a ring of our own TCP connections, one to
-//   each neighbour (ring.hpp, links.hpp), pipelined in chunks:
+//   each neighbour (ring.hpp, framework/comm/links.hpp), pipelined in chunks:
 //   allreduce and reduce_scatter as reduce-scatter (then allgather),
 //   allgather once around, broadcast as a chain from the root.
 // - Small collectives (shared memory, or a payload that fits a frame) run

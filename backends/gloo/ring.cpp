@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <poll.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -49,55 +48,45 @@ void Ring::stream(const std::vector<Incoming>& incoming, std::deque<Outgoing> ou
   };
   while (inIndex < incoming.size() || !outgoing.empty()) {
     bool moved = false;
+    std::string why;
     while (!outgoing.empty()) {
       const Outgoing& o = outgoing.front();
-      const ssize_t sent = ::send(out, o.from + outDone, o.bytes - outDone, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (sent > 0) {
-        moved = true;
-        outDone += static_cast<size_t>(sent);
-        if (outDone == o.bytes) {
-          outgoing.pop_front();
-          outDone = 0;
-        }
-      } else if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        break;
-      } else if (sent == 0 || errno != EINTR) {
-        failed(right, sent == 0 ? "nothing could be sent" : std::strerror(errno));
+      const ssize_t sent = sendSome(out, o.from + outDone, o.bytes - outDone, &why);
+      if (sent < 0) failed(right, why);
+      if (sent == 0) break;
+      moved = true;
+      outDone += static_cast<size_t>(sent);
+      if (outDone == o.bytes) {
+        outgoing.pop_front();
+        outDone = 0;
       }
     }
     while (inIndex < incoming.size()) {
       const Incoming& c = incoming[inIndex];
-      const ssize_t got = ::recv(in, c.into + inDone, c.bytes - inDone, MSG_DONTWAIT);
-      if (got > 0) {
-        moved = true;
-        inDone += static_cast<size_t>(got);
-        if (inDone < c.bytes) continue;
-        if (c.reduceInto) {
-          if (c.seed && c.seed != c.reduceInto) std::memcpy(c.reduceInto, c.seed, c.bytes);
-          reduce(c.reduceInto, c.into, c.bytes / elementSize, reduceOp);
-        }
-        ++inIndex;
-        inDone = 0;
-        if (c.forward) {
-          outgoing.push_back({c.forward, c.bytes});
-          break;  // send it on before reducing more
-        }
-      } else if (got == 0) {
-        failed(left, "the connection was closed");
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        break;
-      } else if (errno != EINTR) {
-        failed(left, std::strerror(errno));
+      const ssize_t got = recvSome(in, c.into + inDone, c.bytes - inDone, &why);
+      if (got < 0) failed(left, why);
+      if (got == 0) break;
+      moved = true;
+      inDone += static_cast<size_t>(got);
+      if (inDone < c.bytes) continue;
+      if (c.reduceInto) {
+        if (c.seed && c.seed != c.reduceInto) std::memcpy(c.reduceInto, c.seed, c.bytes);
+        reduce(c.reduceInto, c.into, c.bytes / elementSize, reduceOp);
+      }
+      ++inIndex;
+      inDone = 0;
+      if (c.forward) {
+        outgoing.push_back({c.forward, c.bytes});
+        break;  // send it on before reducing more
       }
     }
     if (moved) continue;
     // Neither direction can move: wait until one can.
     pollfd waits[2];
-    nfds_t count = 0;
+    size_t count = 0;
     if (!outgoing.empty()) waits[count++] = {out, POLLOUT, 0};
     if (inIndex < incoming.size()) waits[count++] = {in, POLLIN, 0};
-    const long long waitMs = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    const int ready = waitMs <= 0 ? 0 : ::poll(waits, count, static_cast<int>(std::min<long long>(waitMs + 1, 1 << 30)));
+    const int ready = pollUntil(waits, count, deadline);
     if (ready == 0) {
       // Waiting for bytes from the left, or for the right to take ours.
       const int peer = inIndex < incoming.size() ? left : right;

@@ -1,5 +1,5 @@
 // Ring: ProcessGroupGloo's algorithms for payloads too large for a frame,
-// over the rank's own two ring connections (links.hpp, Shape::Ring), not Gloo's
+// over the rank's own two ring connections (framework/comm/links.hpp, Shape::Ring), not Gloo's
 // pairs: reduce-scatter and allreduce (ring_reduce_scatter.cpp), allgather
 // (ring_allgather.cpp), a pipelined chain broadcast (ring_broadcast.cpp)
 // and a barrier (ring_barrier.cpp).
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "backends/gloo/host_tensors.hpp"
-#include "backends/gloo/links.hpp"
+#include "framework/comm/links.hpp"
 
 namespace ddp::gloo_backend {
 

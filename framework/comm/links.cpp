@@ -1,4 +1,4 @@
-#include "backends/gloo/links.hpp"
+#include "framework/comm/links.hpp"
 
 #include <fmt/format.h>
 #include <poll.h>
@@ -17,7 +17,7 @@
 #include "framework/store/store.hpp"
 #include "framework/store/tcp/socket.hpp"
 
-namespace ddp::gloo_backend {
+namespace ddp {
 namespace {
 
 using tcpstore::Clock;
@@ -181,4 +181,34 @@ void Links::interrupt() {
   }
 }
 
-}  // namespace ddp::gloo_backend
+ssize_t sendSome(int fd, const void* data, size_t bytes, std::string* why) {
+  for (;;) {
+    const ssize_t n = ::send(fd, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (n < 0 && errno == EINTR) continue;
+    *why = n == 0 ? "nothing could be sent" : std::strerror(errno);
+    return -1;
+  }
+}
+
+ssize_t recvSome(int fd, void* data, size_t bytes, std::string* why) {
+  for (;;) {
+    const ssize_t n = ::recv(fd, data, bytes, MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (n < 0 && errno == EINTR) continue;
+    *why = n == 0 ? "the connection was closed" : std::strerror(errno);
+    return -1;
+  }
+}
+
+int pollUntil(pollfd* fds, size_t count, std::chrono::steady_clock::time_point deadline) {
+  const long long waitMs =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+  if (waitMs <= 0) return 0;
+  // One millisecond more: poll() rounds down, and the deadline must have passed.
+  return ::poll(fds, static_cast<nfds_t>(count), static_cast<int>(std::min<long long>(waitMs + 1, 1 << 30)));
+}
+
+}  // namespace ddp

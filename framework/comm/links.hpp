@@ -1,5 +1,6 @@
-// Links: a rank's own TCP connections to its peers, beside Gloo's pairs,
-// for the TCP collectives' frames (frames.hpp) and ring (ring.hpp).
+// Links: a rank's own TCP connections to its peers: the gloo backend's TCP
+// collectives run over them (backends/gloo/frames.hpp, ring.hpp), and so
+// does ddp-bench's tcp-wire (benchmarks/wire_communicator.hpp).
 //
 // Two shapes:
 // - Ring: a connection to the right neighbour (rank + 1) % n, used only to
@@ -13,23 +14,26 @@
 // acceptor's nonce. Anything else that connects is dropped, and accepting
 // goes on until the deadline.
 //
-// Every socket is non-blocking; the users do their own I/O with poll().
+// Every socket is non-blocking; the users do their own I/O, with
+// sendSome(), recvSome() and pollUntil() below.
 // interrupt() shuts every connection down, from any thread, so that a
 // collective waiting on either side fails at once (ProcessGroupGloo::abort);
 // interrupted() then tells the waiting side why its connection broke.
 #pragma once
 
+#include <poll.h>
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <mutex>
 #include <string>
 #include <vector>
 
 namespace ddp {
-class Store;
-}
 
-namespace ddp::gloo_backend {
+class Store;
 
 class Links {
  public:
@@ -73,4 +77,14 @@ class Links {
   std::mutex mutex_;
 };
 
-}  // namespace ddp::gloo_backend
+// One non-blocking send (recv) on a connection, retried on EINTR: the bytes
+// moved (> 0), 0 when the kernel would block, or -1 when the connection
+// failed or (recv) was closed, with *why saying how.
+ssize_t sendSome(int fd, const void* data, size_t bytes, std::string* why);
+ssize_t recvSome(int fd, void* data, size_t bytes, std::string* why);
+
+// poll() on `fds` until `deadline`: 0 once it has passed (without calling
+// poll), else poll()'s own result (-1 with errno, e.g. EINTR).
+int pollUntil(pollfd* fds, size_t count, std::chrono::steady_clock::time_point deadline);
+
+}  // namespace ddp
