@@ -37,7 +37,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -330,7 +329,7 @@ void runWorker(const Options& o) {
 
   // Phases (CPU only; on a GPU they would time the queueing): zero_grad,
   // forward and loss; backward and the gradient sync; the optimizer step.
-  std::vector<double> times, syncTimes, forwardTimes, backwardTimes, optimizerTimes;
+  std::vector<double> times, syncTimes, hookTimes, bufferTimes, forwardTimes, backwardTimes, optimizerTimes;
   const auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
@@ -356,6 +355,10 @@ void runWorker(const Options& o) {
         // What backward did not hide: the wait in finishGradientSync().
         const auto t = ddpModel->lastSyncTimeline();
         syncTimes.push_back(std::chrono::duration<double>(t.finishEnd - t.finishStart).count());
+        // Inside the comm hook (a small bucket's collective runs there,
+        // waiting for the peers), and the buffer broadcast.
+        hookTimes.push_back(t.hookSeconds);
+        bufferTimes.push_back(t.buffersSeconds);
       }
     }
   }
@@ -399,6 +402,8 @@ void runWorker(const Options& o) {
                        {"rank_step_ms", rankStepMs},
                        {"samples_per_s", samplesPerSecond},
                        {"sync_ms", syncTimes.empty() ? 0.0 : median(syncTimes) * 1e3},
+                       {"hook_ms", hookTimes.empty() ? json(nullptr) : json(median(hookTimes) * 1e3)},
+                       {"buffers_ms", bufferTimes.empty() ? json(nullptr) : json(median(bufferTimes) * 1e3)},
                        {"bucket_cap_mb", o.bucketCapMb},
                        {"device", o.device},
                        {"backend", o.workerWorld > 1 && o.workerWrap ? backendFor(o) : "-"},
@@ -586,7 +591,7 @@ void runLauncher(Options o) {
   }
 
   Table table({"model", "impl", "world_size", "params", "batch_per_rank", "bucket_mb", "overlap", "step_ms",
-               "repeats_min-max", "sync_ms", "samples_per_s"});
+               "repeats_min-max", "sync_ms", "hook_ms", "buffers_ms", "samples_per_s"});
   for (const auto& r : records) {
     const bool ours = r.contains("bucket_cap_mb");
     std::string spread = "-";
@@ -600,6 +605,8 @@ void runLauncher(Options o) {
                   ours ? formatFixed(r["bucket_cap_mb"].get<double>(), 0) : "-",
                   ours ? (r["overlap"].get<bool>() ? "on" : "off") : "-", formatFixed(r["step_ms"].get<double>(), 2),
                   spread, ours ? formatFixed(r["sync_ms"].get<double>(), 2) : "-",
+                  r.contains("hook_ms") && r["hook_ms"].is_number() ? formatFixed(r["hook_ms"].get<double>(), 3) : "-",
+                  r.contains("buffers_ms") && r["buffers_ms"].is_number() ? formatFixed(r["buffers_ms"].get<double>(), 3) : "-",
                   formatFixed(r["samples_per_s"].get<double>(), 1)});
   }
   std::cout << table.render();

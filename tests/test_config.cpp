@@ -266,6 +266,7 @@ TEST_CASE("bad tuning variables of the gloo backend fail at start-up, naming the
       {"DDP_GLOO_CHUNK_BYTES=0", "2", "DDP_GLOO_CHUNK_BYTES=\"0\": expected a number of bytes > 0"},
       {"DDP_GLOO_SHM=yes", "2", "DDP_GLOO_SHM=\"yes\": expected 0 (TCP only) or 1 (shared memory)"},
       {"DDP_GLOO_INLINE_BYTES=-1", "2", "DDP_GLOO_INLINE_BYTES=\"-1\": expected a number of bytes >= 0"},
+      {"DDP_GLOO_SPIN_US=1ms", "2", "DDP_GLOO_SPIN_US=\"1ms\": expected microseconds from 0 to 10000000"},
       {"DDP_GLOO_SHM_SLOT_BYTES=100", "2", "DDP_GLOO_SHM_SLOT_BYTES=\"100\": expected a number of bytes >= 4096"},
   };
   for (const auto& c : cases) {

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "framework/parallel/ddp.hpp"
+#include "framework/parallel/model_sync.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/parallel/sampler.hpp"
 #include "framework/parallel/torch_compat.hpp"
@@ -189,6 +190,52 @@ TEST_CASE("DDP broadcasts rank 0's parameters and buffers at construction", "[dd
     INFO("rank " << r);
     CHECK(at::equal(afterConstruction[r], atStart[0]));
     CHECK(at::equal(afterStep[r], afterStep[0]));
+  }
+}
+
+TEST_CASE("PackedBroadcast gives every rank rank 0's values at every run, any dtype or layout", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  // Reused packing memory must carry each run's values, not the first's.
+  constexpr int kRuns = 3;
+  for (const int world : {2, 3}) {
+    INFO("world size " << world);
+    std::vector<std::vector<std::vector<at::Tensor>>> seen(world);  // [rank][run] -> tensors
+    auto errors = runRanks(kBackend, world, [&](int rank, ProcessGroup& pg) {
+      at::Tensor f = at::empty({5}, at::kFloat);
+      at::Tensor d = at::empty({2, 3}, at::kDouble);
+      at::Tensor i = at::empty({3}, at::kLong);
+      at::Tensor base = at::empty({3, 4}, at::kFloat);
+      at::Tensor transposed = base.t();  // not contiguous: the general path
+      at::Tensor none = at::empty({0}, at::kFloat);
+      PackedBroadcast packed({f, none, d, i, transposed});
+      CHECK_FALSE(packed.empty());
+      for (int run = 0; run < kRuns; ++run) {
+        // Rank 0's values depend on the run; the others' are rank noise.
+        const double v = rank == 0 ? 10.0 * run : -1.0 - rank;
+        f.copy_(at::arange(5, at::kFloat) + v);
+        d.copy_(at::arange(6, at::kDouble).reshape({2, 3}) * 0.5 + v);
+        i.copy_(at::arange(3, at::kLong) + static_cast<int64_t>(static_cast<int64_t>(v) * int64_t{1000000000000}));
+        base.copy_(at::arange(12, at::kFloat).reshape({3, 4}) - v);
+        packed.run(pg, std::chrono::milliseconds(20000));
+        seen[rank].push_back({f.clone(), d.clone(), i.clone(), transposed.clone()});
+      }
+      CHECK(PackedBroadcast({none}).empty());
+    });
+    INFO(joinErrors(errors));
+    REQUIRE(joinErrors(errors).empty());
+    for (int run = 0; run < kRuns; ++run) {
+      const double v = 10.0 * run;
+      const std::vector<at::Tensor> expected = {at::arange(5, at::kFloat) + v,
+                                                at::arange(6, at::kDouble).reshape({2, 3}) * 0.5 + v,
+                                                at::arange(3, at::kLong) + static_cast<int64_t>(static_cast<int64_t>(v) * int64_t{1000000000000}),
+                                                (at::arange(12, at::kFloat).reshape({3, 4}) - v).t()};
+      for (int r = 0; r < world; ++r) {
+        for (size_t t = 0; t < expected.size(); ++t) {
+          INFO("run " << run << ", rank " << r << ", tensor " << t);
+          CHECK(at::equal(seen[r][run][t], expected[t]));
+        }
+      }
+    }
   }
 }
 

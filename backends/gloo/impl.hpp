@@ -20,11 +20,17 @@
 //   then waits for its peers itself, as it would in wait(). Call order is kept: a
 //   call made while one runs is queued, and the worker starts it only when
 //   the running one has finished.
+// - A shared-memory collective run in the caller spins up to callerSpin()
+//   for its peers before it sleeps: the caller has nothing else to do, and
+//   a sleeping rank wakes tens of microseconds late (docs/performance.md,
+//   the cnn step). On the worker, which shares a core with the training
+//   loop, waits spin only briefly.
 // Everything here but enqueue() belongs to whichever thread runs a
 // collective (running_ says one does) once the constructor has finished.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -68,6 +74,10 @@ struct ProcessGroupGloo::Impl {
   static constexpr size_t kInlineMaxBytes = 256 * 1024;
   // kInlineMaxBytes or DDP_GLOO_INLINE_BYTES (UsageError when malformed).
   static size_t inlineMaxBytes();
+  // How long a shared-memory wait in the caller spins: DDP_GLOO_SPIN_US,
+  // else 1 ms when every local rank can have a CPU of its own (`localRanks`
+  // <= usable CPUs), else 0. UsageError when the variable is malformed.
+  static std::chrono::microseconds callerSpin(int localRanks);
   // ProcessGroupGloo::abort.
   void abort(const std::string& reason);
 
@@ -85,6 +95,7 @@ struct ProcessGroupGloo::Impl {
   // reduce_scatter's partial sums on the ring, reused: a fresh 64 MiB
   // buffer per call costs page faults.
   std::vector<uint8_t> reduceScatterIn;
+  std::chrono::microseconds shmCallerSpin{0};  // callerSpin(size), when shm
 
  private:
   struct Task {

@@ -60,6 +60,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   // traffic: a mistake fails alike everywhere, not as a peer that vanished.
   gloo_backend::ringChunkBytes();
   Impl::inlineMaxBytes();
+  const std::chrono::microseconds callerSpin = Impl::callerSpin(size);
   ShmChannel::checkSlotBytesVariable();
   const bool shmForbidden = shmVariableForbids();
 
@@ -93,6 +94,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     }
     if (channel) {
       impl_->shm = std::make_unique<gloo_backend::ShmCollectives>(std::move(channel), rank, size);
+      impl_->shmCallerSpin = callerSpin;
     } else {
       // The frames and the ring run over connections of their own.
       const std::string ip = gloo_backend::listenIp(impl_->listenAddress);

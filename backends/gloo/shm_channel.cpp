@@ -66,6 +66,12 @@ size_t headerBytes(int size) {
   return roundUp(static_cast<size_t>(size) * 64 + 2 * static_cast<size_t>(size) * ShmChannel::kDescriptorBytes, 4096);
 }
 
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 long futexWait(std::atomic<uint32_t>* addr, uint32_t expected, std::chrono::nanoseconds timeout) {
   timespec ts{};
   ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
@@ -355,9 +361,21 @@ void ShmChannel::waitFor(int peer, uint32_t target, Deadline deadline) {
   // Spin first: a peer that is running arrives within microseconds.
   for (int i = 0; i < 4000; ++i) {
     if (check()) return;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    cpuRelax();
+  }
+  // Then as long as setSpin() allows: a peer that is still computing
+  // arrives within a fraction of a millisecond, and a rank woken from a
+  // futex comes back tens of microseconds late.
+  const int64_t spinNs = spinNs_.load(std::memory_order_relaxed);
+  if (spinNs > 0) {
+    const auto until = std::min<Deadline>(Clock::now() + std::chrono::nanoseconds(spinNs), deadline);
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        if (check()) return;
+        cpuRelax();
+      }
+      if (Clock::now() >= until) break;
+    }
   }
   // Then yield the core, and sleep on the peer's counter. The sleep is
   // bounded so that deadline and liveness get checked.

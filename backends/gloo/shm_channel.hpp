@@ -15,11 +15,16 @@
 // rank has finished reading it two rounds earlier. Between beginRound() and
 // the first step() a rank may write only its own slot and descriptor.
 //
-// Waits spin briefly, then sleep on a futex. They fail (ShmWaitError) when
+// Waits spin briefly (about 4000 pause instructions), then for as long as
+// setSpin() allows, then sleep on a futex. Waking a sleeping rank costs
+// tens of microseconds (far more in a virtual machine), so a caller with a
+// core to itself spins longer; a worker thread that shares its core with
+// the training loop does not. They fail (ShmWaitError) when
 // the deadline passes, when a peer marked itself failed, or when a peer's
 // process no longer exists, so a dead peer never hangs the group.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -83,6 +88,9 @@ class ShmChannel {
   void step(Deadline deadline);
   // Tells the peers that this rank failed, so that they stop waiting.
   void markFailed();
+  // How long the next waits spin, beyond the brief spin, before they sleep.
+  // Any thread may set it; it applies from the next wait on.
+  void setSpin(std::chrono::nanoseconds spin) { spinNs_.store(spin.count(), std::memory_order_relaxed); }
 
   // Collective over `store`, in the same order on every rank: a buffer of
   // `bytes` per rank that all ranks map, zero-filled. Every rank gets one,
@@ -107,6 +115,7 @@ class ShmChannel {
   int set_ = 1;  // the first beginRound() selects set 0
   uint32_t steps_ = 0;
   uint32_t buffersAllocated_ = 0;
+  std::atomic<int64_t> spinNs_{0};
 };
 
 }  // namespace ddp

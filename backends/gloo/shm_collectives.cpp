@@ -12,6 +12,8 @@ namespace ddp::gloo_backend {
 ShmCollectives::ShmCollectives(std::unique_ptr<ShmChannel> channel, int rank, int size)
     : shm_(std::move(channel)), rank_(rank), size_(size) {}
 
+void ShmCollectives::setSpin(std::chrono::nanoseconds spin) { shm_->setSpin(spin); }
+
 ShmCollectives::~ShmCollectives() = default;
 
 void ShmCollectives::markFailed() { shm_->markFailed(); }

@@ -46,6 +46,8 @@ class ShmCollectives {
   void allgather(const Descriptor& d, const at::Tensor& in, at::Tensor& out, Deadline deadline);
   // Tells the peers that this rank failed, so that they stop waiting.
   void markFailed();
+  // ShmChannel::setSpin: how long waits spin before they sleep.
+  void setSpin(std::chrono::nanoseconds spin);
 
   // Collective over `store` (the same calls in the same order on every
   // rank): a tensor of `numel` elements in shared memory, or an undefined

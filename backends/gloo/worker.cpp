@@ -12,6 +12,7 @@
 #include "framework/core/errors.hpp"
 #include "framework/core/help_links.hpp"
 #include "framework/core/log.hpp"
+#include "framework/core/system.hpp"
 
 namespace ddp {
 namespace {
@@ -85,6 +86,22 @@ size_t ProcessGroupGloo::Impl::inlineMaxBytes() {
   return bytes;
 }
 
+std::chrono::microseconds ProcessGroupGloo::Impl::callerSpin(int localRanks) {
+  const char* env = std::getenv("DDP_GLOO_SPIN_US");
+  if (env == nullptr || *env == '\0') {
+    return localRanks <= usableCpus() ? std::chrono::microseconds(1000) : std::chrono::microseconds(0);
+  }
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*end != '\0' || v < 0 || v > 10'000'000) {
+    fail<UsageError>("DDP_GLOO_SPIN_US=\"{}\": expected microseconds from 0 to 10000000 that a small shared-memory "
+                     "collective spins for its peers before sleeping. HINT: unset it for the default (1000 when "
+                     "every rank has a CPU of its own, else 0)",
+                     env);
+  }
+  return std::chrono::microseconds(v);
+}
+
 bool ProcessGroupGloo::Impl::runsInline(Path path, const Descriptor& d) const {
   if (path == Path::Local) return true;
   if (path != Path::Shm && path != Path::ShmInPlace && path != Path::Frame) return false;
@@ -107,11 +124,18 @@ WorkPtr ProcessGroupGloo::Impl::enqueue(Descriptor descriptor, const std::string
     running_ = true;
     lock.unlock();
     logDebug("{} runs in the caller, path {}", work->description(), pathName(path, descriptor.op));
+    const bool spins = shm && shmCallerSpin.count() > 0 && (path == Path::Shm || path == Path::ShmInPlace);
+    if (spins) shm->setSpin(shmCallerSpin);
     const std::exception_ptr error = runTask(task);
+    if (spins) shm->setSpin(std::chrono::nanoseconds(0));
     lock.lock();
     running_ = false;
+    // The worker waits for running_ when a call was queued meanwhile; when
+    // none was, it is not woken (a wake-up per call took CPU time from
+    // the training loop).
+    const bool wake = !queue_.empty();
     lock.unlock();
-    queued_.notify_one();  // the worker waits for running_ when a call was queued meanwhile
+    if (wake) queued_.notify_one();
     work->finish(error);
     return work;
   }

@@ -1,7 +1,11 @@
 #include "framework/core/system.hpp"
 
+#include <sched.h>
 #include <sys/resource.h>
 
+#include <thread>
+
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -26,6 +30,13 @@ int64_t peakResidentBytes() {
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+int usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 }  // namespace ddp

@@ -18,4 +18,7 @@ std::string randomHex(size_t bytes);
 // bytes.
 int64_t peakResidentBytes();
 
+// The CPUs this process may run on (its affinity mask), at least 1.
+int usableCpus();
+
 }  // namespace ddp

@@ -78,10 +78,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 
   verifyModelsMatch();
 
-  std::vector<at::Tensor> everything;
+  std::vector<at::Tensor> everything, buffers;
   for (auto& [name, p] : uniqueParameters(*module_)) everything.push_back(p);
-  for (auto& [name, b] : uniqueBuffers(*module_)) everything.push_back(b);
+  for (auto& [name, b] : uniqueBuffers(*module_)) {
+    everything.push_back(b);
+    buffers.push_back(b);
+  }
   broadcastFromRankZero(everything);
+  buffers_ = std::make_unique<PackedBroadcast>(buffers);
 
   for (auto& [name, p] : uniqueParameters(*module_)) {
     if (!p.requires_grad()) continue;
@@ -260,17 +264,26 @@ void DistributedDataParallel::onBackwardEnd() {
     ++localPasses_;
 }
 
+bool DistributedDataParallel::isBucketSlice(const at::Tensor& grad, const Bucket& bucket, size_t slot) {
+  if (!grad.is_contiguous() || grad.scalar_type() != bucket.buffer.scalar_type()) return false;
+  const auto* start = static_cast<const char*>(bucket.buffer.data_ptr()) +
+                      bucket.offsets[slot] * static_cast<int64_t>(bucket.buffer.element_size());
+  return grad.data_ptr() == start;
+}
+
 void DistributedDataParallel::copyGradIntoBucket(size_t index) {
   at::NoGradGuard noGrad;
   const Param& p = params_[index];
   Bucket& bucket = buckets_[p.bucket];
-  at::Tensor slice = bucket.buffer.narrow(0, bucket.offsets[p.slot], p.tensor.numel());
   const at::Tensor& grad = p.tensor.grad();
+  // Accumulated in place (the usual case with gradientAsBucketView): no
+  // tensor op at all, since each costs microseconds on a small model.
+  if (grad.defined() && isBucketSlice(grad, bucket, p.slot)) return;
+  at::Tensor slice = bucket.buffer.narrow(0, bucket.offsets[p.slot], p.tensor.numel());
   if (!grad.defined()) {
     slice.zero_();
     return;
   }
-  if (grad.data_ptr() == slice.data_ptr() && grad.is_contiguous()) return;  // accumulated in place
   if (grad.is_sparse()) {
     fail<UsageError>(
         "DDP: parameter '{}' has a sparse gradient, which DDP does not support. HINT: use a dense embedding "
@@ -409,9 +422,9 @@ void DistributedDataParallel::finishGradientSync() {
       at::NoGradGuard noGrad;
       for (Param& p : params_) {
         const Bucket& bucket = buckets_[p.bucket];
-        at::Tensor averaged = bucket.buffer.narrow(0, bucket.offsets[p.slot], p.tensor.numel()).view(p.tensor.sizes());
         at::Tensor& grad = p.tensor.mutable_grad();
-        if (grad.defined() && grad.data_ptr() == averaged.data_ptr() && grad.is_contiguous()) continue;
+        if (grad.defined() && isBucketSlice(grad, bucket, p.slot)) continue;
+        at::Tensor averaged = bucket.buffer.narrow(0, bucket.offsets[p.slot], p.tensor.numel()).view(p.tensor.sizes());
         if (options_.gradientAsBucketView && p.tensor.is_contiguous()) {
           // A plain tensor on the bucket's storage, not an autograd view:
           // optimizers detach_() and zero_() gradients in place, which
@@ -435,7 +448,11 @@ void DistributedDataParallel::finishGradientSync() {
     if (options_.findUnusedParameters) unused.clear();
   }
   // Also when about to throw, so every rank runs the same collectives.
-  if (options_.broadcastBuffers) syncBuffers();
+  if (options_.broadcastBuffers) {
+    const auto buffersStart = Clock::now();
+    syncBuffers();
+    lastTimeline_.buffersSeconds = std::chrono::duration<double>(Clock::now() - buffersStart).count();
+  }
   if (!unused.empty()) {
     fail<UsageError>(
         "DDP: parameters received no gradient in this iteration: {}. HINT: set distributed.find_unused_parameters = "
@@ -445,9 +462,7 @@ void DistributedDataParallel::finishGradientSync() {
 }
 
 void DistributedDataParallel::syncBuffers() {
-  std::vector<at::Tensor> buffers;
-  for (auto& [name, b] : uniqueBuffers(*module_)) buffers.push_back(b);
-  if (!buffers.empty()) broadcastFromRankZero(buffers);
+  buffers_->run(*group_, options_.timeout);
 }
 
 std::vector<DistributedDataParallel::BucketInfo> DistributedDataParallel::bucketInfo() const {

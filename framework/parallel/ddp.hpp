@@ -60,6 +60,7 @@
 
 #include "framework/comm/process_group.hpp"
 #include "framework/parallel/comm_hook.hpp"
+#include "framework/parallel/model_sync.hpp"
 
 namespace torch::autograd {
 struct Node;
@@ -110,6 +111,8 @@ class DistributedDataParallel {
     // there in the caller (the gloo backend's inline path), waiting for
     // the peers during backward.
     double hookSeconds = 0;
+    // The buffer broadcast that ends finishGradientSync() (broadcastBuffers).
+    double buffersSeconds = 0;
   };
 
   // RAII: while alive, backward passes accumulate locally (see the contract).
@@ -153,7 +156,8 @@ class DistributedDataParallel {
   void registerCommHook(CommHookPtr hook);
 
   // Copies rank 0's buffers to every rank; finishGradientSync() does it
-  // when options.broadcastBuffers is set.
+  // when options.broadcastBuffers is set. The buffers are the module's at
+  // construction (as PyTorch's DDP keeps them): update them in place.
   void syncBuffers();
 
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
@@ -206,6 +210,8 @@ class DistributedDataParallel {
   void onGradientReady(size_t index);
   void onBackwardEnd();
   void copyGradIntoBucket(size_t index);  // zeros when the gradient is undefined
+  // `grad` is exactly slot `slot` of the bucket (its memory, contiguous).
+  static bool isBucketSlice(const at::Tensor& grad, const Bucket& bucket, size_t slot);
   void markReadyLocked(size_t index);
   void launchReadyBucketsLocked(bool inBackward);
   void launchBucketLocked(size_t b, bool inBackward);
@@ -218,6 +224,7 @@ class DistributedDataParallel {
   std::vector<Param> params_;  // those that require grad, in registration order
   std::vector<Bucket> buckets_;
   CommHookPtr commHook_;
+  std::unique_ptr<PackedBroadcast> buffers_;  // the module's buffers, for syncBuffers()
   int contributors_ = 0;  // of the current step; the world size unless setContributors()
 
   // Step state, guarded by mutex_ (hooks may run on autograd's threads).

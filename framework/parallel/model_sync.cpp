@@ -4,6 +4,7 @@
 #include <torch/nn/modules/embedding.h>
 
 #include <cstring>
+#include <exception>
 #include <map>
 #include <set>
 #include <sstream>
@@ -18,6 +19,13 @@ namespace {
 // Broadcasts at construction are coalesced into flat tensors of at most this
 // size: few collectives, bounded extra memory.
 constexpr size_t kBroadcastChunkBytes = 64u * 1024 * 1024;
+
+int64_t bytesIn(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+// A dense, contiguous CPU tensor whose bytes memcpy may read and write.
+bool plainHostMemory(const at::Tensor& t) {
+  return t.device().is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && !t.is_conj() && !t.is_neg();
+}
 
 std::string shapeString(at::IntArrayRef sizes) {
   std::string s = "[";
@@ -179,63 +187,85 @@ std::vector<std::string> allgatherStrings(ProcessGroup& group, const std::string
   return out;
 }
 
-void broadcastFromRankZero(ProcessGroup& group, const std::vector<at::Tensor>& tensors, Milliseconds timeout) {
-  if (group.size() == 1) return;
-  at::NoGradGuard noGrad;
+PackedBroadcast::PackedBroadcast(const std::vector<at::Tensor>& tensors) {
   // Packed as bytes, whatever their dtypes (so batch norm's float
   // statistics and its int64 counter are one collective, not two), by
   // device, in order, each at a 16-byte aligned offset, cut into chunks.
   constexpr int64_t kAlign = 16;
-  struct Chunk {
-    std::vector<at::Tensor> members;
-    std::vector<int64_t> offsets;
-    int64_t bytes = 0;
-  };
-  std::vector<Chunk> chunks;
-  std::map<std::string, size_t> open;  // device -> index into chunks
+  std::map<std::string, size_t> open;  // device -> index into chunks_
   for (const auto& t : tensors) {
     if (t.numel() == 0) continue;
-    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    const int64_t bytes = bytesIn(t);
     auto it = open.find(t.device().str());
-    if (it == open.end() ||
-        (chunks[it->second].bytes + bytes > static_cast<int64_t>(kBroadcastChunkBytes) && chunks[it->second].bytes > 0)) {
-      chunks.emplace_back();
-      it = open.insert_or_assign(t.device().str(), chunks.size() - 1).first;
+    if (it == open.end() || (chunks_[it->second].bytes + bytes > static_cast<int64_t>(kBroadcastChunkBytes) &&
+                             chunks_[it->second].bytes > 0)) {
+      chunks_.emplace_back();
+      it = open.insert_or_assign(t.device().str(), chunks_.size() - 1).first;
     }
-    Chunk& chunk = chunks[it->second];
+    Chunk& chunk = chunks_[it->second];
     chunk.members.push_back(t);
     chunk.offsets.push_back(chunk.bytes);
     chunk.bytes += (bytes + kAlign - 1) / kAlign * kAlign;
   }
+}
+
+void PackedBroadcast::run(ProcessGroup& group, Milliseconds timeout) {
+  if (group.size() == 1 || chunks_.empty()) return;
+  at::NoGradGuard noGrad;
   auto bytesOf = [](const at::Tensor& t) { return t.detach().reshape({-1}).contiguous().view(at::kByte); };
-  std::vector<at::Tensor> flats, words;
-  flats.reserve(chunks.size());
-  words.reserve(chunks.size());  // broadcast() keeps a reference: no reallocation
   std::vector<WorkPtr> works;
-  for (auto& chunk : chunks) {
-    at::Tensor flat = at::zeros({chunk.bytes}, chunk.members.front().options().dtype(at::kByte));
+  for (auto& chunk : chunks_) {
+    if (!chunk.flat.defined()) {
+      // Zero-filled once: the padding between members stays zero.
+      chunk.flat = at::zeros({chunk.bytes}, chunk.members.front().options().dtype(at::kByte));
+      // Sent as int32 words (every backend has them; the length is a
+      // multiple of 16 bytes): the same bytes.
+      chunk.words = chunk.flat.view(at::kInt);
+    }
     if (group.rank() == 0) {
       for (size_t m = 0; m < chunk.members.size(); ++m) {
-        const at::Tensor b = bytesOf(chunk.members[m]);
-        flat.narrow(0, chunk.offsets[m], b.numel()).copy_(b);
+        const at::Tensor& t = chunk.members[m];
+        if (plainHostMemory(t)) {
+          // A plain copy: DDP broadcasts its buffers every step, and the
+          // ATen ops of the general path cost more than the bytes do.
+          std::memcpy(static_cast<char*>(chunk.flat.data_ptr()) + chunk.offsets[m], t.data_ptr(), bytesIn(t));
+          continue;
+        }
+        const at::Tensor b = bytesOf(t);
+        chunk.flat.narrow(0, chunk.offsets[m], b.numel()).copy_(b);
       }
     }
-    flats.push_back(flat);
-    // Sent as int32 words (every backend has them; the length is a multiple
-    // of 16 bytes): the same bytes.
-    words.push_back(flat.view(at::kInt));
-    works.push_back(group.broadcast(words.back(), {0, timeout}));
+    works.push_back(group.broadcast(chunk.words, {0, timeout}));
   }
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    works[c]->wait();
-    if (group.rank() == 0) continue;
-    for (size_t m = 0; m < chunks[c].members.size(); ++m) {
-      at::Tensor& t = chunks[c].members[m];
-      const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
-      const at::Tensor values = flats[c].narrow(0, chunks[c].offsets[m], bytes).view(t.scalar_type());
+  // Every chunk is waited for, even after one failed, so that no collective
+  // still writes into a flat when the error reaches the caller.
+  std::exception_ptr failed;
+  for (auto& work : works) {
+    try {
+      work->wait();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
+  if (group.rank() == 0) return;
+  for (auto& chunk : chunks_) {
+    for (size_t m = 0; m < chunk.members.size(); ++m) {
+      at::Tensor& t = chunk.members[m];
+      const int64_t bytes = bytesIn(t);
+      if (plainHostMemory(t)) {
+        std::memcpy(t.data_ptr(), static_cast<const char*>(chunk.flat.data_ptr()) + chunk.offsets[m], bytes);
+        continue;
+      }
+      const at::Tensor values = chunk.flat.narrow(0, chunk.offsets[m], bytes).view(t.scalar_type());
       t.detach().copy_(values.view(t.sizes()));
     }
   }
+}
+
+void broadcastFromRankZero(ProcessGroup& group, const std::vector<at::Tensor>& tensors, Milliseconds timeout) {
+  if (group.size() == 1) return;
+  PackedBroadcast(tensors).run(group, timeout);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> shardableParameters(const torch::nn::Module& module,

@@ -16,6 +16,11 @@
 //   in `tensors` (same list on every rank), packed as bytes whatever their
 //   dtypes into flat chunks of at most 64 MiB per device (one collective
 //   for a model's float and int64 buffers), sent as int32 words.
+// - PackedBroadcast: the same, for a list broadcast again and again (DDP's
+//   buffers after every step): the packing plan and memory are made once,
+//   and contiguous CPU tensors are packed with memcpy. The tensors must
+//   keep their memory between runs (updated in place, as batch norm's
+//   statistics are). run() is a collective, as broadcastFromRankZero.
 // - shardableParameters: the unique parameters that require grad, in
 //   registration order, after checking what flat sharding needs (zero,
 //   fsdp): one floating dtype for all, and no embedding with sparse
@@ -41,6 +46,22 @@ void verifySameModel(ProcessGroup& group, const torch::nn::Module& module, const
                      Milliseconds timeout);
 
 void broadcastFromRankZero(ProcessGroup& group, const std::vector<at::Tensor>& tensors, Milliseconds timeout);
+
+class PackedBroadcast {
+ public:
+  explicit PackedBroadcast(const std::vector<at::Tensor>& tensors);
+  void run(ProcessGroup& group, Milliseconds timeout);
+  bool empty() const { return chunks_.empty(); }
+
+ private:
+  struct Chunk {
+    std::vector<at::Tensor> members;
+    std::vector<int64_t> offsets;  // bytes into flat
+    int64_t bytes = 0;
+    at::Tensor flat, words;  // allocated by the first run()
+  };
+  std::vector<Chunk> chunks_;
+};
 
 std::vector<std::pair<std::string, at::Tensor>> shardableParameters(const torch::nn::Module& module,
                                                                     const char* who);
