@@ -200,6 +200,7 @@ TEST_CASE("PackedBroadcast gives every rank rank 0's values at every run, any dt
   for (const int world : {2, 3}) {
     INFO("world size " << world);
     std::vector<std::vector<std::vector<at::Tensor>>> seen(world);  // [rank][run] -> tensors
+    std::vector<at::Tensor> grown(world);
     auto errors = runRanks(kBackend, world, [&](int rank, ProcessGroup& pg) {
       at::Tensor f = at::empty({5}, at::kFloat);
       at::Tensor d = at::empty({2, 3}, at::kDouble);
@@ -220,6 +221,12 @@ TEST_CASE("PackedBroadcast gives every rank rank 0's values at every run, any dt
         seen[rank].push_back({f.clone(), d.clone(), i.clone(), transposed.clone()});
       }
       CHECK(PackedBroadcast({none}).empty());
+      // A tensor changed under the plan (as Module::to() does, through
+      // set_data): the next run plans again instead of copying by the old
+      // sizes.
+      f.set_data(at::full({7}, rank == 0 ? 100.0 : -1.0, at::kDouble));
+      packed.run(pg, std::chrono::milliseconds(20000));
+      grown[rank] = f.clone();
     });
     INFO(joinErrors(errors));
     REQUIRE(joinErrors(errors).empty());
@@ -236,7 +243,29 @@ TEST_CASE("PackedBroadcast gives every rank rank 0's values at every run, any dt
         }
       }
     }
+    for (int r = 0; r < world; ++r) CHECK(at::equal(grown[r], at::full({7}, 100.0, at::kDouble)));
   }
+}
+
+TEST_CASE("DDP refuses a sparse gradient with a UsageError naming the parameter", "[ddp]") {
+  if (skipUnlessRunnable()) return;
+  struct WithSparse : torch::nn::Module {
+    torch::nn::Embedding table{nullptr};
+    WithSparse() { table = register_module("table", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true))); }
+  };
+  std::vector<std::string> messages(2);
+  auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+    auto model = std::make_shared<WithSparse>();
+    DistributedDataParallel ddp(model, borrow(pg));
+    try {
+      model->table->forward(at::tensor({1, 2, 3}, at::kLong)).sum().backward();
+    } catch (const std::exception& e) {
+      messages[rank] = e.what();
+    }
+  });
+  INFO(joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+  for (const auto& m : messages) CHECK_THAT(m, Contains("DDP: parameter 'table.weight' has a sparse gradient"));
 }
 
 TEST_CASE("DDP names the first parameter that differs across ranks", "[ddp]") {

@@ -96,7 +96,10 @@ struct HierarchicalGroup::Impl {
     hostRanks = fmt::format("this host's group is ranks {} in that order",
                             ranksText(this->layout.ranksOn[static_cast<size_t>(host)]));
     leaderNames = fmt::format("the leaders' group is ranks {} in that order", ranksText(leaderRanks));
-    worker = std::thread([this] { loop(); });
+    worker = std::thread([this] {
+      ShmChannel::markBackgroundThread();
+      loop();
+    });
   }
 
   ~Impl() {
@@ -173,12 +176,16 @@ struct HierarchicalGroup::Impl {
         if (leaders) leaders->abort(why);
       }
     }
+    bool queued = false;
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (error && !broken) broken = error;
       running = false;
+      queued = !queue.empty();
     }
-    wake.notify_all();
+    // Only the worker waits on `wake`, and only for queued tasks: an idle
+    // worker is not woken after a task run in the caller.
+    if (queued) wake.notify_all();
     task.work->finish(error);
   }
 

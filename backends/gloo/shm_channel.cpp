@@ -66,6 +66,8 @@ size_t headerBytes(int size) {
   return roundUp(static_cast<size_t>(size) * 64 + 2 * static_cast<size_t>(size) * ShmChannel::kDescriptorBytes, 4096);
 }
 
+thread_local bool tBackgroundThread = false;  // markBackgroundThread()
+
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -327,6 +329,8 @@ uint8_t* ShmChannel::slot(int rank) const {
   return base_ + headerBytes(size_) + (static_cast<size_t>(set_) * size_ + rank) * slotBytes_;
 }
 
+void ShmChannel::markBackgroundThread() { tBackgroundThread = true; }
+
 void ShmChannel::markFailed() {
   RankHeader& me = header(rank_);
   me.failed.store(1);
@@ -366,7 +370,7 @@ void ShmChannel::waitFor(int peer, uint32_t target, Deadline deadline) {
   // Then as long as setSpin() allows: a peer that is still computing
   // arrives within a fraction of a millisecond, and a rank woken from a
   // futex comes back tens of microseconds late.
-  const int64_t spinNs = spinNs_.load(std::memory_order_relaxed);
+  const int64_t spinNs = tBackgroundThread ? 0 : spinNs_.load(std::memory_order_relaxed);
   if (spinNs > 0) {
     const auto until = std::min<Deadline>(Clock::now() + std::chrono::nanoseconds(spinNs), deadline);
     for (;;) {

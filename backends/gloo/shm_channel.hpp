@@ -89,8 +89,14 @@ class ShmChannel {
   // Tells the peers that this rank failed, so that they stop waiting.
   void markFailed();
   // How long the next waits spin, beyond the brief spin, before they sleep.
-  // Any thread may set it; it applies from the next wait on.
+  // Any thread may set it; it applies from the next wait on, except on a
+  // thread marked by markBackgroundThread().
   void setSpin(std::chrono::nanoseconds spin) { spinNs_.store(spin.count(), std::memory_order_relaxed); }
+  // Marks the calling thread as a background one (a backend's worker, which
+  // shares a core with the training loop): its waits spin only briefly,
+  // whatever setSpin() says, also when it runs a collective of another
+  // group in place (a hierarchical group's steps, a comm hook's next stage).
+  static void markBackgroundThread();
 
   // Collective over `store`, in the same order on every rank: a buffer of
   // `bytes` per rank that all ranks map, zero-filled. Every rank gets one,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backends/gloo/impl.hpp"
+#include "backends/gloo/shm_channel.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/help_links.hpp"
 #include "framework/core/log.hpp"
@@ -38,7 +39,12 @@ ProcessGroupGloo::Impl::Path ProcessGroupGloo::Impl::pathFor(size_t payloadBytes
   return gloo_backend::FrameExchange::fits(payloadBytes, size) ? Path::Frame : Path::Large;
 }
 
-void ProcessGroupGloo::Impl::startWorker() { worker_ = std::thread([this] { workerLoop(); }); }
+void ProcessGroupGloo::Impl::startWorker() {
+  worker_ = std::thread([this] {
+    ShmChannel::markBackgroundThread();
+    workerLoop();
+  });
+}
 
 ProcessGroupGloo::Impl::~Impl() {
   const bool started = worker_.joinable();  // false: the constructor failed
@@ -124,9 +130,16 @@ WorkPtr ProcessGroupGloo::Impl::enqueue(Descriptor descriptor, const std::string
     running_ = true;
     lock.unlock();
     logDebug("{} runs in the caller, path {}", work->description(), pathName(path, descriptor.op));
+    // Reset before running_ is cleared, so no worker task sees the spin.
     const bool spins = shm && shmCallerSpin.count() > 0 && (path == Path::Shm || path == Path::ShmInPlace);
     if (spins) shm->setSpin(shmCallerSpin);
-    const std::exception_ptr error = runTask(task);
+    std::exception_ptr error;
+    try {
+      error = runTask(task);
+    } catch (...) {
+      if (spins) shm->setSpin(std::chrono::nanoseconds(0));
+      throw;
+    }
     if (spins) shm->setSpin(std::chrono::nanoseconds(0));
     lock.lock();
     running_ = false;

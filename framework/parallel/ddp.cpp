@@ -276,6 +276,12 @@ void DistributedDataParallel::copyGradIntoBucket(size_t index) {
   const Param& p = params_[index];
   Bucket& bucket = buckets_[p.bucket];
   const at::Tensor& grad = p.tensor.grad();
+  if (grad.defined() && grad.is_sparse()) {
+    fail<UsageError>(
+        "DDP: parameter '{}' has a sparse gradient, which DDP does not support. HINT: use a dense embedding "
+        "(sparse=false)",
+        p.name);
+  }
   // Accumulated in place (the usual case with gradientAsBucketView): no
   // tensor op at all, since each costs microseconds on a small model.
   if (grad.defined() && isBucketSlice(grad, bucket, p.slot)) return;
@@ -283,12 +289,6 @@ void DistributedDataParallel::copyGradIntoBucket(size_t index) {
   if (!grad.defined()) {
     slice.zero_();
     return;
-  }
-  if (grad.is_sparse()) {
-    fail<UsageError>(
-        "DDP: parameter '{}' has a sparse gradient, which DDP does not support. HINT: use a dense embedding "
-        "(sparse=false)",
-        p.name);
   }
   slice.view(grad.sizes()).copy_(grad);
 }
@@ -451,7 +451,9 @@ void DistributedDataParallel::finishGradientSync() {
   if (options_.broadcastBuffers) {
     const auto buffersStart = Clock::now();
     syncBuffers();
-    lastTimeline_.buffersSeconds = std::chrono::duration<double>(Clock::now() - buffersStart).count();
+    const double seconds = std::chrono::duration<double>(Clock::now() - buffersStart).count();
+    std::lock_guard<std::mutex> lock(mutex_);
+    lastTimeline_.buffersSeconds = seconds;
   }
   if (!unused.empty()) {
     fail<UsageError>(

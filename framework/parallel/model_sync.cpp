@@ -187,13 +187,27 @@ std::vector<std::string> allgatherStrings(ProcessGroup& group, const std::string
   return out;
 }
 
-PackedBroadcast::PackedBroadcast(const std::vector<at::Tensor>& tensors) {
+PackedBroadcast::PackedBroadcast(const std::vector<at::Tensor>& tensors) : tensors_(tensors) { plan(); }
+
+bool PackedBroadcast::planStillFits() const {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const at::Tensor& t = tensors_[i];
+    const Member& m = planned_[i];
+    if (bytesIn(t) != m.bytes || t.scalar_type() != m.dtype || t.device() != m.device) return false;
+  }
+  return true;
+}
+
+void PackedBroadcast::plan() {
+  chunks_.clear();
+  planned_.clear();
+  for (const auto& t : tensors_) planned_.push_back({bytesIn(t), t.scalar_type(), t.device()});
   // Packed as bytes, whatever their dtypes (so batch norm's float
   // statistics and its int64 counter are one collective, not two), by
   // device, in order, each at a 16-byte aligned offset, cut into chunks.
   constexpr int64_t kAlign = 16;
   std::map<std::string, size_t> open;  // device -> index into chunks_
-  for (const auto& t : tensors) {
+  for (const auto& t : tensors_) {
     if (t.numel() == 0) continue;
     const int64_t bytes = bytesIn(t);
     auto it = open.find(t.device().str());
@@ -210,7 +224,9 @@ PackedBroadcast::PackedBroadcast(const std::vector<at::Tensor>& tensors) {
 }
 
 void PackedBroadcast::run(ProcessGroup& group, Milliseconds timeout) {
-  if (group.size() == 1 || chunks_.empty()) return;
+  if (group.size() == 1) return;
+  if (!planStillFits()) plan();
+  if (chunks_.empty()) return;
   at::NoGradGuard noGrad;
   auto bytesOf = [](const at::Tensor& t) { return t.detach().reshape({-1}).contiguous().view(at::kByte); };
   std::vector<WorkPtr> works;

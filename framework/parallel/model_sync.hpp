@@ -18,9 +18,10 @@
 //   for a model's float and int64 buffers), sent as int32 words.
 // - PackedBroadcast: the same, for a list broadcast again and again (DDP's
 //   buffers after every step): the packing plan and memory are made once,
-//   and contiguous CPU tensors are packed with memcpy. The tensors must
-//   keep their memory between runs (updated in place, as batch norm's
-//   statistics are). run() is a collective, as broadcastFromRankZero.
+//   and contiguous CPU tensors are packed with memcpy. A run first checks
+//   each tensor's size, dtype and device against the plan and plans again
+//   when one changed (a model moved with to() after wrapping). run() is a
+//   collective, as broadcastFromRankZero.
 // - shardableParameters: the unique parameters that require grad, in
 //   registration order, after checking what flat sharding needs (zero,
 //   fsdp): one floating dtype for all, and no embedding with sparse
@@ -54,6 +55,16 @@ class PackedBroadcast {
   bool empty() const { return chunks_.empty(); }
 
  private:
+  void plan();
+  bool planStillFits() const;
+
+  std::vector<at::Tensor> tensors_;
+  struct Member {
+    int64_t bytes;
+    at::ScalarType dtype;
+    at::Device device;
+  };
+  std::vector<Member> planned_;  // tensors_ as plan() saw them
   struct Chunk {
     std::vector<at::Tensor> members;
     std::vector<int64_t> offsets;  // bytes into flat
