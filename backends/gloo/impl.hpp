@@ -48,10 +48,6 @@
 #include "backends/gloo/ring.hpp"
 #include "backends/gloo/shm_collectives.hpp"
 
-namespace gloo {
-class Context;
-}
-
 namespace ddp {
 
 struct ProcessGroupGloo::Impl {
@@ -83,12 +79,11 @@ struct ProcessGroupGloo::Impl {
 
   const int rank, size;
   std::shared_ptr<Store> store;  // "gloo/"-prefixed; also used to close in step
-  std::string listenAddress;     // Gloo's description of its TCP device
+  std::string listenAddress;     // Gloo's description of the TCP device that chose the address
   std::string shmWhyNot;
   // The transports; the ones a group does not use stay null; destroyed in
-  // ~Impl's order. Gloo's context no longer carries collectives: frames
-  // and ring have their own connections (framework/comm/links.hpp).
-  std::shared_ptr<::gloo::Context> context;
+  // ~Impl's order. Gloo's device only picked the address: frames and ring
+  // have their own connections (framework/comm/links.hpp).
   std::unique_ptr<gloo_backend::FrameExchange> frames;  // size > 1, no shared memory
   std::unique_ptr<gloo_backend::Ring> ring;             // likewise
   std::unique_ptr<gloo_backend::ShmCollectives> shm;

@@ -3,8 +3,6 @@
 #include "backends/gloo/process_group_gloo.hpp"
 
 #include <fmt/format.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
 
 #include <cstdlib>
@@ -21,26 +19,6 @@
 
 namespace ddp {
 namespace {
-
-// Gloo's rendezvous talks to our Store through this adapter.
-class GlooStoreAdapter : public ::gloo::rendezvous::Store {
- public:
-  explicit GlooStoreAdapter(std::shared_ptr<ddp::Store> store) : store_(std::move(store)) {}
-  void set(const std::string& key, const std::vector<char>& data) override {
-    store_->set(key, Bytes(data.begin(), data.end()));
-  }
-  std::vector<char> get(const std::string& key) override {
-    Bytes b = store_->get(key);
-    return std::vector<char>(b.begin(), b.end());
-  }
-  void wait(const std::vector<std::string>& keys) override { store_->wait(keys); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    store_->wait(keys, timeout);
-  }
-
- private:
-  std::shared_ptr<ddp::Store> store_;
-};
 
 // DDP_GLOO_SHM: unset or empty, "0" or "1"; throws UsageError otherwise.
 // Returns whether it turns shared memory off.
@@ -67,19 +45,10 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   std::shared_ptr<::gloo::transport::Device> device = gloo_backend::openTcpDevice(options_, rank);
   impl_->listenAddress = device->str();
 
-  auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
-  context->setTimeout(options_.timeout);
+  // Gloo's device only chooses the interface and its address; the
+  // collectives run over connections of our own (frames, ring) or shared
+  // memory, so Gloo's full mesh of pairs is not connected.
   impl_->store = std::make_shared<PrefixStore>("gloo", store);
-  GlooStoreAdapter adapter(impl_->store);
-  try {
-    context->connectFullMesh(adapter, device);
-  } catch (const std::exception& e) {
-    fail<CollectiveError>(
-        "[rank {}/{}] gloo: rendezvous through {} did not complete: {}. HINT: every rank must start with the same "
-        "WORLD_SIZE and MASTER_ADDR:MASTER_PORT; {}",
-        rank, size, store->describe(), e.what(), kRendezvousHelp);
-  }
-  impl_->context = context;
 
   if (size_ > 1) {
     const bool wantShm = options_.sharedMemory && !shmForbidden;

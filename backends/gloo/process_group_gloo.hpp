@@ -1,12 +1,13 @@
 // ProcessGroupGloo: the ProcessGroup contract (framework/comm/process_group.hpp)
 // for CPU tensors, between hosts over TCP, within one through shared memory.
 //
-// - Ranks meet through gloo::rendezvous over our Store; Gloo's TCP device
-//   binds to the interface that reaches MASTER_ADDR
-//   (ProcessGroupOptions::masterAddr), or to GLOO_SOCKET_IFNAME /
+// - Ranks meet through our Store. Gloo's TCP device chooses the address:
+//   the interface that reaches MASTER_ADDR
+//   (ProcessGroupOptions::masterAddr), or GLOO_SOCKET_IFNAME /
 //   ProcessGroupOptions::interface when set (interface.hpp). The
-//   collectives themselves run over connections of our own on the same
-//   address (framework/comm/links.hpp), not Gloo's pairs.
+//   collectives run over connections of our own on that address
+//   (framework/comm/links.hpp) or through shared memory; Gloo's pairs are
+//   not connected.
 // - One worker thread runs the collectives in call order; callers get a
 //   Work at once. Non-contiguous or non-CPU tensors are staged through a
 //   contiguous host copy.

@@ -1,5 +1,4 @@
 // ProcessGroupGloo::Impl's queue and worker thread (impl.hpp).
-#include <gloo/context.h>
 
 #include <c10/core/ScalarType.h>
 
@@ -68,10 +67,9 @@ ProcessGroupGloo::Impl::~Impl() {
       // A peer that is gone cannot be waited for; close anyway.
     }
   }
-  // Our own connections, then Gloo's, then the memory.
+  // The connections, then the memory.
   frames.reset();
   ring.reset();
-  context.reset();
   shm.reset();
 }
 
