@@ -239,6 +239,24 @@ TEST_CASE("input paths are made absolute without losing what a symbolic link mea
   CHECK(dotted.resolved["dataset"]["path"].get<std::string>() == dir + "/real/a/wine.csv");
 }
 
+TEST_CASE("integers beyond 9e15 are refused, not wrapped to negative numbers", "[config]") {
+  auto& registry = builtinPlugins();
+  // 2^64 - 1 and 2^63 parse as unsigned JSON numbers; read as int64 they
+  // would be -1 and -2^63 and pass the ranges below them.
+  for (const std::string big : {"18446744073709551615", "9223372036854775808", "9223372036854775807"}) {
+    INFO(big);
+    CHECK_THROWS_WITH(parseExperimentConfig(kValid, "inline", ".", {"training.epochs=" + big}, registry),
+                      Catch::Matchers::Contains("training.epochs: expected an integer >= 1, got " + big +
+                                                ", beyond the largest integer accepted (9e15)"));
+    CHECK_THROWS_WITH(parseExperimentConfig(kValid, "inline", ".", {"model.layers=[13, " + big + ", 3]"}, registry),
+                      Catch::Matchers::Contains("model.layers: expected a list of integers"));
+  }
+  CHECK_THROWS_WITH(parseExperimentConfig(kValid, "inline", ".", {"training.seed=-9223372036854775808"}, registry),
+                    Catch::Matchers::Contains("beyond the largest integer accepted"));
+  CHECK(parseExperimentConfig(kValid, "inline", ".", {"training.seed=8999999999999999"}, registry)
+            .training.seed == 8999999999999999);
+}
+
 TEST_CASE("a plugin switched by an override validates against its own declaration", "[config]") {
   auto& registry = builtinPlugins();
   ExperimentConfig c =

@@ -325,6 +325,24 @@ TEST_CASE("ddp-run --sample prints the argmax chain of the loaded model at tempe
   options.runDir = dir;
   CHECK_THAT(usageErrorOf([&] { apps::sampleText(options, registry, printed); }),
              Contains(dir + "/config.json cannot be read"));
+  // A run folder edited after training: its model section is checked as an
+  // experiment file's is, and the checkpoint's shapes against the model's.
+  const std::string config = readFile(run + "/config.json");
+  Json edited = Json::parse(config);
+  edited["model"]["bogus"] = 1;
+  writeFile(run, "config.json", edited.dump());
+  CHECK_THAT(usageErrorOf([&] { loadTrainedModel(run, registry); }),
+             Contains(run + "/config.json: model.bogus: unknown key"));
+  edited["model"] = Json{{"name", 5}};
+  writeFile(run, "config.json", edited.dump());
+  CHECK_THAT(usageErrorOf([&] { loadTrainedModel(run, registry); }), Contains(run + "/config.json: model.name: required"));
+  writeFile(run, "config.json", config);
+  Json context = Json::parse(readFile(run + "/model_context.json"));
+  const int64_t v = context["vocab_size"].get<int64_t>();
+  context["vocab_size"] = v + 1;
+  writeFile(run, "model_context.json", context.dump());
+  CHECK_THAT(usageErrorOf([&] { loadTrainedModel(run, registry); }),
+             Contains(fmt::format("has shape [{}, {}] in the checkpoint but [{}, {}] in the model", v, v, v + 1, v + 1)));
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(std::filesystem::path(run).parent_path());
 }

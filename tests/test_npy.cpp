@@ -294,6 +294,8 @@ np.save('x_empty.npy', x[:0]); np.save('y_empty.npy', y[:0])
 np.save('x_flat.npy', np.arange(n, dtype=np.float32))
 np.save('x_test.npy', x[:10, :32]); np.save('y_test.npy', y[:10]); np.save('x_test_ok.npy', x[:10])
 bad = y[:10].copy(); bad[2] = 9; np.save('y_test_big.npy', bad)
+np.save('y_gap.npy', y * 2)
+bad = y.copy(); bad[3] = 2**40; np.save('y_huge.npy', bad)
 )");
   const std::string x = dir / "x.npy", y = dir / "y.npy";
   return {
@@ -321,6 +323,12 @@ bad = y[:10].copy(); bad[2] = 9; np.save('y_test_big.npy', bad)
       {{{"test_features", dir / "x.npy"}}, "dataset.test_labels: required when dataset.test_features is given"},
       {{{"test_fraction", 0.001}}, "dataset.test_fraction: 0.001 of 40 rows leaves no test rows"},
       {{{"task", "regression"}, {"num_classes", 3}}, "dataset.num_classes: is for classification"},
+      // Classes implied by the largest label must each have a sample.
+      {{{"labels", dir / "y_gap.npy"}},
+       "y_gap.npy: class labels must be 0..C-1 with a sample for each; the largest, 6 at index 3, implies 7 "
+       "classes, but no sample has class 1, 3, 5. HINT:"},
+      {{{"labels", dir / "y_huge.npy"}},
+       "y_huge.npy: label 1099511627776 at index 3 implies 1099511627777 classes, more than the 40 samples"},
   };
 }
 
@@ -338,6 +346,13 @@ TEST_CASE("the npy dataset refuses mismatched shapes and bad labels with one lin
     CHECK(oneLine(error));
     CHECK_THAT(error, Contains(expected));
   }
+}
+
+TEST_CASE("npy labels may skip classes when dataset.num_classes says how many there are", "[npy]") {
+  SKIP_WITHOUT_NUMPY();
+  Folder dir;
+  writeBadDatasets(dir);
+  CHECK_NOTHROW(loadNpyDataset({{"features", dir / "x.npy"}, {"labels", dir / "y_gap.npy"}, {"num_classes", 8}}));
 }
 
 namespace {

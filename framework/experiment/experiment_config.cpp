@@ -121,11 +121,22 @@ bool inRange(const ParamSpec& p, double v) {
   return true;
 }
 
+// Integers are held as int64 and used in sizes and counts: beyond 9e15 in
+// magnitude (where doubles stop counting exactly) they are refused, so that
+// 18446744073709551615 is not read as -1.
+constexpr double kMaxIntegerMagnitude = 9e15;
+
+bool tooLargeInteger(const Json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() >= static_cast<uint64_t>(kMaxIntegerMagnitude);
+  if (v.is_number_integer()) return std::fabs(static_cast<double>(v.get<int64_t>())) >= kMaxIntegerMagnitude;
+  return false;
+}
+
 bool isInteger(const Json& v) {
-  if (v.is_number_integer()) return true;
+  if (v.is_number_integer()) return !tooLargeInteger(v);
   if (v.is_number_float()) {
     double d = v.get<double>();
-    return std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15;
+    return std::isfinite(d) && d == std::floor(d) && std::fabs(d) < kMaxIntegerMagnitude;
   }
   return false;
 }
@@ -270,7 +281,11 @@ class Validator {
   }
 
   Json checkValue(const std::string& where, const ParamSpec& spec, const Json& v) const {
-    auto wrong = [&]() { fail(where, "expected {}, got {}", expectation(spec), shown(v)); };
+    auto wrong = [&]() {
+      if (tooLargeInteger(v)) fail(where, "expected {}, got {}, beyond the largest integer accepted (9e15)",
+                                   expectation(spec), shown(v));
+      fail(where, "expected {}, got {}", expectation(spec), shown(v));
+    };
     switch (spec.type) {
       case ParamType::Int:
         if (!isInteger(v) || !inRange(spec, v.get<double>())) wrong();
@@ -858,6 +873,30 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   }
   config.resolved = resolved;
   return config;
+}
+
+PluginChoice parsePluginSection(const Json& body, const std::string& section, PluginKind kind,
+                                const std::string& sourceName, PluginRegistry& registry) {
+  try {
+    std::vector<Override> none;
+    Validator v(sourceName, "", none);
+    if (!body.is_object()) v.fail(section, "expected an object with a \"name\", got {}", shown(body));
+    if (!body.contains("name") || !body["name"].is_string()) {
+      v.fail(section + ".name", "required: the {} to use (known: {})", pluginKindName(kind),
+             joinNames(registry.names(kind)));
+    }
+    const std::string name = body["name"].get<std::string>();
+    if (!registry.has(kind, name)) {
+      v.fail(section + ".name", "unknown {} {} (known: {})", pluginKindName(kind), inQuotes(name),
+             joinNames(registry.names(kind)));
+    }
+    Json params = v.validateSection(section, body, registry.get(kind, name).params, {"name"},
+                                    fmt::format("{}.{}", pluginKindName(kind), name));
+    params.erase("name");
+    return PluginChoice{name, Params(params)};
+  } catch (const ConfigError& e) {
+    fail<ConfigError>("{}: {}", sourceName, e.what());
+  }
 }
 
 ExperimentConfig loadExperimentConfig(const std::string& path, const std::vector<std::string>& overrides,

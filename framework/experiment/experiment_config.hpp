@@ -98,6 +98,13 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
                                        const std::string& configDir, const std::vector<std::string>& overrides,
                                        PluginRegistry& registry);
 
+// One plugin section of a file that training wrote (a run's config.json),
+// checked as the section of an experiment file is: `body` is an object
+// with "name" and the plugin's parameters. Errors are ConfigErrors that
+// start with `sourceName` and the section's path.
+PluginChoice parsePluginSection(const Json& body, const std::string& section, PluginKind kind,
+                                const std::string& sourceName, PluginRegistry& registry);
+
 // Declarations of the built-in sections, for --describe and docs.
 const std::vector<ParamSpec>& trainingParamSpecs();
 const std::vector<ParamSpec>& distributedParamSpecs();

@@ -3,10 +3,15 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "framework/core/errors.hpp"
+#include "framework/experiment/experiment_config.hpp"
 #include "framework/experiment/run_folder.hpp"
 
 namespace ddp {
@@ -56,20 +61,24 @@ TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registr
   TrainedModel trained;
   const std::string configPath = runDir + "/config.json";
   trained.config = Json::parse(readWhole(configPath, "the run's experiment"), nullptr, /*allow_exceptions=*/false);
-  if (!trained.config.is_object() || !trained.config.contains("model") || !trained.config["model"].is_object() ||
-      !trained.config["model"].contains("name")) {
-    fail<UsageError>("{}: no model section with a name", configPath);
+  if (!trained.config.is_object() || !trained.config.contains("model")) {
+    fail<UsageError>("{}: no model section", configPath);
   }
+  // Checked as an experiment file is (the file may have been edited since
+  // training wrote it): a bad value is a line naming it, not a crash.
+  const PluginChoice choice = parsePluginSection(trained.config["model"], "model", PluginKind::Model, configPath, registry);
+  const std::string& name = choice.name;
   const std::string contextPath = runDir + "/model_context.json";
   trained.context = modelContextFromJson(readWhole(contextPath, "the model's shapes"), contextPath);
-  Json params = trained.config["model"];
-  const std::string name = params["name"].get<std::string>();
-  params.erase("name");
   trained.checkpoint = newestCheckpoint(runDir);
   if (trained.checkpoint.empty()) {
     fail<UsageError>("{} holds no checkpoint to load the model from. HINT: train with training.save_every > 0", runDir);
   }
-  trained.model = registry.get(PluginKind::Model, name).model(Params(params), trained.context);
+  trained.model = registry.get(PluginKind::Model, name).model(choice.params, trained.context);
+  // LibTorch's load() takes a saved tensor of any shape: compare them.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> built;
+  for (const auto& item : trained.model->named_parameters()) built.emplace_back(item.key(), item.value().sizes().vec());
+  for (const auto& item : trained.model->named_buffers()) built.emplace_back(item.key(), item.value().sizes().vec());
   try {
     torch::serialize::InputArchive archive, modelArchive;
     archive.load_from(trained.checkpoint);
@@ -79,6 +88,17 @@ TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registr
     std::string why = e.what_without_backtrace();
     why = why.substr(0, why.find('\n'));
     fail<UsageError>("checkpoint {} does not fit model {} of {}: {}", trained.checkpoint, name, configPath, why);
+  }
+  std::map<std::string, std::vector<int64_t>> loaded;
+  for (const auto& item : trained.model->named_parameters()) loaded[item.key()] = item.value().sizes().vec();
+  for (const auto& item : trained.model->named_buffers()) loaded[item.key()] = item.value().sizes().vec();
+  for (const auto& [key, shape] : built) {
+    if (loaded[key] != shape) {
+      fail<UsageError>("checkpoint {} does not fit model {} of {}: '{}' has shape [{}] in the checkpoint but [{}] in "
+                       "the model. HINT: the model section of {} must be the one the run trained with",
+                       trained.checkpoint, name, configPath, key, fmt::join(loaded[key], ", "), fmt::join(shape, ", "),
+                       configPath);
+    }
   }
   trained.model->eval();
   return trained;

@@ -99,6 +99,7 @@ Pair readPair(const std::string& featuresPath, const std::string& labelsPath, bo
 // What one pass over integer labels finds.
 struct LabelScan {
   int64_t max = -1;
+  int64_t maxIndex = -1;
   int64_t firstNegative = -1;  // index, or -1
   int64_t firstTooLarge = -1;  // index of the first label >= limit, or -1
   bool twoClasses = false;     // some label differs from the first
@@ -112,7 +113,10 @@ LabelScan scanLabels(const T* labels, int64_t n, int64_t limit) {
     const auto v = static_cast<int64_t>(labels[i]);
     if (v < 0 && s.firstNegative < 0) s.firstNegative = i;
     if (limit > 0 && v >= limit && s.firstTooLarge < 0) s.firstTooLarge = i;
-    if (v > s.max) s.max = v;
+    if (v > s.max) {
+      s.max = v;
+      s.maxIndex = i;
+    }
     if (labels[i] != first) s.twoClasses = true;
   }
   return s;
@@ -133,6 +137,20 @@ LabelScan scanLabels(const NpyArray& labels, int64_t limit) {
 
 int64_t labelAt(const NpyArray& labels, int64_t i) { return labels.data[i].item<int64_t>(); }
 
+// The classes 0..classes-1 that no label names, at most `limit` of them
+// (labels already checked to lie in that range).
+std::vector<int64_t> missingClasses(const NpyArray& labels, int64_t classes, size_t limit) {
+  std::vector<bool> seen(static_cast<size_t>(classes), false);
+  const at::Tensor all = labels.data.to(at::kLong);
+  const int64_t* v = all.data_ptr<int64_t>();
+  for (int64_t i = 0; i < all.numel(); ++i) seen[static_cast<size_t>(v[i])] = true;
+  std::vector<int64_t> missing;
+  for (int64_t c = 0; c < classes && missing.size() < limit; ++c) {
+    if (!seen[static_cast<size_t>(c)]) missing.push_back(c);
+  }
+  return missing;
+}
+
 // Checks the class labels of `p` against *numClasses (0: not given, then
 // set to the largest label + 1) and returns what the pass found.
 // `classesFrom` says where the count came from, for the message.
@@ -149,7 +167,31 @@ LabelScan checkClassLabels(const Pair& p, int64_t* numClasses, const std::string
                          ? "raise dataset.num_classes, or set it to 0 to take the largest label + 1"
                          : "set dataset.num_classes to the number of classes");
   }
-  if (*numClasses == 0) *numClasses = s.max + 1;
+  if (*numClasses == 0) {
+    // Implied by the largest label: then every class must have a sample, as
+    // for csv files, so that a stray 7 among 0-2 is an error, not 8 classes.
+    const int64_t n = p.labels.data.numel();
+    const int64_t implied = s.max + 1;
+    // (One class only is refused later, with its own message.)
+    if (s.twoClasses && implied > n) {
+      fail<UsageError>(
+          "{}: label {} at index {} implies {} classes, more than the {} samples; class labels must be 0..C-1 with a "
+          "sample for each. HINT: renumber the labels 0..C-1, or set dataset.num_classes when some classes have no "
+          "sample",
+          p.labelsPath, s.max, s.maxIndex, implied, n);
+    }
+    std::vector<int64_t> missing = s.twoClasses ? missingClasses(p.labels, implied, 13) : std::vector<int64_t>{};
+    const bool more = missing.size() > 12;
+    if (more) missing.resize(12);
+    if (!missing.empty()) {
+      fail<UsageError>(
+          "{}: class labels must be 0..C-1 with a sample for each; the largest, {} at index {}, implies {} classes, "
+          "but no sample has class {}{}. HINT: renumber the labels 0..C-1, or set dataset.num_classes when some "
+          "classes have no sample",
+          p.labelsPath, s.max, s.maxIndex, implied, joinNames(missing), more ? ", ..." : "");
+    }
+    *numClasses = implied;
+  }
   return s;
 }
 
@@ -256,7 +298,7 @@ PluginSpec npyDataset() {
                     "multiplies the features as they become float32, e.g. 0.00392156862745098 (1/255) for uint8 "
                     "pixels")
                   .above(0),
-              Param("num_classes", ParamType::Int, 0, "classes; 0 takes the largest label + 1").atLeast(0),
+              Param("num_classes", ParamType::Int, 0, "classes; 0 takes the largest label + 1, and then every class needs a sample").atLeast(0),
               testFractionParam(),
           },
           loadNpy};
