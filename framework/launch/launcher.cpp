@@ -247,10 +247,15 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
     }
   }
   // Logs are open before any rank starts: a log that cannot be opened
-  // leaves no rank behind.
+  // leaves no rank behind. A stop signal while ranks start ends the
+  // starting: those started are stopped below as after any signal (starting
+  // hundreds of ranks takes minutes).
+  int signalWhileStarting = 0;
+  int started = 0;
   for (int i = 0; i < o.nprocPerNode; ++i) {
     try {
       procs[i].pid = spawnRank(o, i, attempt, token, &procs[i].outputFd);
+      ++started;
     } catch (...) {
       for (int j = 0; j < i; ++j) {
         signalRank(procs[j].pid, SIGKILL);
@@ -259,7 +264,9 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
       }
       throw;
     }
+    if ((signalWhileStarting = signals.take()) != 0) break;
   }
+  for (int i = started; i < o.nprocPerNode; ++i) procs[i].exited = true;  // never started
   const size_t keep = static_cast<size_t>(o.lastLinesKept);
   int firstFailure = -1;
   std::vector<int> failedOnTheirOwn;  // local ranks, in the order they were reaped
@@ -270,6 +277,7 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
   Clock::time_point killDeadline = noDeadline;  // set once the ranks are being stopped
   Clock::time_point stopStart{};
   int killedHard = 0;  // ranks that SIGKILL ended
+  bool killedForSecondSignal = false;  // not for the grace period
   auto stopAll = [&](int signal) {
     for (auto& q : procs) {
       if (!q.exited) signalRank(q.pid, signal);
@@ -281,6 +289,12 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
     }
     stopAll(SIGKILL);
   };
+  if (signalWhileStarting != 0) {
+    stopSignal = signalWhileStarting;
+    stopStart = Clock::now();
+    stopAll(stopSignal);
+    killDeadline = stopStart + o.killGrace;
+  }
   for (;;) {
     std::vector<pollfd> fds;
     std::vector<RankProcess*> owners;
@@ -308,6 +322,7 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
         stopAll(signal);
         if (killDeadline == noDeadline) killDeadline = stopStart + o.killGrace;
       } else if (killedHard == 0) {
+        killedForSecondSignal = true;
         killSurvivors();
       }
     }
@@ -351,7 +366,9 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
   // Every rank is reaped: a segment that one left in /dev/shm (killed while
   // it set the segment up) can go now, and no rank of ours uses it.
   std::vector<pid_t> pids;
-  for (const auto& p : procs) pids.push_back(p.pid);
+  for (const auto& p : procs) {
+    if (p.pid > 0) pids.push_back(p.pid);
+  }
   for (const auto& name : removeSharedMemoryOf(pids)) {
     logInfo("ddp-run: removed {}, left by a stopped rank", name);
   }
@@ -364,9 +381,16 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
     std::cerr << report << std::flush;
   }
   if (stopSignal != 0) {
-    std::string line = fmt::format("ddp-run: received {}; stopped ranks {}..{} in {}", signalName(stopSignal),
-                                   procs.front().rank, procs.back().rank, seconds(Clock::now() - stopStart));
-    if (killedHard > 0) {
+    std::string line =
+        started < o.nprocPerNode
+            ? fmt::format("ddp-run: received {} while starting ranks; stopped the {} of {} started (ranks {}..{}) in {}",
+                          signalName(stopSignal), started, o.nprocPerNode, procs.front().rank,
+                          procs[started - 1].rank, seconds(Clock::now() - stopStart))
+            : fmt::format("ddp-run: received {}; stopped ranks {}..{} in {}", signalName(stopSignal),
+                          procs.front().rank, procs.back().rank, seconds(Clock::now() - stopStart));
+    if (killedHard > 0 && killedForSecondSignal) {
+      line += fmt::format(" ({} of them with SIGKILL, after a second signal)", killedHard);
+    } else if (killedHard > 0) {
       line += fmt::format(" ({} of them with SIGKILL, after the {} grace period of --kill-grace)", killedHard,
                           seconds(o.killGrace));
     }

@@ -13,6 +13,9 @@
 #               rendezvous for a second node that never comes
 #   grace       --kill-grace 1, rank 1 stopped (SIGSTOP) so that SIGTERM
 #               cannot end it: SIGKILL after 1 s, and the launcher says so
+#   starting    SIGTERM while the launcher still starts 128 ranks (on 2
+#               cores that takes seconds): it starts no more, stops those it
+#               started, and says so
 #
 # 2 ranks train experiments/wine_ddp.json "forever"; once they train (or
 # wait), the signal is sent. Within the grace period (3 s, the default) plus 2 s:
@@ -111,6 +114,10 @@ case "$CASE" in
     args+=(--kill-grace "$grace")
     ;;
   sigkill) signal=KILL ;;
+  starting)
+    signal=TERM
+    args=(--nproc-per-node 128 "$EXPERIMENT" --set training.epochs=100000 --set training.save_every=0 --out "$tmp/run")
+    ;;
   *)
     echo "unknown case '$CASE'"
     exit 2
@@ -123,6 +130,30 @@ fi
 "$DDP_RUN" "${args[@]}" >"$tmp/stdout.txt" 2>"$tmp/stderr.txt" &
 launcher=$!
 set +m
+
+if [[ "$CASE" == starting ]]; then
+  some_ranks() { (($(pgrep -c -P "$launcher") >= 4)); }
+  job_gone() { ! pgrep -f -- "$tmp/run" >/dev/null; }
+  wait_for 30 some_ranks || { echo "FAIL: the launcher did not start 4 ranks"; cat "$tmp/stderr.txt"; exit 1; }
+  kill -TERM "$launcher"
+  if wait_for 5 launcher_gone; then
+    wait "$launcher"
+    code=$?
+    ((code == 143)) || fail "the launcher exited with $code, expected 143 (128 + SIGTERM)"
+  else
+    fail "the launcher still runs 5 s after SIGTERM while starting ranks"
+  fi
+  wait_for 5 job_gone || fail "processes of the job still run 5 s after SIGTERM: $(pgrep -f -- "$tmp/run" | head -5)"
+  grep -q "received SIGTERM while starting ranks; stopped the [0-9]* of 128 started" "$tmp/stderr.txt" ||
+    fail "the launcher does not say that it stopped starting ranks; it said: $(tail -2 "$tmp/stderr.txt")"
+  grep "^ddp-run: received" "$tmp/stderr.txt"
+  if ((failures > 0)); then
+    pkill -KILL -f -- "$tmp/run"
+    exit 1
+  fi
+  echo "PASS: $CASE"
+  exit 0
+fi
 
 if ! wait_for 30 two_ranks; then
   echo "FAIL: the launcher did not start 2 ranks; its output:"
