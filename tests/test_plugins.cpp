@@ -807,6 +807,17 @@ TEST_CASE("plugin libraries: the example loads, bad ones fail clearly", "[plugin
   const std::string missing = dir.path() + "/libmissing.so";
   CHECK(usageErrorOf([&] { loadPluginLibrary(missing, registry); }) ==
         "plugin library '" + missing + "': file not found");
+  // A library cut short (a copy that did not finish): dlopen() would map it
+  // and die of SIGBUS on the missing pages.
+  {
+    std::ifstream whole(DDP_EXAMPLE_PLUGIN_PATH, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
+    const std::string half = dir.path() + "/libhalf.so";
+    std::ofstream(half, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+    CHECK_THAT(usageErrorOf([&] { loadPluginLibrary(half, registry); }),
+               Contains("plugin library '" + half + "': the file is cut short: " + std::to_string(bytes.size() / 2) +
+                        " bytes, where its ELF headers describe"));
+  }
   CHECK(usageErrorOf([&] { loadPluginLibrary(DDP_NO_SYMBOL_PLUGIN_PATH, registry); }) ==
         std::string("plugin library '") + DDP_NO_SYMBOL_PLUGIN_PATH +
             "' has no ddp_register_plugins symbol. HINT: export extern \"C\" void "

@@ -1,10 +1,13 @@
 #include "framework/experiment/plugin_registry.hpp"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iterator>
 #include <sstream>
@@ -314,9 +317,43 @@ std::string describeParams(const std::vector<ParamSpec>& specs,
   return formatTable(rows, "  ");
 }
 
+namespace {
+
+// The bytes a 64-bit ELF file's headers say it holds (program headers, the
+// segments they load, section headers), or 0 when `path` is not one (dlopen
+// then says what it is). dlopen() maps a file cut short and the loader dies
+// of SIGBUS touching the missing pages, so this is checked first.
+uint64_t elfBytesNeeded(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  Elf64_Ehdr header{};
+  if (!in.read(reinterpret_cast<char*>(&header), sizeof(header))) return 0;
+  if (std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0 || header.e_ident[EI_CLASS] != ELFCLASS64) return 0;
+  uint64_t needed = header.e_phoff + uint64_t{header.e_phnum} * header.e_phentsize;
+  needed = std::max(needed, header.e_shoff + uint64_t{header.e_shnum} * header.e_shentsize);
+  if (header.e_phentsize != sizeof(Elf64_Phdr)) return needed;
+  in.seekg(static_cast<std::streamoff>(header.e_phoff));
+  for (int i = 0; i < header.e_phnum; ++i) {
+    Elf64_Phdr segment{};
+    if (!in.read(reinterpret_cast<char*>(&segment), sizeof(segment))) break;  // cut short: `needed` says so
+    if (segment.p_type == PT_LOAD) needed = std::max(needed, segment.p_offset + segment.p_filesz);
+  }
+  return needed;
+}
+
+}  // namespace
+
 void loadPluginLibrary(const std::string& path, PluginRegistry& registry) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail<UsageError>("plugin library '{}': file not found", path);
+  if (std::filesystem::is_regular_file(path, ec)) {
+    const uint64_t size = std::filesystem::file_size(path, ec);
+    const uint64_t needed = elfBytesNeeded(path);
+    if (!ec && needed > size) {
+      fail<UsageError>("plugin library '{}': the file is cut short: {} bytes, where its ELF headers describe {}. "
+                       "HINT: build or copy the library again",
+                       path, size, needed);
+    }
+  }
   // An absolute path, because dlopen() searches the library path, not the
   // current directory, for a name without a slash.
   const std::string absolute = std::filesystem::absolute(path, ec).string();
