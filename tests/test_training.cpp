@@ -627,6 +627,27 @@ TEST_CASE("max-restarts resumes after a kill and ends like an uninterrupted run"
   CHECK(metricsEpochs(cleanDir) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
 }
 
+TEST_CASE("a restart with no checkpoint starts over and keeps the earlier records beside the new ones",
+          "[launcher][checkpoint]") {
+  const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
+  const std::string runDir = tempDir() + "/run";
+  ddp::test::ProgramOutcome o =
+      runDdpRun("--nproc-per-node 2 --max-restarts 1 " + exp +
+                    " --set training.epochs=5 --set training.save_every=0 --out " + runDir,
+                "DDP_FAULT_INJECT=0:3");
+  INFO(o.output);
+  REQUIRE(o.exitCode == 0);
+  CHECK(o.output.find("restart: no checkpoint to continue from, so training starts over; the earlier records are "
+                      "kept as " + runDir + "/metrics.before-restart-1.{jsonl,csv}") != std::string::npos);
+  CHECK(metricsEpochs(runDir) == std::vector<int64_t>{1, 2, 3, 4, 5});
+  // Rank 0 died as the epoch after epoch 3 began (DDP_FAULT_INJECT counts
+  // epochs from 0): epochs 1 to 3 of the first attempt.
+  std::filesystem::rename(runDir + "/metrics.jsonl", runDir + "/second.jsonl");
+  std::filesystem::rename(runDir + "/metrics.before-restart-1.jsonl", runDir + "/metrics.jsonl");
+  CHECK(metricsEpochs(runDir) == std::vector<int64_t>{1, 2, 3});
+  CHECK(std::filesystem::exists(runDir + "/metrics.before-restart-1.csv"));
+}
+
 TEST_CASE("a run folder that holds a run is not reused without --resume", "[launcher][checkpoint]") {
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
   const std::string runDir = tempDir() + "/run";

@@ -120,6 +120,25 @@ void checkPluginsFit(const ExperimentConfig& config, const DatasetSplits& data, 
   model.train(training);
 }
 
+// Renames metrics.jsonl, metrics.csv and steps.jsonl of `runDir` to
+// NAME.before-restart-K.EXT with the first K that is free; returns what the
+// new names look like, for the log.
+std::string keepRecordsAside(const std::string& runDir) {
+  std::error_code ec;
+  int k = 1;
+  while (std::filesystem::exists(fmt::format("{}/metrics.before-restart-{}.jsonl", runDir, k), ec)) ++k;
+  for (const char* name : {"metrics.jsonl", "metrics.csv", "steps.jsonl"}) {
+    const std::filesystem::path from = std::filesystem::path(runDir) / name;
+    if (!std::filesystem::exists(from, ec)) continue;
+    const std::filesystem::path to =
+        std::filesystem::path(runDir) / fmt::format("{}.before-restart-{}{}", from.stem().string(), k,
+                                                    from.extension().string());
+    std::filesystem::rename(from, to, ec);
+    if (ec) fail<std::runtime_error>("restart: cannot keep {} as {}: {}", from.string(), to.string(), ec.message());
+  }
+  return fmt::format("{}/metrics.before-restart-{}.{{jsonl,csv}}", runDir, k);
+}
+
 void makeRunFolder(const std::string& runDir) {
   std::error_code ec;
   std::filesystem::create_directories(runDir, ec);
@@ -282,6 +301,15 @@ std::string prepareRunFolder(const ExperimentConfig& config, const RunOptions& o
           "--resume: {} holds metrics but no checkpoint to continue from; starting again would overwrite them. HINT: "
           "runs to be resumed need training.save_every > 0; start this one again with another --out",
           runDir);
+    }
+    if (chosen.empty() && options.restart && !ec && metricsBytes > 0) {
+      // A restart with nothing to resume from starts over; the records of
+      // the attempt before are kept beside the new ones, not overwritten.
+      const std::string kept = keepRecordsAside(runDir);
+      notes->push_back(fmt::format(
+          "restart: no checkpoint to continue from, so training starts over; the earlier records are kept as {}. "
+          "HINT: training.save_every > 0 lets a restart resume instead",
+          kept));
     }
   } else {
     makeRunFolder(runDir);

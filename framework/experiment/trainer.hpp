@@ -57,7 +57,8 @@
 //   record per epoch, the records of epochs after that checkpoint (run
 //   before a crash) dropped. RunOptions::restart (a launcher's or
 //   scheduler's restart) starts a folder that holds no run yet, and starts
-//   over when there is no checkpoint.
+//   over when there is no checkpoint, keeping the earlier attempt's records
+//   as metrics.before-restart-K.jsonl/.csv (and steps.before-restart-K.jsonl).
 // - training.checkpoint_on_signal: SIGTERM and SIGINT set a flag during
 //   run(); after each optimizer step the ranks agree on it (one allreduce of
 //   one number, only with this setting), stop after the same step, and rank
