@@ -607,6 +607,25 @@ TEST_CASE("a rank killed with SIGKILL stops the job quickly, naming it", "[launc
   CHECK(o.seconds < 30);  // the launcher's part is at most its 3 s grace; the rest is start-up
 }
 
+TEST_CASE("a hung rank 0 (stopped, serving the store) fails its peer after one collective timeout", "[launcher]") {
+  // Rank 1 times out in a collective after timeout_s; its teardown then
+  // makes no store call to the stopped rank 0 (which would wait out the
+  // store's timeout as well). The launcher ends rank 0 with SIGKILL after
+  // its grace period.
+  const std::string runDir = tempDir() + "/run";
+  ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
+                                              "/experiments/wine_ddp.json --set training.epochs=100000 "
+                                              "--set distributed.timeout_s=8 --out " + runDir,
+                                          "DDP_FAULT_INJECT=0:3:stop");
+  INFO(o.output);
+  CHECK(o.exitCode == 1);
+  CHECK(o.output.find("timed out after 8") != std::string::npos);
+  CHECK(o.output.find("rank 1 (pid") != std::string::npos);
+  // Start-up, 8 s of timeout, the 3 s grace (about 12.5 s here); not another
+  // 8 s of store timeout (about 20.5 s before the fix).
+  CHECK(o.seconds < 16.5);
+}
+
 TEST_CASE("max-restarts resumes after a kill and ends like an uninterrupted run", "[launcher][checkpoint]") {
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
   const std::string sets = " --set training.epochs=6 --set training.save_every=2";

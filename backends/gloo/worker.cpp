@@ -57,7 +57,10 @@ ProcessGroupGloo::Impl::~Impl() {
   // of the last collective would fail that peer ("connection closed by
   // peer"): healthy groups first agree through the store that all are done.
   // A broken rank still says it is closing, so that its peers need not wait.
-  if (started && size > 1) {
+  // After a timeout the peer waited for may be stopped or hung, and it may
+  // serve the store: a store call would then wait out the store's timeout
+  // too, delaying this rank's error by as much again. Nothing to agree then.
+  if (started && size > 1 && !brokenByTimeout_) {
     try {
       std::vector<std::string> keys;
       for (int r = 0; r < size; ++r) keys.push_back(fmt::format("closed/{}", r));
@@ -227,6 +230,7 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (!broken_) broken_ = error;
+        if (timedOut) brokenByTimeout_ = true;
       }
       if (shm) shm->markFailed();
       // A failure other than a timeout (ranks that disagree, a broken

@@ -18,12 +18,14 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank) {
   }
   int faultRank = -1;
   long long faultEpoch = -1;
-  if (std::sscanf(fault, "%d:%lld", &faultRank, &faultEpoch) != 2 || faultRank != rank) return nullptr;
-  return std::make_shared<FaultInjection>(faultEpoch);
+  char how[8] = "";
+  const int read = std::sscanf(fault, "%d:%lld:%7s", &faultRank, &faultEpoch, how);
+  if (read < 2 || faultRank != rank) return nullptr;
+  return std::make_shared<FaultInjection>(faultEpoch, std::string(how) == "stop" ? SIGSTOP : SIGKILL);
 }
 
 void FaultInjection::onEpochBegin(Trainer&, int64_t epoch) {
-  if (epoch == epoch_) ::raise(SIGKILL);
+  if (epoch == epoch_) ::raise(signal_);
 }
 
 std::shared_ptr<SlowRank> SlowRank::fromEnvironment(int rank) {
