@@ -443,7 +443,7 @@ void printRatios(const json& records, const std::vector<std::string>& impls, con
 }
 
 void runLauncher(Options o) {
-  checkPlotPath(o.plotPath);
+  checkOutputPaths(o.jsonPath, o.plotPath);
   std::unique_ptr<SimCluster> cluster;
   HostLayout layout;
   if (!o.hosts.empty()) {

@@ -124,7 +124,7 @@ double meanOf(const json& records, const std::string& impl, const std::string& k
 }
 
 void runLm(const Options& o) {
-  checkPlotPath(o.plotPath);
+  checkOutputPaths(o.jsonPath, o.plotPath);
   if (o.seeds.empty()) throw BenchError("--seeds: give at least one seed");
   TempDir dir("ddp-bench-lm-");
   if (auto why = pythonTorchUnavailable()) std::cout << "skipping torch-python: " << *why << "\n";

@@ -298,7 +298,15 @@ void runLauncher(const Options& o) {
     fail<BenchError>("strategies --plan prints the plan and measures nothing: --json and --plot need a run. HINT: "
                      "drop --plan");
   }
-  checkPlotPath(o.plotPath);
+  checkOutputPaths(o.jsonPath, o.plotPath);
+  if (o.widths.size() < 2) fail<BenchError>("--widths: give at least two widths (inputs, classes), got {}", o.widths.size());
+  for (const int64_t w : o.widths) {
+    if (w < 1) fail<BenchError>("--widths: every width must be at least 1, got {}", w);
+  }
+  for (const int r : o.planRanks) {
+    if (r < 1) fail<BenchError>("--plan-ranks: every world size must be at least 1, got {}", r);
+  }
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) fail<BenchError>("--lr: expected a learning rate > 0, got {}", o.lr);
   if (o.plan) {
     printPlan(o);
     return;
@@ -418,7 +426,9 @@ void registerStrategiesCommand(CLI::App& app) {
       "strategies", "Step time and memory of each parallel strategy vs PyTorch's DDP, ZeRO and FSDP, same run");
   cmd->add_flag("--plan", options->plan,
                 "Instead: print each strategy's memory per rank and bytes sent per step for a 7B model, no runs");
-  cmd->add_option("--plan-ranks", options->planRanks, "World sizes of --plan")->delimiter(',')->capture_default_str();
+  cmd->add_option("--plan-ranks", options->planRanks, "World sizes of --plan")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--strategies", options->strategies, "Comma-separated strategies")
       ->delimiter(',')
       ->capture_default_str();

@@ -483,7 +483,7 @@ void printScaling(const json& records) {
 }
 
 void runLauncher(Options o) {
-  checkPlotPath(o.plotPath);
+  checkOutputPaths(o.jsonPath, o.plotPath);
   std::unique_ptr<SimCluster> cluster;
   HostLayout layout;
   if (!o.hosts.empty()) {

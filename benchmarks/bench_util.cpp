@@ -144,15 +144,26 @@ std::string ddpPlotProgram() {
 
 }  // namespace
 
-void checkPlotPath(const std::string& plotPath) {
-  if (plotPath.empty()) return;
-  const fs::path parent = fs::absolute(plotPath).parent_path();
+namespace {
+
+// `option PATH` names a file this run will write: its folder must exist
+// and be writable.
+void checkWritableFile(const char* option, const std::string& path) {
+  const fs::path parent = fs::absolute(path).parent_path();
   if (!fs::is_directory(parent)) {
-    fail<BenchError>("--plot {}: the folder {} does not exist. HINT: create it first", plotPath, parent.string());
+    fail<BenchError>("{} {}: the folder {} does not exist. HINT: create it first", option, path, parent.string());
   }
   if (::access(parent.c_str(), W_OK) != 0) {
-    fail<BenchError>("--plot {}: cannot write into {}: {}", plotPath, parent.string(), errnoText(errno));
+    fail<BenchError>("{} {}: cannot write into {}: {}", option, path, parent.string(), errnoText(errno));
   }
+}
+
+}  // namespace
+
+void checkOutputPaths(const std::string& jsonPath, const std::string& plotPath) {
+  if (!jsonPath.empty()) checkWritableFile("--json", jsonPath);
+  if (plotPath.empty()) return;
+  checkWritableFile("--plot", plotPath);
   const std::string program = ddpPlotProgram();
   if (::access(program.c_str(), X_OK) != 0) {
     fail<BenchError>("--plot: {} is missing or not executable; it draws the pictures", program);

@@ -60,13 +60,13 @@ class Table {
 void writeJsonFile(const std::string& path, const nlohmann::json& value);
 nlohmann::json readJsonFile(const std::string& path);
 
-// --json FILE and --plot FILE.png of a benchmark command. checkPlotPath()
+// --json FILE and --plot FILE.png of a benchmark command. checkOutputPaths()
 // runs before the benchmark, so that a path that cannot be written, or a
 // missing ddp-plot, fails at once rather than after minutes of measuring.
 // writeRecords() writes the JSON (when asked) and draws the PNG with
 // `ddp-plot auto` (scripts/ddp-plot: next to this executable once
 // installed, else in the source tree).
-void checkPlotPath(const std::string& plotPath);
+void checkOutputPaths(const std::string& jsonPath, const std::string& plotPath);
 void writeRecords(const std::string& jsonPath, const std::string& plotPath, const nlohmann::json& records);
 
 // ---- worker processes -------------------------------------------------------

@@ -108,7 +108,7 @@ double numberOr(const json& r, const char* key) {
 }
 
 void runWine(const Options& o) {
-  checkPlotPath(o.plotPath);
+  checkOutputPaths(o.jsonPath, o.plotPath);
   if (o.repeats < 1) throw BenchError("--repeats must be at least 1");
   std::optional<std::string> noPython = pythonTorchUnavailable();
   if (noPython) std::cout << "skipping torch-python: " << *noPython << "\n";

@@ -257,6 +257,13 @@ TEST_CASE("integers beyond 9e15 are refused, not wrapped to negative numbers", "
             .training.seed == 8999999999999999);
 }
 
+TEST_CASE("a folder where a file is expected is named as a folder", "[config]") {
+  auto& registry = builtinPlugins();
+  const std::string dir = tempDir();
+  CHECK_THROWS_WITH(parseExperimentConfig(kValid, "inline", ".", {"dataset.path=" + dir}, registry),
+                    Catch::Matchers::Contains("dataset.path: \"" + dir + "\" is a folder, not a file"));
+}
+
 TEST_CASE("a plugin switched by an override validates against its own declaration", "[config]") {
   auto& registry = builtinPlugins();
   ExperimentConfig c =

@@ -595,6 +595,30 @@ TEST_CASE("a master port in use is named", "[launcher]") {
                       "HINT: ddp-run --help\n");
 }
 
+TEST_CASE("a mistake rank 0 finds in the run folder is blamed on rank 0 and not repeated", "[launcher]") {
+  // Rank 0 alone makes the run folder; its peers pass its mistake on (exit
+  // code 2 too) and may be reaped first.
+  for (int i = 0; i < 3; ++i) {
+    ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
+                                            "/experiments/wine_ddp.json --out /proc/ddp-no-such-run");
+    INFO(o.output);
+    CHECK(o.exitCode == 2);
+    CHECK(o.output.find("ddp-run: rank 0 (pid") != std::string::npos);
+    CHECK(o.output.find("failed first: exited with code 2") != std::string::npos);
+    CHECK(o.output.find("last lines of rank") == std::string::npos);
+  }
+}
+
+TEST_CASE("resuming from a file instead of a run folder names it as a file", "[launcher][checkpoint]") {
+  const std::string file = tempDir() + "/not-a-run";
+  std::ofstream(file) << "x\n";
+  ddp::test::ProgramOutcome o =
+      runDdpRun(std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json --resume --out " + file);
+  INFO(o.output);
+  CHECK(o.exitCode == 2);
+  CHECK(o.output.find("--resume: " + file + " is a file, not a run folder") != std::string::npos);
+}
+
 TEST_CASE("a rank killed with SIGKILL stops the job quickly, naming it", "[launcher]") {
   const std::string runDir = tempDir() + "/run";
   ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +

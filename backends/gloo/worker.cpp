@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <future>
+#include <thread>
 #include <vector>
 
 #include "backends/gloo/impl.hpp"
@@ -59,8 +61,22 @@ ProcessGroupGloo::Impl::~Impl() {
   // A broken rank still says it is closing, so that its peers need not wait.
   // After a timeout the peer waited for may be stopped or hung, and it may
   // serve the store: a store call would then wait out the store's timeout
-  // too, delaying this rank's error by as much again. Nothing to agree then.
-  if (started && size > 1 && !brokenByTimeout_) {
+  // too, delaying this rank's error by as much again. So the closing key is
+  // set from a thread of its own (holding the store), waited for at most
+  // 1 s: healthy peers still learn it, a hung server delays nobody.
+  if (started && size > 1 && brokenByTimeout_) {
+    auto said = std::make_shared<std::promise<void>>();
+    std::future<void> saidFuture = said->get_future();
+    std::thread([store = store, key = fmt::format("closed/{}", rank), said] {
+      try {
+        store->setString(key, "1");
+      } catch (const std::exception&) {
+        // The store is gone or hung: nobody to tell.
+      }
+      said->set_value();
+    }).detach();
+    saidFuture.wait_for(std::chrono::seconds(1));
+  } else if (started && size > 1) {
     try {
       std::vector<std::string> keys;
       for (int r = 0; r < size; ++r) keys.push_back(fmt::format("closed/{}", r));

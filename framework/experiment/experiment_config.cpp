@@ -306,6 +306,15 @@ class Validator {
         }
         if (spec.isFile && !s.empty()) {
           auto found = resolveFile(s, configDir_);
+          std::error_code ec;
+          if (!found) {
+            for (const std::string& candidate :
+                 {s[0] == '/' ? s : (configDir_.empty() ? s : configDir_ + "/" + s), s}) {
+              if (std::filesystem::is_directory(candidate, ec)) {
+                fail(where, "{} is a folder, not a file", inQuotes(s));
+              }
+            }
+          }
           if (!found) fail(where, "file {} not found (looked in {})", inQuotes(s), lookedIn(configDir_));
           return *found;
         }

@@ -259,6 +259,10 @@ std::string prepareRunFolder(const ExperimentConfig& config, const RunOptions& o
   // A restart by a launcher or scheduler before the folder held a run starts it.
   if (options.resume && (!options.restart || std::filesystem::exists(configPath, ec))) {
     if (!std::filesystem::is_directory(runDir, ec)) {
+      if (std::filesystem::exists(runDir, ec)) {
+        fail<UsageError>("--resume: {} is a file, not a run folder. HINT: --out the folder of the run to continue",
+                         runDir);
+      }
       fail<UsageError>("--resume: run folder {} does not exist. HINT: --out the folder of the run to continue", runDir);
     }
     *lock = std::make_unique<RunFolderLock>(runDir);

@@ -207,14 +207,18 @@ struct AttemptResult {
 constexpr std::chrono::milliseconds kFailureWindow{500};
 
 // Of the ranks that failed on their own, in the order they were reaped: the
-// first that reported a mistake in the job (exit code 2) or a non-finite
-// loss (3), as its peers fail only because it ended; else the first.
+// lowest rank that reported a mistake in the job (exit code 2) or a
+// non-finite loss (3), as its peers fail only because it ended (rank 0 finds
+// the run folder's mistakes and its peers pass them on, all with code 2,
+// reaped in either order); else the first reaped.
 int causeRank(const std::vector<RankProcess>& procs, const std::vector<int>& failed) {
   for (const int code : {2, 3}) {
+    int lowest = -1;
     for (const int i : failed) {
       const int status = procs[static_cast<size_t>(i)].status;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == code) return i;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == code && (lowest < 0 || i < lowest)) lowest = i;
     }
+    if (lowest >= 0) return lowest;
   }
   return failed.front();
 }
@@ -376,8 +380,13 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
     const RankProcess& f = procs[firstFailure];
     std::string report = fmt::format("ddp-run: rank {} (pid {}) failed first: {}; stopped the other ranks.\n", f.rank,
                                      f.pid, describeExitStatus(f.status));
-    report += fmt::format("ddp-run: last lines of rank {}:\n", f.rank);
-    for (const auto& line : f.lastLines) report += fmt::format("  | {}\n", line);
+    // A mistake in the input (code 2) that the console showed already is
+    // not repeated.
+    const bool shown = f.toConsole && WIFEXITED(f.status) && WEXITSTATUS(f.status) == 2;
+    if (!shown) {
+      report += fmt::format("ddp-run: last lines of rank {}:\n", f.rank);
+      for (const auto& line : f.lastLines) report += fmt::format("  | {}\n", line);
+    }
     std::cerr << report << std::flush;
   }
   if (stopSignal != 0) {

@@ -228,6 +228,11 @@ expect_error '--device must be "cpu" or "cuda", got "tpu"' train-step --device t
 expect_error "--repeats must be at least 1" train-step --repeats 0
 expect_error "--set changes the experiment of --model cnn or gpt" train-step --set model.n_layer=2
 expect_error "model.n_layr: unknown key" train-step --model gpt --set model.n_layr=2
+expect_error "--widths: every width must be at least 1, got 0" strategies --widths 8,0,8
+expect_error "--lr: expected a learning rate > 0, got -1" strategies --lr -1
+expect_error "--plan-ranks: every world size must be at least 1, got 0" strategies --plan --plan-ranks 0
+expect_error "--json /nonexistent-ddp-dir/x.json: the folder /nonexistent-ddp-dir does not exist" \
+  collectives --world-size 2 --max-bytes 4K --json /nonexistent-ddp-dir/x.json
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect_error "--device cuda needs a CUDA build of LibTorch and a GPU; found 0 devices" train-step --device cuda
 fi
