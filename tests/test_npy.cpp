@@ -295,6 +295,7 @@ np.save('x_flat.npy', np.arange(n, dtype=np.float32))
 np.save('x_test.npy', x[:10, :32]); np.save('y_test.npy', y[:10]); np.save('x_test_ok.npy', x[:10])
 bad = y[:10].copy(); bad[2] = 9; np.save('y_test_big.npy', bad)
 np.save('y_gap.npy', y * 2)
+xf = x.astype(np.float32); xf[6, 5] = np.nan; np.save('x_nan.npy', xf)
 bad = y.copy(); bad[3] = 2**40; np.save('y_huge.npy', bad)
 )");
   const std::string x = dir / "x.npy", y = dir / "y.npy";
@@ -327,6 +328,8 @@ bad = y.copy(); bad[3] = 2**40; np.save('y_huge.npy', bad)
       {{{"labels", dir / "y_gap.npy"}},
        "y_gap.npy: class labels must be 0..C-1 with a sample for each; the largest, 6 at index 3, implies 7 "
        "classes, but no sample has class 1, 3, 5. HINT:"},
+      {{{"features", dir / "x_nan.npy"}},
+       "x_nan.npy: feature nan at sample 6 (element 389 of the file) is not finite"},
       {{{"labels", dir / "y_huge.npy"}},
        "y_huge.npy: label 1099511627776 at index 3 implies 1099511627777 classes, more than the 40 samples"},
   };

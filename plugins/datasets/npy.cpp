@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -57,6 +58,26 @@ class NpyDataset final : public Dataset {
 
 bool isIntegral(at::ScalarType t) { return t == at::kByte || t == at::kInt || t == at::kLong; }
 
+// Throws UsageError naming the first NaN or infinity of a floating array
+// (one pass over the mapped file), with its sample index.
+void checkFinite(const NpyArray& array, const std::string& path, const char* what) {
+  const at::Tensor& t = array.data;
+  if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) return;
+  // In chunks, so that a file of many GiB needs no mask as large.
+  constexpr int64_t kChunk = int64_t{1} << 24;
+  const at::Tensor all = t.reshape({-1});
+  int64_t flat = -1;
+  for (int64_t start = 0; start < all.numel() && flat < 0; start += kChunk) {
+    const at::Tensor bad = at::isfinite(all.slice(0, start, std::min(all.numel(), start + kChunk))).logical_not();
+    if (bad.any().item<bool>()) flat = start + bad.nonzero()[0][0].item<int64_t>();
+  }
+  if (flat < 0) return;
+  const int64_t perSample = t.numel() / t.size(0);
+  fail<UsageError>("{}: {} {} at sample {} (element {} of the file) is not finite; the model cannot learn from NaN or "
+                   "infinity. HINT: clean the data, e.g. numpy.nan_to_num",
+                   path, what, all[flat].item<double>(), flat / perSample, flat);
+}
+
 // One file's features and labels, read and checked against each other.
 struct Pair {
   std::string featuresPath;
@@ -93,6 +114,10 @@ Pair readPair(const std::string& featuresPath, const std::string& labelsPath, bo
         "labels.astype(numpy.int64), or set \"task\": \"regression\"",
         labelsPath, npyTypeName(p.labels.dtype), p.labels.descr);
   }
+  // A NaN or infinity in the data would surface as a non-finite loss, blamed
+  // on the learning rate: named here instead, with the sample it is in.
+  checkFinite(p.features, featuresPath, "feature");
+  if (!classification) checkFinite(p.labels, labelsPath, "label");
   return p;
 }
 
