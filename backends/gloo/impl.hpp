@@ -115,7 +115,6 @@ struct ProcessGroupGloo::Impl {
   bool running_ = false;  // a collective is running (worker or caller)
   uint64_t nextSeq_ = 0;
   std::exception_ptr broken_;  // first failure; later collectives fail with it (under mutex_)
-  bool brokenByTimeout_ = false;  // a collective timed out (under mutex_; ~Impl then skips the store)
   std::thread worker_;
 };
 

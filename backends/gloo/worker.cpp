@@ -58,30 +58,39 @@ ProcessGroupGloo::Impl::~Impl() {
   // A rank that closes its connections while a peer still waits for the end
   // of the last collective would fail that peer ("connection closed by
   // peer"): healthy groups first agree through the store that all are done.
-  // A broken rank still says it is closing, so that its peers need not wait.
-  // After a timeout the peer waited for may be stopped or hung, and it may
-  // serve the store: a store call would then wait out the store's timeout
-  // too, delaying this rank's error by as much again. So the closing key is
-  // set from a thread of its own (holding the store), waited for at most
-  // 1 s: healthy peers still learn it, a hung server delays nobody.
-  if (started && size > 1 && brokenByTimeout_) {
-    auto said = std::make_shared<std::promise<void>>();
-    std::future<void> saidFuture = said->get_future();
-    std::thread([store = store, key = fmt::format("closed/{}", rank), said] {
-      try {
-        store->setString(key, "1");
-      } catch (const std::exception&) {
-        // The store is gone or hung: nobody to tell.
-      }
-      said->set_value();
-    }).detach();
-    saidFuture.wait_for(std::chrono::seconds(1));
+  // A broken rank (a timeout, an abort, a failed collective) may have
+  // failed because a peer is stopped or hung, and that peer may serve the
+  // store: a store call would then wait out the store's timeout too,
+  // delaying this rank's error by as much again. So a broken rank sets its
+  // closing key from a thread of its own (holding the store), waited for at
+  // most 1 s: healthy peers still learn it, a hung server delays nobody.
+  bool broken = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    broken = broken_ != nullptr;
+  }
+  if (started && size > 1 && broken) {
+    try {
+      auto said = std::make_shared<std::promise<void>>();
+      std::future<void> saidFuture = said->get_future();
+      std::thread([store = store, key = fmt::format("closed/{}", rank), said] {
+        try {
+          store->setString(key, "1");
+        } catch (...) {
+          // The store is gone or hung: nobody to tell.
+        }
+        said->set_value();
+      }).detach();
+      saidFuture.wait_for(std::chrono::seconds(1));
+    } catch (...) {
+      // No thread to spare: the peers wait for the key until their bound.
+    }
   } else if (started && size > 1) {
     try {
       std::vector<std::string> keys;
       for (int r = 0; r < size; ++r) keys.push_back(fmt::format("closed/{}", r));
       store->setString(keys[rank], "1");
-      if (!broken_) store->wait(keys, std::chrono::milliseconds(10000));
+      store->wait(keys, std::chrono::milliseconds(10000));
     } catch (const std::exception&) {
       // A peer that is gone cannot be waited for; close anyway.
     }
@@ -246,7 +255,6 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (!broken_) broken_ = error;
-        if (timedOut) brokenByTimeout_ = true;
       }
       if (shm) shm->markFailed();
       // A failure other than a timeout (ranks that disagree, a broken

@@ -126,7 +126,14 @@ void checkPluginsFit(const ExperimentConfig& config, const DatasetSplits& data, 
 std::string keepRecordsAside(const std::string& runDir) {
   std::error_code ec;
   int k = 1;
-  while (std::filesystem::exists(fmt::format("{}/metrics.before-restart-{}.jsonl", runDir, k), ec)) ++k;
+  const auto taken = [&](int n) {
+    for (const char* kept : {"metrics.before-restart-{}.jsonl", "metrics.before-restart-{}.csv",
+                             "steps.before-restart-{}.jsonl"}) {
+      if (std::filesystem::exists(runDir + "/" + fmt::format(fmt::runtime(kept), n), ec)) return true;
+    }
+    return false;
+  };
+  while (taken(k)) ++k;
   for (const char* name : {"metrics.jsonl", "metrics.csv", "steps.jsonl"}) {
     const std::filesystem::path from = std::filesystem::path(runDir) / name;
     if (!std::filesystem::exists(from, ec)) continue;
@@ -306,7 +313,9 @@ std::string prepareRunFolder(const ExperimentConfig& config, const RunOptions& o
           "runs to be resumed need training.save_every > 0; start this one again with another --out",
           runDir);
     }
-    if (chosen.empty() && options.restart && !ec && metricsBytes > 0) {
+    std::error_code stepsEc;
+    const auto stepsBytes = std::filesystem::file_size(runDir + "/steps.jsonl", stepsEc);
+    if (chosen.empty() && options.restart && ((!ec && metricsBytes > 0) || (!stepsEc && stepsBytes > 0))) {
       // A restart with nothing to resume from starts over; the records of
       // the attempt before are kept beside the new ones, not overwritten.
       const std::string kept = keepRecordsAside(runDir);

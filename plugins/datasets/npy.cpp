@@ -196,15 +196,16 @@ LabelScan checkClassLabels(const Pair& p, int64_t* numClasses, const std::string
     // Implied by the largest label: then every class must have a sample, as
     // for csv files, so that a stray 7 among 0-2 is an error, not 8 classes.
     const int64_t n = p.labels.data.numel();
-    const int64_t implied = s.max + 1;
-    // (One class only is refused later, with its own message.)
-    if (s.twoClasses && implied > n) {
+    // (One class only is refused later, with its own message.) Compared
+    // before adding 1, which overflows at the largest int64.
+    if (s.twoClasses && s.max >= n) {
       fail<UsageError>(
           "{}: label {} at index {} implies {} classes, more than the {} samples; class labels must be 0..C-1 with a "
           "sample for each. HINT: renumber the labels 0..C-1, or set dataset.num_classes when some classes have no "
           "sample",
-          p.labelsPath, s.max, s.maxIndex, implied, n);
+          p.labelsPath, s.max, s.maxIndex, fmt::format("{}", static_cast<uint64_t>(s.max) + 1), n);
     }
+    const int64_t implied = s.max + 1;
     std::vector<int64_t> missing = s.twoClasses ? missingClasses(p.labels, implied, 13) : std::vector<int64_t>{};
     const bool more = missing.size() > 12;
     if (more) missing.resize(12);
