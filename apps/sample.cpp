@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -14,7 +15,9 @@ namespace ddp::apps {
 
 std::string sampleText(const SampleOptions& options, PluginRegistry& registry, std::ostream& out) {
   if (options.tokens < 0) fail<UsageError>("--tokens {}: expected 0 or more", options.tokens);
-  if (!(options.temperature >= 0)) fail<UsageError>("--temperature {}: expected 0 or more", options.temperature);
+  if (!(options.temperature >= 0) || !std::isfinite(options.temperature)) {
+    fail<UsageError>("--temperature {}: expected a finite number, 0 or more", options.temperature);
+  }
   if (options.topK < 0) fail<UsageError>("--top-k {}: expected 0 (all) or more", options.topK);
   const TrainedModel trained = loadTrainedModel(options.runDir, registry);
   const std::string vocabPath = options.runDir + "/vocab.json";

@@ -255,6 +255,9 @@ TEST_CASE("integers beyond 9e15 are refused, not wrapped to negative numbers", "
                     Catch::Matchers::Contains("beyond the largest integer accepted"));
   CHECK(parseExperimentConfig(kValid, "inline", ".", {"training.seed=8999999999999999"}, registry)
             .training.seed == 8999999999999999);
+  // Threads beyond any machine's cores (100,000 hung LibTorch's pool).
+  CHECK_THROWS_WITH(parseExperimentConfig(kValid, "inline", ".", {"training.threads=100000"}, registry),
+                    Catch::Matchers::Contains("training.threads: expected an integer in [0, 1024], got 100000"));
 }
 
 TEST_CASE("a folder where a file is expected is named as a folder", "[config]") {

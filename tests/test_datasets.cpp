@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -322,6 +323,11 @@ TEST_CASE("ddp-run --sample prints the argmax chain of the loaded model at tempe
   options.prompt = "Q";
   CHECK_THAT(usageErrorOf([&] { apps::sampleText(options, registry, printed); }),
              Contains("byte 81 ('Q') at offset 0 is not in the vocabulary"));
+  options.prompt = "he";
+  options.temperature = std::numeric_limits<double>::infinity();
+  CHECK_THAT(usageErrorOf([&] { apps::sampleText(options, registry, printed); }),
+             Contains("--temperature inf: expected a finite number, 0 or more"));
+  options.temperature = 1.0;
   options.runDir = dir;
   CHECK_THAT(usageErrorOf([&] { apps::sampleText(options, registry, printed); }),
              Contains(dir + "/config.json cannot be read"));

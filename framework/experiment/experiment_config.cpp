@@ -488,9 +488,13 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
       intParam("eval_batch_size", 512, 1, "samples per rank per forward pass when evaluating"),
       intParam("log_every", 0, 0, "optimizer steps between records of steps.jsonl (0: about four per epoch)"),
       intParam("accumulate_grad_batches", 1, 1, "micro-batches per optimizer step"),
-      intParam("threads", 0, 0,
-               "intra-op threads per rank (0: LibTorch's setting; ranks that ddp-run starts get cores / local ranks "
-               "through OMP_NUM_THREADS)"),
+      [] {
+        ParamSpec p = intParam("threads", 0, 0,
+                               "intra-op threads per rank (0: LibTorch's setting; ranks that ddp-run starts get cores "
+                               "/ local ranks through OMP_NUM_THREADS)");
+        p.max = 1024;  // LibTorch's thread pool with 100,000 threads does not come back
+        return p;
+      }(),
       boolParam("drop_last", false, "drop the last incomplete batch and shard"),
       boolParam("join", true,
                 "uneven shards (drop_last false, a size the world does not divide): ranks that run out shadow their "
