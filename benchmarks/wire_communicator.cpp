@@ -123,30 +123,27 @@ class WireCommunicator : public Communicator {
     const auto deadline = Clock::now() + timeout_;
     std::vector<pollfd> waiting;
     std::string why;
+    // Moves each transfer of `list` until the kernel would block, then
+    // waits for that socket to be ready for more.
+    const auto advance = [&](std::vector<Transfer>& list, bool sending) {
+      for (auto& t : list) {
+        const int fd = sending ? links_->to(t.peer) : links_->from(t.peer);
+        while (t.done < t.bytes) {
+          const ssize_t n = sending ? sendSome(fd, t.data + t.done, t.bytes - t.done, &why)
+                                    : recvSome(fd, t.data + t.done, t.bytes - t.done, &why);
+          if (n < 0) lost(t.peer, what, why);
+          if (n == 0) {
+            waiting.push_back({fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0});
+            break;
+          }
+          t.done += static_cast<size_t>(n);
+        }
+      }
+    };
     for (;;) {
       waiting.clear();
-      for (auto& t : sends) {
-        while (t.done < t.bytes) {
-          const ssize_t n = sendSome(links_->to(t.peer), t.data + t.done, t.bytes - t.done, &why);
-          if (n < 0) lost(t.peer, what, why);
-          if (n == 0) {
-            waiting.push_back({links_->to(t.peer), POLLOUT, 0});
-            break;
-          }
-          t.done += static_cast<size_t>(n);
-        }
-      }
-      for (auto& t : recvs) {
-        while (t.done < t.bytes) {
-          const ssize_t n = recvSome(links_->from(t.peer), t.data + t.done, t.bytes - t.done, &why);
-          if (n < 0) lost(t.peer, what, why);
-          if (n == 0) {
-            waiting.push_back({links_->from(t.peer), POLLIN, 0});
-            break;
-          }
-          t.done += static_cast<size_t>(n);
-        }
-      }
+      advance(sends, /*sending=*/true);
+      advance(recvs, /*sending=*/false);
       if (waiting.empty()) return;
       const int ready = pollUntil(waiting.data(), waiting.size(), deadline);
       if (ready == 0) {

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <limits>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -18,6 +20,17 @@
 
 namespace ddp {
 namespace {
+
+// A tuning variable holding a whole number in [min, max]: nullopt when
+// unset or empty; a UsageError `NAME="VALUE": <expected>` when malformed.
+std::optional<long long> tuningInteger(const char* name, long long min, long long max, const std::string& expected) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*end != '\0' || v < min || v > max) fail<UsageError>("{}=\"{}\": {}", name, env, expected);
+  return v;
+}
 
 const char* pathName(ProcessGroupGloo::Impl::Path path, uint32_t op) {
   using Path = ProcessGroupGloo::Impl::Path;
@@ -104,34 +117,22 @@ ProcessGroupGloo::Impl::~Impl() {
 size_t ProcessGroupGloo::Impl::inlineMaxBytes() {
   static const size_t bytes = [] {
     const size_t fallback = ProcessGroupGloo::Impl::kInlineMaxBytes;
-    const char* env = std::getenv("DDP_GLOO_INLINE_BYTES");
-    if (env == nullptr || *env == '\0') return fallback;
-    char* end = nullptr;
-    const long long v = std::strtoll(env, &end, 10);
-    if (*end != '\0' || v < 0) {
-      fail<UsageError>("DDP_GLOO_INLINE_BYTES=\"{}\": expected a number of bytes >= 0 (0: every collective goes "
-                       "through the worker thread). HINT: unset it for the default, {}",
-                       env, fallback);
-    }
-    return static_cast<size_t>(v);
+    const auto v = tuningInteger("DDP_GLOO_INLINE_BYTES", 0, std::numeric_limits<long long>::max(),
+                                 fmt::format("expected a number of bytes >= 0 (0: every collective goes through the "
+                                             "worker thread). HINT: unset it for the default, {}",
+                                             fallback));
+    return v ? static_cast<size_t>(*v) : fallback;
   }();
   return bytes;
 }
 
 std::chrono::microseconds ProcessGroupGloo::Impl::callerSpin(int localRanks) {
-  const char* env = std::getenv("DDP_GLOO_SPIN_US");
-  if (env == nullptr || *env == '\0') {
-    return localRanks <= usableCpus() ? std::chrono::microseconds(1000) : std::chrono::microseconds(0);
-  }
-  char* end = nullptr;
-  const long long v = std::strtoll(env, &end, 10);
-  if (*end != '\0' || v < 0 || v > 10'000'000) {
-    fail<UsageError>("DDP_GLOO_SPIN_US=\"{}\": expected microseconds from 0 to 10000000 that a small shared-memory "
-                     "collective spins for its peers before sleeping. HINT: unset it for the default (1000 when "
-                     "every rank has a CPU of its own, else 0)",
-                     env);
-  }
-  return std::chrono::microseconds(v);
+  const auto v = tuningInteger("DDP_GLOO_SPIN_US", 0, 10'000'000,
+                               "expected microseconds from 0 to 10000000 that a small shared-memory collective spins "
+                               "for its peers before sleeping. HINT: unset it for the default (1000 when every rank "
+                               "has a CPU of its own, else 0)");
+  if (v) return std::chrono::microseconds(*v);
+  return localRanks <= usableCpus() ? std::chrono::microseconds(1000) : std::chrono::microseconds(0);
 }
 
 bool ProcessGroupGloo::Impl::runsInline(Path path, const Descriptor& d) const {

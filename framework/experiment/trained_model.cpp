@@ -76,9 +76,13 @@ TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registr
   }
   trained.model = registry.get(PluginKind::Model, name).model(choice.params, trained.context);
   // LibTorch's load() takes a saved tensor of any shape: compare them.
-  std::vector<std::pair<std::string, std::vector<int64_t>>> built;
-  for (const auto& item : trained.model->named_parameters()) built.emplace_back(item.key(), item.value().sizes().vec());
-  for (const auto& item : trained.model->named_buffers()) built.emplace_back(item.key(), item.value().sizes().vec());
+  const auto shapesOf = [](const torch::nn::Module& module) {
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& item : module.named_parameters()) shapes[item.key()] = item.value().sizes().vec();
+    for (const auto& item : module.named_buffers()) shapes[item.key()] = item.value().sizes().vec();
+    return shapes;
+  };
+  const auto built = shapesOf(*trained.model);
   try {
     torch::serialize::InputArchive archive, modelArchive;
     archive.load_from(trained.checkpoint);
@@ -89,14 +93,13 @@ TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registr
     why = why.substr(0, why.find('\n'));
     fail<UsageError>("checkpoint {} does not fit model {} of {}: {}", trained.checkpoint, name, configPath, why);
   }
-  std::map<std::string, std::vector<int64_t>> loaded;
-  for (const auto& item : trained.model->named_parameters()) loaded[item.key()] = item.value().sizes().vec();
-  for (const auto& item : trained.model->named_buffers()) loaded[item.key()] = item.value().sizes().vec();
+  const auto loaded = shapesOf(*trained.model);
   for (const auto& [key, shape] : built) {
-    if (loaded[key] != shape) {
+    const std::vector<int64_t>& saved = loaded.at(key);
+    if (saved != shape) {
       fail<UsageError>("checkpoint {} does not fit model {} of {}: '{}' has shape [{}] in the checkpoint but [{}] in "
                        "the model. HINT: the model section of {} must be the one the run trained with",
-                       trained.checkpoint, name, configPath, key, fmt::join(loaded[key], ", "), fmt::join(shape, ", "),
+                       trained.checkpoint, name, configPath, key, fmt::join(saved, ", "), fmt::join(shape, ", "),
                        configPath);
     }
   }

@@ -121,27 +121,27 @@ void checkPluginsFit(const ExperimentConfig& config, const DatasetSplits& data, 
 }
 
 // Renames metrics.jsonl, metrics.csv and steps.jsonl of `runDir` to
-// NAME.before-restart-K.EXT with the first K that is free; returns what the
-// new names look like, for the log.
+// NAME.before-restart-K.EXT with the first K that none of them has; returns
+// what the new names look like, for the log.
 std::string keepRecordsAside(const std::string& runDir) {
   std::error_code ec;
-  int k = 1;
-  const auto taken = [&](int n) {
-    for (const char* kept : {"metrics.before-restart-{}.jsonl", "metrics.before-restart-{}.csv",
-                             "steps.before-restart-{}.jsonl"}) {
-      if (std::filesystem::exists(runDir + "/" + fmt::format(fmt::runtime(kept), n), ec)) return true;
-    }
-    return false;
+  const std::filesystem::path dir(runDir);
+  const std::filesystem::path records[] = {"metrics.jsonl", "metrics.csv", "steps.jsonl"};
+  const auto kept = [&](const std::filesystem::path& name, int k) {
+    return dir / fmt::format("{}.before-restart-{}{}", name.stem().string(), k, name.extension().string());
   };
-  while (taken(k)) ++k;
-  for (const char* name : {"metrics.jsonl", "metrics.csv", "steps.jsonl"}) {
-    const std::filesystem::path from = std::filesystem::path(runDir) / name;
-    if (!std::filesystem::exists(from, ec)) continue;
-    const std::filesystem::path to =
-        std::filesystem::path(runDir) / fmt::format("{}.before-restart-{}{}", from.stem().string(), k,
-                                                    from.extension().string());
-    std::filesystem::rename(from, to, ec);
-    if (ec) fail<std::runtime_error>("restart: cannot keep {} as {}: {}", from.string(), to.string(), ec.message());
+  int k = 1;
+  while (std::any_of(std::begin(records), std::end(records),
+                     [&](const auto& name) { return std::filesystem::exists(kept(name, k), ec); })) {
+    ++k;
+  }
+  for (const auto& name : records) {
+    if (!std::filesystem::exists(dir / name, ec)) continue;
+    std::filesystem::rename(dir / name, kept(name, k), ec);
+    if (ec) {
+      fail<std::runtime_error>("restart: cannot keep {} as {}: {}", (dir / name).string(), kept(name, k).string(),
+                               ec.message());
+    }
   }
   return fmt::format("{}/metrics.before-restart-{}.{{jsonl,csv}}", runDir, k);
 }
