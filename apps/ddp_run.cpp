@@ -5,6 +5,7 @@
 // creating the run folder.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 

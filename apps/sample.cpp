@@ -1,7 +1,6 @@
 #include "apps/sample.hpp"
 
 #include <ATen/ATen.h>
-#include <torch/torch.h>
 
 #include <cmath>
 #include <fstream>

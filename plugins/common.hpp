@@ -24,6 +24,12 @@ void registerSchedulers(PluginRegistry& registry);
 void registerLosses(PluginRegistry& registry);
 void registerCommHooks(PluginRegistry& registry);
 
+// The kind each plugin file registers, named once for all of them.
+inline constexpr PluginKind kDataset = PluginKind::Dataset;
+inline constexpr PluginKind kModel = PluginKind::Model;
+inline constexpr PluginKind kOptimizer = PluginKind::Optimizer;
+inline constexpr PluginKind kLoss = PluginKind::Loss;
+
 // "optimizer.momentum: must be < 1, got 1": a UsageError naming the
 // parameter, its message built by fmt.
 template <typename... Args>

@@ -2,7 +2,6 @@
 // blobs, and NumPy .npy files (datasets/npy.hpp). All split train/test with
 // the same seeded shuffle, so every rank (and every machine) that uses the
 // same seed sees the same split.
-#include <torch/torch.h>
 
 #include <cerrno>
 #include <charconv>
@@ -23,8 +22,6 @@
 namespace ddp::plugins {
 
 namespace {
-
-constexpr PluginKind kDataset = PluginKind::Dataset;
 
 // ---- seeded randomness, identical on every platform -----------------------------
 // std::shuffle and std::*_distribution are implementation-defined; the

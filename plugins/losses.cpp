@@ -9,7 +9,6 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
-#include <torch/torch.h>
 
 #include <optional>
 #include <tuple>
@@ -19,8 +18,6 @@
 namespace ddp::plugins {
 
 namespace {
-
-constexpr PluginKind kLoss = PluginKind::Loss;
 
 constexpr int64_t kIgnoreIndex = -100;  // PyTorch's default: such targets add nothing
 

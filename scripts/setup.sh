@@ -2,6 +2,9 @@
 # Installs the Debian packages the project needs (only those missing), then
 # configures and builds into build/. Safe to run again: it does nothing that
 # is already done. Used by both commands in README.md.
+#
+# Usage: setup.sh [TARGET ...]   the targets to build (default: all of them);
+#                                run.sh asks for ddp-run alone, test.sh for all
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +35,10 @@ fi
 # ccache: keeps rebuilds of LibTorch-heavy files cheap; PCH needs sloppiness.
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 jobs=$(nproc)
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${DDP_CMAKE_ARGS:-} > /tmp/ddp-configure.log 2>&1 || {
-  cat /tmp/ddp-configure.log; echo "setup: cmake configure failed (log above)"; exit 1; }
-grep -E "✓|✗" /tmp/ddp-configure.log || true
-cmake --build build -j "$jobs"
+mkdir -p build
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${DDP_CMAKE_ARGS:-} > build/configure.log 2>&1 || {
+  cat build/configure.log; echo "setup: cmake configure failed (log above, in build/configure.log)"; exit 1; }
+grep -E "✓|✗" build/configure.log || true
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+cmake --build build -j "$jobs" "${targets[@]}"

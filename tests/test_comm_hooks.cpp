@@ -25,18 +25,13 @@ using ddp::plugins::CastHook;
 using ddp::plugins::PowerSgdHook;
 using ddp::test::joinErrors;
 using ddp::test::runRanks;
+using ddp::test::skipUnlessRunnable;
 
 namespace {
 
-const std::string kBackend = "gloo";
+const std::string kHooksBackend = "gloo";
 const Milliseconds kTimeout{30000};
 
-bool skipUnlessRunnable() {
-  std::string whyNot;
-  if (ddp::test::backendRunnable(kBackend, &whyNot)) return false;
-  WARN("SKIPPED: " << whyNot);
-  return true;
-}
 
 // Rank r's gradients: smooth, different on every rank, every element nonzero.
 at::Tensor rankGradients(int rank, int64_t numel, int step = 0) {
@@ -55,7 +50,7 @@ std::vector<std::vector<at::Tensor>> runHook(int world, const std::vector<std::v
                                              const std::function<CommHookPtr()>& makeHook,
                                              const GradientOf& gradient = {}) {
   std::vector<std::vector<at::Tensor>> results(world);
-  auto errors = runRanks(kBackend, world, [&](int rank, ProcessGroup& pg) {
+  auto errors = runRanks(kHooksBackend, world, [&](int rank, ProcessGroup& pg) {
     std::vector<at::Tensor> parameters;
     int64_t numel = 0;
     for (const auto& shape : shapes) {
@@ -84,7 +79,7 @@ at::Tensor exactAverage(int world, int64_t numel, int step = 0) {
 }  // namespace
 
 TEST_CASE("fp16 and bf16 hooks give the average to their precision, the same on every rank", "[comm_hook]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kHooksBackend)) return;
   const int world = GENERATE(2, 3);
   const bool half = GENERATE(true, false);
   const int64_t numel = GENERATE(int64_t(1), int64_t(1000), int64_t(70000));
@@ -107,7 +102,7 @@ TEST_CASE("fp16 and bf16 hooks give the average to their precision, the same on 
 }
 
 TEST_CASE("powersgd at full rank reconstructs the exact average through both allreduces", "[comm_hook]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kHooksBackend)) return;
   const int world = GENERATE(2, 3);
   INFO("world " << world);
   // Every matrix has min(rows, cols) = 4: at rank 4, P Q^T is exact. A
@@ -130,7 +125,7 @@ TEST_CASE("powersgd at full rank reconstructs the exact average through both all
 }
 
 TEST_CASE("powersgd averages exactly during its start steps and for vectors", "[comm_hook]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kHooksBackend)) return;
   PowerSgdHook::Options o;
   o.rank = 1;
   o.startSteps = 2;
@@ -146,7 +141,7 @@ TEST_CASE("powersgd averages exactly during its start steps and for vectors", "[
 }
 
 TEST_CASE("powersgd's error feedback makes the accumulated update converge to the exact one", "[comm_hook]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kHooksBackend)) return;
   // Fixed full-rank gradients (the same every step) at rank 1: one step is
   // far off, but what compression loses is fed into the next step, so the
   // mean of K applied updates approaches the true average as 1/K.
@@ -176,7 +171,7 @@ TEST_CASE("powersgd's error feedback makes the accumulated update converge to th
 }
 
 TEST_CASE("powersgd recovers from a first step of zero gradients", "[comm_hook]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kHooksBackend)) return;
   // A zero gradient makes P and then Q zero; kept as the warm start, a
   // zero Q would make every later P zero, and the matrix would never train.
   const int64_t n = 16;
@@ -199,7 +194,7 @@ TEST_CASE("powersgd recovers from a first step of zero gradients", "[comm_hook]"
 
 TEST_CASE("DDP with each hook: full-rank powersgd and fp16 match the exact gradients across buckets",
           "[comm_hook][ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kHooksBackend)) return;
   const std::string which = GENERATE(std::string("powersgd"), std::string("fp16"));
   INFO(which);
   constexpr int kWorld = 2, kSteps = 3;
@@ -213,7 +208,7 @@ TEST_CASE("DDP with each hook: full-rank powersgd and fp16 match the exact gradi
     at::Tensor forward(at::Tensor x) { return c->forward(torch::tanh(b->forward(torch::tanh(a->forward(x))))); }
   };
   std::vector<std::vector<at::Tensor>> exact(kWorld), hooked(kWorld);
-  auto errors = runRanks(kBackend, kWorld, [&](int rank, ProcessGroup& pg) {
+  auto errors = runRanks(kHooksBackend, kWorld, [&](int rank, ProcessGroup& pg) {
     for (bool withHook : {false, true}) {
       auto model = std::make_shared<Square>();
       ddp::test::initParameters(*model, 5);

@@ -21,15 +21,14 @@ using Catch::Matchers::Contains;
 using ddp::test::joinErrors;
 using ddp::test::runRanks;
 using ddp::test::initParameters;
+using ddp::test::borrow;
+using ddp::test::maxAbsDiff;
+using ddp::test::skipUnlessRunnable;
 
 namespace {
 
-const std::string kBackend = "gloo";
+const std::string kDdpBackend = "gloo";
 
-// runRanks lends each rank its group by reference; DDP takes shared ownership.
-ProcessGroupPtr borrow(ProcessGroup& group) {
-  return ProcessGroupPtr(&group, [](ProcessGroup*) {});
-}
 
 // Named like a real model: layers.0.weight, ..., head.weight, [unused.weight].
 struct Mlp : torch::nn::Module {
@@ -67,8 +66,6 @@ at::Tensor flatGradients(torch::nn::Module& module) {
   return at::cat(pieces);
 }
 
-double maxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
-
 struct Data {
   at::Tensor x, y;
 };
@@ -82,17 +79,11 @@ at::Tensor lossOf(Mlp& model, const at::Tensor& x, const at::Tensor& y) {
   return torch::nn::functional::cross_entropy(model.forward(x), y);
 }
 
-bool skipUnlessRunnable() {
-  std::string whyNot;
-  if (ddp::test::backendRunnable(kBackend, &whyNot)) return false;
-  WARN("SKIPPED: " << whyNot);
-  return true;
-}
 
 }  // namespace
 
 TEST_CASE("DDP over 2 ranks matches one process with the combined batch", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   const bool gradientAsBucketView = GENERATE(true, false);
   INFO("gradientAsBucketView " << gradientAsBucketView);
   constexpr int kWorld = 2, kSteps = 5, kBatch = 8;
@@ -114,7 +105,7 @@ TEST_CASE("DDP over 2 ranks matches one process with the combined batch", "[ddp]
 
   std::vector<std::vector<at::Tensor>> afterStep(kWorld, std::vector<at::Tensor>(kSteps));
   std::vector<size_t> buckets(kWorld);
-  auto errors = runRanks(kBackend, kWorld, [&](int rank, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, kWorld, [&](int rank, ProcessGroup& pg) {
     auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 32, 32}, 3);
     // Rank 1 starts elsewhere: the construction broadcast must fix it.
     initParameters(*model, rank == 0 ? 42 : 1000 + rank);
@@ -147,7 +138,7 @@ TEST_CASE("DDP over 2 ranks matches one process with the combined batch", "[ddp]
 }
 
 TEST_CASE("DDP broadcasts rank 0's parameters and buffers at construction", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   struct WithBuffers : torch::nn::Module {
     torch::nn::Linear fc{nullptr};
     torch::nn::BatchNorm1d bn{nullptr};
@@ -165,7 +156,7 @@ TEST_CASE("DDP broadcasts rank 0's parameters and buffers at construction", "[dd
   };
   constexpr int kWorld = 3;
   std::vector<at::Tensor> atStart(kWorld), afterConstruction(kWorld), afterStep(kWorld);
-  auto errors = runRanks(kBackend, kWorld, [&](int rank, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, kWorld, [&](int rank, ProcessGroup& pg) {
     auto model = std::make_shared<WithBuffers>();
     initParameters(*model, 100 + rank);
     {
@@ -194,14 +185,14 @@ TEST_CASE("DDP broadcasts rank 0's parameters and buffers at construction", "[dd
 }
 
 TEST_CASE("PackedBroadcast gives every rank rank 0's values at every run, any dtype or layout", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   // Reused packing memory must carry each run's values, not the first's.
   constexpr int kRuns = 3;
   for (const int world : {2, 3}) {
     INFO("world size " << world);
     std::vector<std::vector<std::vector<at::Tensor>>> seen(world);  // [rank][run] -> tensors
     std::vector<at::Tensor> grown(world);
-    auto errors = runRanks(kBackend, world, [&](int rank, ProcessGroup& pg) {
+    auto errors = runRanks(kDdpBackend, world, [&](int rank, ProcessGroup& pg) {
       at::Tensor f = at::empty({5}, at::kFloat);
       at::Tensor d = at::empty({2, 3}, at::kDouble);
       at::Tensor i = at::empty({3}, at::kLong);
@@ -248,13 +239,13 @@ TEST_CASE("PackedBroadcast gives every rank rank 0's values at every run, any dt
 }
 
 TEST_CASE("DDP refuses a sparse gradient with a UsageError naming the parameter", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   struct WithSparse : torch::nn::Module {
     torch::nn::Embedding table{nullptr};
     WithSparse() { table = register_module("table", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true))); }
   };
   std::vector<std::string> messages(2);
-  auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, 2, [&](int rank, ProcessGroup& pg) {
     auto model = std::make_shared<WithSparse>();
     DistributedDataParallel ddp(model, borrow(pg));
     try {
@@ -269,9 +260,9 @@ TEST_CASE("DDP refuses a sparse gradient with a UsageError naming the parameter"
 }
 
 TEST_CASE("DDP names the first parameter that differs across ranks", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   auto expectError = [](const std::function<std::shared_ptr<Mlp>(int)>& build, const std::string& expected) {
-    auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+    auto errors = runRanks(kDdpBackend, 2, [&](int rank, ProcessGroup& pg) {
       DistributedDataParallel ddp(build(rank), borrow(pg));
     });
     for (int r = 0; r < 2; ++r) {
@@ -300,12 +291,12 @@ TEST_CASE("DDP names the first parameter that differs across ranks", "[ddp]") {
 }
 
 TEST_CASE("DDP launches allreduces during backward when overlap is on", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   for (bool overlap : {true, false}) {
     DYNAMIC_SECTION("overlap " << overlap) {
       std::vector<DistributedDataParallel::SyncTimeline> timelines(2);
       std::vector<size_t> bucketCounts(2);
-      auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+      auto errors = runRanks(kDdpBackend, 2, [&](int rank, ProcessGroup& pg) {
         auto model = std::make_shared<Mlp>(std::vector<int64_t>{256, 256, 256, 256, 256, 256}, 10);
         DdpOptions options;
         options.bucketCapBytes = 300 * 1024;
@@ -348,9 +339,9 @@ TEST_CASE("DDP launches allreduces during backward when overlap is on", "[ddp]")
 }
 
 TEST_CASE("DDP reports parameters without gradient, or zeroes them with findUnusedParameters", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   SECTION("default: error naming them") {
-    auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+    auto errors = runRanks(kDdpBackend, 2, [&](int rank, ProcessGroup& pg) {
       auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 16}, 3, /*withUnused=*/true);
       DistributedDataParallel ddp(model, borrow(pg));
       const Data data = makeData(rank, 4, 10, 3);
@@ -365,7 +356,7 @@ TEST_CASE("DDP reports parameters without gradient, or zeroes them with findUnus
   }
   SECTION("findUnusedParameters: zero, or the average where some rank used them") {
     std::vector<at::Tensor> params(2), unusedGrad(2), usedOnRank0Local(2), usedOnRank0Averaged(2);
-    auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+    auto errors = runRanks(kDdpBackend, 2, [&](int rank, ProcessGroup& pg) {
       auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 16}, 3, /*withUnused=*/true);
       DdpOptions options;
       options.findUnusedParameters = true;
@@ -410,12 +401,12 @@ TEST_CASE("DDP reports parameters without gradient, or zeroes them with findUnus
 }
 
 TEST_CASE("DDP noSync accumulation equals one synced step on the whole batch", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   for (bool lastPassSynced : {true, false}) {
     DYNAMIC_SECTION((lastPassSynced ? "second micro-batch synced" : "both under noSync, then finish")) {
       std::vector<double> diffs(2, -1.0);
       std::vector<double> rankSpread(2, -1.0);
-      auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+      auto errors = runRanks(kDdpBackend, 2, [&](int rank, ProcessGroup& pg) {
         constexpr int64_t kMicro = 6;
         const Data data = makeData(10 + rank, 2 * kMicro, 10, 3);
         DdpOptions options;
@@ -456,10 +447,10 @@ TEST_CASE("DDP noSync accumulation equals one synced step on the whole batch", "
 // Gradients that alias the buckets must behave like plain ones: in-place
 // zeroing by the optimizer, accumulation under noSync, several steps.
 TEST_CASE("DDP gradients as bucket views train exactly like copied gradients", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   std::vector<at::Tensor> finals(4);
   std::vector<int> aliased(4, -1);
-  auto errors = runRanks(kBackend, 2, [&](int rank, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, 2, [&](int rank, ProcessGroup& pg) {
     for (bool view : {true, false}) {
       auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 16, 16}, 3);
       initParameters(*model, 11);
@@ -497,9 +488,9 @@ TEST_CASE("DDP gradients as bucket views train exactly like copied gradients", "
 }
 
 TEST_CASE("DDP at world size 1 leaves gradients unchanged", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   at::Tensor plain, synced;
-  auto errors = runRanks(kBackend, 1, [&](int, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, 1, [&](int, ProcessGroup& pg) {
     const Data data = makeData(3, 16, 10, 3);
     auto reference = std::make_shared<Mlp>(std::vector<int64_t>{10, 32, 32}, 3);
     initParameters(*reference, 9);
@@ -522,9 +513,9 @@ TEST_CASE("DDP at world size 1 leaves gradients unchanged", "[ddp]") {
 }
 
 TEST_CASE("DDP detects a missing or doubled finishGradientSync", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   std::vector<std::string> messages;
-  auto errors = runRanks(kBackend, 1, [&](int, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, 1, [&](int, ProcessGroup& pg) {
     auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 8}, 3);
     DistributedDataParallel ddp(model, borrow(pg));
     const Data data = makeData(1, 4, 10, 3);
@@ -594,14 +585,14 @@ class SumThenDivide : public CommHook {
 
 TEST_CASE("a DDP comm hook replaces the bucket allreduce: same gradients, one call per bucket and synced step",
           "[ddp][comm_hook]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   constexpr int kWorld = 2, kSteps = 3;
   const bool viaRegister = GENERATE(false, true);
   INFO((viaRegister ? "registerCommHook()" : "DdpOptions::commHook"));
   std::vector<std::vector<at::Tensor>> withDefault(kWorld), withHook(kWorld);
   std::vector<std::shared_ptr<SumThenDivide>> hooks(kWorld);
   std::vector<std::vector<DistributedDataParallel::BucketInfo>> layouts(kWorld);
-  auto errors = runRanks(kBackend, kWorld, [&](int rank, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, kWorld, [&](int rank, ProcessGroup& pg) {
     for (bool custom : {false, true}) {
       auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 16, 16}, 3);
       initParameters(*model, 21);
@@ -652,9 +643,9 @@ TEST_CASE("a DDP comm hook replaces the bucket allreduce: same gradients, one ca
 }
 
 TEST_CASE("a DDP comm hook registered after the first backward is a UsageError", "[ddp][comm_hook]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   std::string before, after;
-  auto errors = runRanks(kBackend, 1, [&](int, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, 1, [&](int, ProcessGroup& pg) {
     auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 8}, 3);
     DistributedDataParallel ddp(model, borrow(pg));
     const Data data = makeData(1, 4, 10, 3);
@@ -697,10 +688,10 @@ TEST_CASE("thenWork passes on the first Work's failure and runs nothing", "[ddp]
 }
 
 TEST_CASE("averageAcrossRanks averages scalars and vectors", "[ddp]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   std::vector<double> scalar(3);
   std::vector<std::vector<double>> vec(3);
-  auto errors = runRanks(kBackend, 3, [&](int rank, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, 3, [&](int rank, ProcessGroup& pg) {
     scalar[rank] = averageAcrossRanks(pg, rank + 1.0);
     vec[rank] = averageAcrossRanks(pg, std::vector<double>{double(rank), 10.0 * rank});
   });
@@ -831,7 +822,7 @@ TEST_CASE("the Python port of DistributedSampler gives the C++ sampler's indices
 
 TEST_CASE("uneven inputs: ranks without a batch shadow the step and the average counts only the others",
           "[ddp][join]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   // 10 samples at 3 ranks, unpadded: rank 0 reads 4, ranks 1 and 2 read 3.
   // Batches of 3: rank 0 has two steps (3 and 1 samples), the others one,
   // so they shadow rank 0's second step.
@@ -854,7 +845,7 @@ TEST_CASE("uneven inputs: ranks without a batch shadow the step and the average 
   REQUIRE(batchesOf(1).size() == 1);
 
   std::vector<std::vector<at::Tensor>> grads(kWorld), params(kWorld);
-  auto errors = runRanks(kBackend, kWorld, [&](int rank, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, kWorld, [&](int rank, ProcessGroup& pg) {
     auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 8}, 3);
     initParameters(*model, 9);
     DdpOptions options;
@@ -915,9 +906,9 @@ TEST_CASE("uneven inputs: ranks without a batch shadow the step and the average 
 }
 
 TEST_CASE("shadowBackward after a backward, and setContributors out of range, are UsageErrors", "[ddp][join]") {
-  if (skipUnlessRunnable()) return;
+  if (skipUnlessRunnable(kDdpBackend)) return;
   std::string twice, range;
-  auto errors = runRanks(kBackend, 1, [&](int, ProcessGroup& pg) {
+  auto errors = runRanks(kDdpBackend, 1, [&](int, ProcessGroup& pg) {
     auto model = std::make_shared<Mlp>(std::vector<int64_t>{10, 8}, 3);
     DistributedDataParallel ddp(model, borrow(pg));
     const Data data = makeData(1, 4, 10, 3);

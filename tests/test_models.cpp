@@ -34,6 +34,8 @@ using ddp::test::joinErrors;
 using ddp::test::paramsFor;
 using ddp::test::usageErrorOf;
 using ddp::test::runRanks;
+using ddp::test::borrow;
+using ddp::test::maxAbsDiff;
 
 namespace {
 
@@ -69,8 +71,6 @@ int64_t gptCount(int64_t V, int64_t T, int64_t L, int64_t C, bool bias, bool tie
   const int64_t perLayer = bias ? 12 * C * C + 13 * C : 12 * C * C + 2 * C;
   return V * C + T * C + L * perLayer + (bias ? 2 * C : C) + (tied ? 0 : V * C);
 }
-
-double maxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 at::Tensor tokens(int64_t batch, int64_t T, int64_t vocab, uint64_t seed) {
   torch::manual_seed(seed);
@@ -425,9 +425,6 @@ TEST_CASE("models cnn and gpt: the forward pass and the gradients match a plain 
 
 namespace {
 
-ProcessGroupPtr borrow(ProcessGroup& group) {
-  return ProcessGroupPtr(&group, [](ProcessGroup*) {});
-}
 
 std::vector<at::Tensor> cloneAll(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> out;

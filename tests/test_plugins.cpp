@@ -34,6 +34,8 @@ using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 using ddp::test::paramsFor;
 using ddp::test::usageErrorOf;
+using ddp::test::maxAbsDiff;
+using ddp::test::TempDir;
 
 namespace {
 
@@ -62,36 +64,11 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const std::string& name, 
   return spec.optimizer(std::move(params), paramsFor(spec, values));
 }
 
-// A directory of its own under /tmp, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = std::filesystem::temp_directory_path() /
-            ("ddp_test_plugins_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string write(const std::string& name, const std::string& content) const {
-    auto file = path_ / name;
-    std::ofstream(file) << content;
-    return file.string();
-  }
-  std::string path() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 // A model plugin that only holds a name, for tests of the registry itself.
 PluginSpec placeholderModel(const std::string& name) {
   return {name, "placeholder", {}, [](const Params&, const ModelContext&) -> ModelPtr { return nullptr; }};
 }
-
-double maxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 }  // namespace
 

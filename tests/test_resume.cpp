@@ -21,45 +21,18 @@
 
 using namespace ddp;
 using ddp::test::runDdpRun;
+using ddp::test::maxDifference;
+using ddp::test::wine;
+using ddp::test::metricsEpochs;
+using ddp::test::readFile;
+using ddp::test::TempDir;
 
 namespace {
 
-ExperimentConfig wine(const std::vector<std::string>& overrides) {
-  return loadExperimentConfig(std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json", overrides,
-                              builtinPlugins());
-}
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
-double maxDifference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  return worst;
-}
 
-std::vector<int64_t> metricsEpochs(const std::string& runDir) {
-  std::ifstream in(runDir + "/metrics.jsonl");
-  std::vector<int64_t> epochs;
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) epochs.push_back(Json::parse(line)["epoch"].get<int64_t>());
-  }
-  return epochs;
-}
 
-// A temporary folder, removed with everything in it at the end of the test.
-struct TempDir {
-  std::string path = ddp::test::tempDir();
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
 
 // Raises `signal` in this process after the optimizer step `atStep`.
 class RaiseAtStep : public TrainerCallback {
@@ -80,9 +53,9 @@ class RaiseAtStep : public TrainerCallback {
 TrainResult uninterruptedAndFirstPart(const std::vector<std::string>& base, const TempDir& whole,
                                       const TempDir& parts, const ddp::DistributedContext& ctx, RunOptions& ro) {
   ro.quiet = true;
-  ro.runDir = whole.path;
+  ro.runDir = whole.path();
   TrainResult uninterrupted = runTraining(wine(base), ctx, ro, builtinPlugins());
-  ro.runDir = parts.path;
+  ro.runDir = parts.path();
   auto firstPart = base;
   firstPart.push_back("training.epochs=4");
   runTraining(wine(firstPart), ctx, ro, builtinPlugins());
@@ -146,7 +119,7 @@ TEST_CASE("resume rules: only the settings listed as safe may change", "[resume]
 TEST_CASE("resume with a changed model or optimizer is refused and the run folder kept", "[resume]") {
   TempDir tmp;
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
-  const std::string runDir = tmp.path + "/run";
+  const std::string runDir = tmp.path() + "/run";
   REQUIRE(runDdpRun(exp + " --set training.epochs=2 --set training.save_every=1 --out " + runDir).exitCode == 0);
   const std::string config = readFile(runDir + "/config.json"), metrics = readFile(runDir + "/metrics.jsonl");
   REQUIRE(!config.empty());
@@ -179,9 +152,9 @@ TEST_CASE("resume with more epochs and another lr is allowed, logged and applied
   ro.resume = true;
   const auto resumed = runTraining(wine(base), ctx, ro, builtinPlugins());
   CHECK(maxDifference(resumed.finalParameters, uninterrupted.finalParameters) == 0.0);
-  const std::string log = readFile(parts.path + "/train.log");
+  const std::string log = readFile(parts.path() + "/train.log");
   CHECK(log.find("resume: training.epochs 4 -> 6\n") != std::string::npos);
-  CHECK(Json::parse(readFile(parts.path + "/config.json"))["training"]["epochs"] == 6);
+  CHECK(Json::parse(readFile(parts.path() + "/config.json"))["training"]["epochs"] == 6);
 
   // The new lr is the optimizer's after the checkpoint is loaded.
   auto faster = base;
@@ -192,7 +165,7 @@ TEST_CASE("resume with more epochs and another lr is allowed, logged and applied
   trainer.build();
   CHECK(trainer.startEpoch() == 6);
   CHECK(trainer.strategy().optimizer().param_groups()[0].options().get_lr() == Approx(0.005));
-  CHECK(readFile(parts.path + "/train.log").find("resume: optimizer.lr 0.001 -> 0.005") != std::string::npos);
+  CHECK(readFile(parts.path() + "/train.log").find("resume: optimizer.lr 0.001 -> 0.005") != std::string::npos);
 }
 
 TEST_CASE("resume falls back to the newest checkpoint that can be read", "[resume]") {
@@ -201,22 +174,22 @@ TEST_CASE("resume falls back to the newest checkpoint that can be read", "[resum
   auto ctx = ddp::test::singleProcessContext();
   RunOptions ro;
   const auto uninterrupted = uninterruptedAndFirstPart(base, whole, parts, ctx, ro);
-  const std::string newest = parts.path + "/checkpoints/epoch_000004.pt";
-  const std::string older = parts.path + "/checkpoints/epoch_000002.pt";
+  const std::string newest = parts.path() + "/checkpoints/epoch_000004.pt";
+  const std::string older = parts.path() + "/checkpoints/epoch_000002.pt";
   std::filesystem::resize_file(newest, std::filesystem::file_size(newest) / 2);
 
   ro.resume = true;
   const auto resumed = runTraining(wine(base), ctx, ro, builtinPlugins());
   CHECK(resumed.history.size() == 4);
   CHECK(maxDifference(resumed.finalParameters, uninterrupted.finalParameters) == 0.0);
-  CHECK(metricsEpochs(parts.path) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
-  const std::string log = readFile(parts.path + "/train.log");
+  CHECK(metricsEpochs(parts.path()) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
+  const std::string log = readFile(parts.path() + "/train.log");
   CHECK(log.find("checkpoint " + newest + " cannot be read (") != std::string::npos);
   CHECK(log.find("; resuming from " + older + "\n") != std::string::npos);
 
   // None can be read: one line, and the folder as it was.
-  for (const auto& file : listCheckpoints(parts.path)) std::ofstream(file.path, std::ios::trunc) << "garbage";
-  const std::string metrics = readFile(parts.path + "/metrics.jsonl"), config = readFile(parts.path + "/config.json");
+  for (const auto& file : listCheckpoints(parts.path())) std::ofstream(file.path, std::ios::trunc) << "garbage";
+  const std::string metrics = readFile(parts.path() + "/metrics.jsonl"), config = readFile(parts.path() + "/config.json");
   auto more = base;
   more.push_back("training.epochs=9");
   try {
@@ -224,24 +197,24 @@ TEST_CASE("resume falls back to the newest checkpoint that can be read", "[resum
     FAIL("resumed from unreadable checkpoints");
   } catch (const std::runtime_error& e) {
     const std::string what = e.what();
-    CHECK(what.find("--resume: no checkpoint in " + parts.path + "/checkpoints can be read; the newest: checkpoint " +
-                    parts.path + "/checkpoints/epoch_000006.pt cannot be read (") == 0);
+    CHECK(what.find("--resume: no checkpoint in " + parts.path() + "/checkpoints can be read; the newest: checkpoint " +
+                    parts.path() + "/checkpoints/epoch_000006.pt cannot be read (") == 0);
     CHECK(what.find('\n') == std::string::npos);
   }
-  CHECK(readFile(parts.path + "/metrics.jsonl") == metrics);
-  CHECK(readFile(parts.path + "/config.json") == config);
+  CHECK(readFile(parts.path() + "/metrics.jsonl") == metrics);
+  CHECK(readFile(parts.path() + "/config.json") == config);
 }
 
 TEST_CASE("the newest checkpoint is chosen by epoch number, not by name", "[resume]") {
   TempDir tmp;
-  std::filesystem::create_directories(tmp.path + "/checkpoints");
+  std::filesystem::create_directories(tmp.path() + "/checkpoints");
   for (const char* name : {"epoch_999999.pt", "epoch_1000000.pt", "epoch_000003_batch_000002.pt", "epoch_000003.pt",
                            "epoch_1000001.pt.tmp", "epoch_x.pt", "notes.txt"}) {
-    std::ofstream(tmp.path + "/checkpoints/" + name) << "x";
+    std::ofstream(tmp.path() + "/checkpoints/" + name) << "x";
   }
-  CHECK(newestCheckpoint(tmp.path) == tmp.path + "/checkpoints/epoch_1000000.pt");
+  CHECK(newestCheckpoint(tmp.path()) == tmp.path() + "/checkpoints/epoch_1000000.pt");
   std::vector<std::string> order;
-  for (const auto& file : listCheckpoints(tmp.path)) order.push_back(file.path.substr(file.path.rfind('/') + 1));
+  for (const auto& file : listCheckpoints(tmp.path())) order.push_back(file.path.substr(file.path.rfind('/') + 1));
   CHECK(order == std::vector<std::string>{"epoch_1000000.pt", "epoch_999999.pt", "epoch_000003_batch_000002.pt",
                                           "epoch_000003.pt"});
   CHECK(checkpointFileName(1000000) == "epoch_1000000.pt");
@@ -250,12 +223,12 @@ TEST_CASE("the newest checkpoint is chosen by epoch number, not by name", "[resu
 
 TEST_CASE("a run folder is locked while a job owns it", "[resume]") {
   TempDir tmp;
-  auto first = std::make_unique<RunFolderLock>(tmp.path);
+  auto first = std::make_unique<RunFolderLock>(tmp.path());
   try {
-    RunFolderLock second(tmp.path);
+    RunFolderLock second(tmp.path());
     FAIL("two owners of one run folder");
   } catch (const UsageError& e) {
-    CHECK(std::string(e.what()) == "run folder " + tmp.path + " is in use by pid " + std::to_string(::getpid()) +
+    CHECK(std::string(e.what()) == "run folder " + tmp.path() + " is in use by pid " + std::to_string(::getpid()) +
                                        " (host " + [] {
                                          char host[256] = {};
                                          ::gethostname(host, sizeof(host) - 1);
@@ -263,13 +236,13 @@ TEST_CASE("a run folder is locked while a job owns it", "[resume]") {
                                        }() + "). HINT: wait for that job to end, or use another --out");
   }
   first.reset();
-  CHECK_NOTHROW(RunFolderLock(tmp.path));
+  CHECK_NOTHROW(RunFolderLock(tmp.path()));
 }
 
 TEST_CASE("resume never destroys what it cannot continue", "[resume]") {
   TempDir tmp;
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
-  const std::string runDir = tmp.path + "/run";
+  const std::string runDir = tmp.path() + "/run";
   // Metrics but no checkpoint (save_every 0).
   REQUIRE(runDdpRun(exp + " --set training.epochs=2 --set training.save_every=0 --out " + runDir).exitCode == 0);
   const std::string metrics = readFile(runDir + "/metrics.jsonl");
@@ -295,15 +268,15 @@ TEST_CASE("resume never destroys what it cannot continue", "[resume]") {
   CHECK(rank.output == "ddp-run: --resume needs the run folder to continue. HINT: --out RUN_DIR\n");
 
   // A folder that does not exist, or holds no run.
-  ddp::test::ProgramOutcome missing = runDdpRun(exp + " --resume --out " + tmp.path + "/nothing");
+  ddp::test::ProgramOutcome missing = runDdpRun(exp + " --resume --out " + tmp.path() + "/nothing");
   CHECK(missing.exitCode == 2);
-  CHECK(missing.output == "--resume: run folder " + tmp.path +
+  CHECK(missing.output == "--resume: run folder " + tmp.path() +
                               "/nothing does not exist. HINT: --out the folder of the run to continue\n");
-  CHECK_FALSE(std::filesystem::exists(tmp.path + "/nothing"));
-  std::filesystem::create_directories(tmp.path + "/empty");
-  ddp::test::ProgramOutcome empty = runDdpRun(exp + " --resume --out " + tmp.path + "/empty");
+  CHECK_FALSE(std::filesystem::exists(tmp.path() + "/nothing"));
+  std::filesystem::create_directories(tmp.path() + "/empty");
+  ddp::test::ProgramOutcome empty = runDdpRun(exp + " --resume --out " + tmp.path() + "/empty");
   CHECK(empty.exitCode == 2);
-  CHECK(empty.output == "--resume: " + tmp.path +
+  CHECK(empty.output == "--resume: " + tmp.path() +
                             "/empty holds no config.json, so no run to continue. HINT: --out the folder of the run "
                             "to continue\n");
 }
@@ -312,12 +285,12 @@ TEST_CASE("a checkpoint folder that cannot be written is found before training",
   TempDir tmp;
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
   // A file where the checkpoint folder would be.
-  std::ofstream(tmp.path + "/checkpoints");
-  ddp::test::ProgramOutcome o = runDdpRun(exp + " --set training.epochs=2 --set training.save_every=1 --out " + tmp.path);
+  std::ofstream(tmp.path() + "/checkpoints");
+  ddp::test::ProgramOutcome o = runDdpRun(exp + " --set training.epochs=2 --set training.save_every=1 --out " + tmp.path());
   INFO(o.output);
   CHECK(o.exitCode == 2);
-  CHECK(o.output.find("cannot create " + tmp.path + "/checkpoints: ") == 0);
-  CHECK_FALSE(std::filesystem::exists(tmp.path + "/metrics.jsonl"));
+  CHECK(o.output.find("cannot create " + tmp.path() + "/checkpoints: ") == 0);
+  CHECK_FALSE(std::filesystem::exists(tmp.path() + "/metrics.jsonl"));
 }
 
 TEST_CASE("SIGTERM with checkpoint_on_signal saves the step, and resume ends like an uninterrupted run",
@@ -327,12 +300,12 @@ TEST_CASE("SIGTERM with checkpoint_on_signal saves the step, and resume ends lik
   auto ctx = ddp::test::singleProcessContext();
   RunOptions ro;
   ro.quiet = true;
-  ro.runDir = whole.path;
+  ro.runDir = whole.path();
   const auto uninterrupted = runTraining(wine(base), ctx, ro, builtinPlugins());
 
   auto onSignal = base;
   onSignal.push_back("training.checkpoint_on_signal=true");
-  ro.runDir = parts.path;
+  ro.runDir = parts.path();
   struct sigaction before {};
   ::sigaction(SIGTERM, nullptr, &before);
   {
@@ -346,8 +319,8 @@ TEST_CASE("SIGTERM with checkpoint_on_signal saves the step, and resume ends lik
     CHECK(stopped.steps == 7);
     CHECK(stopped.history.size() == 1);
   }
-  CHECK(newestCheckpoint(parts.path) == parts.path + "/checkpoints/epoch_000001_batch_000002.pt");
-  CHECK(readFile(parts.path + "/train.log").find("signal 15: saved " + parts.path +
+  CHECK(newestCheckpoint(parts.path()) == parts.path() + "/checkpoints/epoch_000001_batch_000002.pt");
+  CHECK(readFile(parts.path() + "/train.log").find("signal 15: saved " + parts.path() +
                                                  "/checkpoints/epoch_000001_batch_000002.pt (step 7, 2 batches "
                                                  "into epoch 2); stopping") != std::string::npos);
   ro.resume = true;
@@ -355,7 +328,7 @@ TEST_CASE("SIGTERM with checkpoint_on_signal saves the step, and resume ends lik
   CHECK(resumed.signal == 0);
   CHECK(resumed.steps == uninterrupted.steps);
   CHECK(maxDifference(resumed.finalParameters, uninterrupted.finalParameters) == 0.0);
-  CHECK(metricsEpochs(parts.path) == std::vector<int64_t>{1, 2, 3, 4});
+  CHECK(metricsEpochs(parts.path()) == std::vector<int64_t>{1, 2, 3, 4});
   // Epoch 2's train loss covers all its batches, before and after the stop.
   REQUIRE(resumed.history.size() == 3);
   CHECK(resumed.history[0].trainLoss == Approx(uninterrupted.history[1].trainLoss).epsilon(1e-12));

@@ -32,6 +32,7 @@
 #include "tests/test_support.hpp"
 
 using namespace ddp;
+using ddp::test::TempDir;
 using Catch::Matchers::Contains;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
@@ -45,24 +46,6 @@ milliseconds since(Clock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - start);
 }
 
-// A fresh directory under /tmp, removed with its contents at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/ddp-store-test-XXXXXX";
-    const char* made = mkdtemp(pattern);
-    if (made == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 TCPStoreOptions serverOptions(uint16_t port = 0) {
   TCPStoreOptions o;

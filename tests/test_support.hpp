@@ -10,9 +10,15 @@
 #include <cstdlib>
 #include <exception>
 #include <ATen/CPUGeneratorImpl.h>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -26,6 +32,7 @@
 #include "ddp/config.hpp"
 #include "framework/comm/backend_registry.hpp"
 #include "framework/data/dataset.hpp"
+#include "framework/experiment/experiment_config.hpp"
 #if DDP_HAVE_NCCL
 #include "backends/nccl/process_group_nccl.hpp"
 #endif
@@ -33,6 +40,7 @@
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
 #include "framework/store/hash_store.hpp"
+#include "plugins/builtin.hpp"
 
 namespace ddp::test {
 
@@ -111,10 +119,105 @@ inline bool backendRunnable(const std::string& backend, std::string* whyNot) {
   return true;
 }
 
-// A fresh folder under /tmp.
+namespace detail {
+// The folders tempDir() made, removed when the process that made them exits
+// (a forked child that exits leaves its parent's folders alone).
+struct TempDirsAtExit {
+  const pid_t owner = ::getpid();
+  std::mutex mutex;
+  std::vector<std::string> paths;
+  ~TempDirsAtExit() {
+    if (::getpid() != owner) return;
+    for (const auto& path : paths) {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  }
+};
+inline TempDirsAtExit& tempDirsAtExit() {
+  static TempDirsAtExit dirs;
+  return dirs;
+}
+}  // namespace detail
+
+// A fresh folder under /tmp, removed with what is in it when this process
+// exits, so that a test run leaves nothing behind.
 inline std::string tempDir() {
   char tmpl[] = "/tmp/ddp-test-XXXXXX";
-  return ::mkdtemp(tmpl);
+  if (::mkdtemp(tmpl) == nullptr) {
+    throw std::runtime_error(std::string("mkdtemp(/tmp/ddp-test-XXXXXX) failed: ") + std::strerror(errno));
+  }
+  auto& dirs = detail::tempDirsAtExit();
+  std::lock_guard<std::mutex> lock(dirs.mutex);
+  dirs.paths.emplace_back(tmpl);
+  return tmpl;
+}
+
+// A fresh folder under /tmp, removed with what is in it at scope exit.
+class TempDir {
+ public:
+  TempDir() : path_(tempDir()) {}
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  // Writes `content` to the file `name` in the folder; returns its path.
+  std::string write(const std::string& name, const std::string& content) const {
+    const std::string file = path_ + "/" + name;
+    std::ofstream(file, std::ios::binary) << content;
+    return file;
+  }
+
+ private:
+  std::string path_;
+};
+
+// A whole file as bytes ("" when it cannot be read).
+inline std::string readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The epoch of every record in a run folder's metrics.jsonl, in file order.
+inline std::vector<int64_t> metricsEpochs(const std::string& runDir) {
+  std::ifstream in(runDir + "/metrics.jsonl");
+  std::vector<int64_t> epochs;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) epochs.push_back(nlohmann::json::parse(line)["epoch"].get<int64_t>());
+  }
+  return epochs;
+}
+
+// The wine experiment (experiments/wine_baseline.json) with `overrides`.
+inline ExperimentConfig wine(const std::vector<std::string>& overrides) {
+  return loadExperimentConfig(std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json", overrides,
+                              builtinPlugins());
+}
+
+// runRanks lends each rank its group by reference; DDP takes shared ownership.
+inline ProcessGroupPtr borrow(ProcessGroup& group) { return ProcessGroupPtr(&group, [](ProcessGroup*) {}); }
+
+inline double maxAbsDiff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+// The largest element-wise difference between two lists of tensors.
+inline double maxDifference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+  return worst;
+}
+
+// True, with a "SKIPPED: <reason>" warning, when `backend` cannot run here.
+inline bool skipUnlessRunnable(const std::string& backend) {
+  std::string whyNot;
+  if (backendRunnable(backend, &whyNot)) return false;
+  WARN("SKIPPED: " << whyNot);
+  return true;
 }
 
 struct ProgramOutcome {

@@ -32,13 +32,12 @@ using namespace ddp;
 using ddp::test::tensors;
 using ddp::test::runDdpRun;
 using ddp::test::tempDir;
+using ddp::test::maxDifference;
+using ddp::test::wine;
+using ddp::test::metricsEpochs;
 
 namespace {
 
-ExperimentConfig wine(const std::vector<std::string>& overrides) {
-  return loadExperimentConfig(std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json", overrides,
-                              builtinPlugins());
-}
 
 Json lastMetrics(const std::string& runDir) {
   std::ifstream in(runDir + "/metrics.jsonl");
@@ -69,17 +68,7 @@ int freePort() {
   return port;
 }
 
-// The epoch of every record in the run's metrics.jsonl, and the first
-// column of metrics.csv (its header included), in file order.
-std::vector<int64_t> metricsEpochs(const std::string& runDir) {
-  std::ifstream in(runDir + "/metrics.jsonl");
-  std::vector<int64_t> epochs;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!line.empty()) epochs.push_back(Json::parse(line)["epoch"].get<int64_t>());
-  }
-  return epochs;
-}
+// The first column of metrics.csv (its header included), in file order.
 std::vector<std::string> csvEpochs(const std::string& runDir) {
   std::ifstream in(runDir + "/metrics.csv");
   std::vector<std::string> epochs;
@@ -102,12 +91,6 @@ std::vector<at::Tensor> checkpointParameters(const std::string& path) {
   return out;
 }
 
-double maxDifference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
-  return worst;
-}
 
 }  // namespace
 

@@ -22,12 +22,10 @@ using namespace ddp;
 using ddp::test::joinErrors;
 using ddp::test::runRanks;
 using ddp::test::initParameters;
+using ddp::test::borrow;
 
 namespace {
 
-ProcessGroupPtr borrow(ProcessGroup& group) {
-  return ProcessGroupPtr(&group, [](ProcessGroup*) {});
-}
 
 // 10 -> 7 -> 3 with batch norm: 70 + 7 + 7 + 7 + 21 + 3 = 115 trainable
 // elements, which no world size from 2 to 4 divides. Under fsdp fc1 and fc2
@@ -50,24 +48,24 @@ struct Net : torch::nn::Module, ShardingUnits {
 const std::vector<int> kNetUnits = {0, 0, -1, -1, 1, 1};  // per parameter, registration order
 
 
-at::Tensor flatParameters(torch::nn::Module& module) {
+at::Tensor flatState(torch::nn::Module& module) {
   std::vector<at::Tensor> pieces;
   for (auto& p : module.parameters()) pieces.push_back(p.detach().reshape({-1}).clone());
   for (auto& b : module.buffers()) pieces.push_back(b.detach().reshape({-1}).to(at::kFloat));
   return at::cat(pieces);
 }
 
-std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const std::string& kind, std::vector<at::Tensor> params) {
+std::unique_ptr<torch::optim::Optimizer> referenceOptimizer(const std::string& kind, std::vector<at::Tensor> params) {
   if (kind == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
   if (kind == "adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
   return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(0.01).weight_decay(0.1));
 }
 
-struct Data {
+struct ZeroData {
   at::Tensor x, y;
 };
 
-Data makeData(int64_t n) {
+ZeroData makeZeroData(int64_t n) {
   auto gen = at::detail::createCPUGenerator(7);
   return {at::randn({n, 10}, gen), at::randint(3, {n}, gen, at::kLong)};
 }
@@ -76,7 +74,7 @@ constexpr int64_t kBatch = 4;
 
 // Steps [from, to) of a run: rank r trains on its slice of each global
 // batch, in `micro` micro-batches (the loss of each scaled by 1/micro).
-void train(ParallelStrategy& s, const Data& data, int rank, int world, int from, int to, int micro = 1) {
+void trainSteps(ParallelStrategy& s, const ZeroData& data, int rank, int world, int from, int to, int micro = 1) {
   auto& net = static_cast<Net&>(s.model());
   for (int k = from; k < to; ++k) {
     const int64_t begin = (int64_t(k) * world + rank) * kBatch;
@@ -97,7 +95,7 @@ std::unique_ptr<ParallelStrategy> makeStrategy(const std::string& name, ProcessG
                                                std::shared_ptr<Net> net) {
   StrategyContext c;
   c.model = net;
-  c.optimizer = makeOptimizer(opt, net->parameters());
+  c.optimizer = referenceOptimizer(opt, net->parameters());
   c.group = borrow(pg);
   c.ddp.bucketCapBytes = kBucketBytes;
   return builtinStrategies().create(name, std::move(c));
@@ -107,7 +105,7 @@ std::unique_ptr<ParallelStrategy> makeStrategy(const std::string& name, ProcessG
 std::vector<at::Tensor> run(const std::string& strategy, const std::string& opt, int world, int steps,
                             std::vector<int64_t>* stateBytes = nullptr, std::vector<int64_t>* gradBytes = nullptr,
                             int micro = 1) {
-  const Data data = makeData(64 * kBatch);
+  const ZeroData data = makeZeroData(64 * kBatch);
   std::vector<at::Tensor> out(world);
   if (stateBytes) stateBytes->assign(world, 0);
   if (gradBytes) gradBytes->assign(world, 0);
@@ -115,8 +113,8 @@ std::vector<at::Tensor> run(const std::string& strategy, const std::string& opt,
     auto net = std::make_shared<Net>();
     initParameters(*net, rank == 0 ? 42 : 1000 + rank);  // the strategy must start everyone from rank 0's
     auto s = makeStrategy(strategy, pg, opt, net);
-    train(*s, data, rank, world, 0, steps, micro);
-    s->withFullParameters([&] { out[rank] = flatParameters(*net); });
+    trainSteps(*s, data, rank, world, 0, steps, micro);
+    s->withFullParameters([&] { out[rank] = flatState(*net); });
     if (stateBytes) (*stateBytes)[rank] = optimizerStateBytes(s->optimizer());
     if (gradBytes) (*gradBytes)[rank] = s->heldBytes().gradients;
   });
@@ -228,7 +226,7 @@ TEST_CASE("a zero1, zero2 or fsdp checkpoint is consolidated: it resumes under a
   const std::string opt = GENERATE("sgd", "adam");
   const std::string saver = GENERATE("zero1", "zero2", "fsdp");
   INFO(opt << ", saved under " << saver);
-  const Data data = makeData(64 * kBatch);
+  const ZeroData data = makeZeroData(64 * kBatch);
   // 3 steps at world 3 under `strategy`; rank 0's checkpoint, serialized.
   auto trainAndSave = [&](const std::string& strategy) {
     std::string saved;
@@ -236,7 +234,7 @@ TEST_CASE("a zero1, zero2 or fsdp checkpoint is consolidated: it resumes under a
       auto net = std::make_shared<Net>();
       initParameters(*net, 42);
       auto s = makeStrategy(strategy, pg, opt, net);
-      train(*s, data, rank, 3, 0, 3);
+      trainSteps(*s, data, rank, 3, 0, 3);
       torch::serialize::OutputArchive archive;
       s->saveState(rank == 0 ? &archive : nullptr);
       if (rank == 0) {
@@ -258,7 +256,7 @@ TEST_CASE("a zero1, zero2 or fsdp checkpoint is consolidated: it resumes under a
     std::vector<at::Tensor> out(2);
     auto errs = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
       auto net = std::make_shared<Net>();
-      auto optimizer = makeOptimizer(opt, net->parameters());
+      auto optimizer = referenceOptimizer(opt, net->parameters());
       std::istringstream bytes(saved);
       torch::serialize::InputArchive archive;
       archive.load_from(bytes);
@@ -268,8 +266,8 @@ TEST_CASE("a zero1, zero2 or fsdp checkpoint is consolidated: it resumes under a
       c.optimizer = std::move(optimizer);
       c.group = borrow(pg);
       auto s = builtinStrategies().create(strategy, std::move(c));
-      train(*s, data, rank, 2, 3, 5);
-      s->withFullParameters([&] { out[rank] = flatParameters(*net); });
+      trainSteps(*s, data, rank, 2, 3, 5);
+      s->withFullParameters([&] { out[rank] = flatState(*net); });
     });
     INFO(joinErrors(errs));
     REQUIRE(joinErrors(errs).empty());
@@ -313,7 +311,7 @@ TEST_CASE("zero1, zero2 and fsdp refuse a sparse embedding before training", "[z
     auto net = std::make_shared<WithEmbedding>();
     StrategyContext c;
     c.model = net;
-    c.optimizer = makeOptimizer("sgd", net->parameters());
+    c.optimizer = referenceOptimizer("sgd", net->parameters());
     c.group = borrow(pg);
     builtinStrategies().create(strategy, std::move(c));
   });
@@ -328,14 +326,14 @@ TEST_CASE("strategyFootprint gives what ddp, zero1, zero2 and fsdp hold on rank 
   const std::string strategy = GENERATE("ddp", "zero1", "zero2", "fsdp");
   const int world = GENERATE(1, 2, 3, 4);
   INFO(strategy << ", world " << world);
-  const Data data = makeData(64 * kBatch);
+  const ZeroData data = makeZeroData(64 * kBatch);
   ParallelStrategy::HeldBytes held;
   std::vector<int64_t> numels;
   auto errors = runRanks("gloo", world, [&](int rank, ProcessGroup& pg) {
     auto net = std::make_shared<Net>();
     initParameters(*net, 42);
     auto s = makeStrategy(strategy, pg, "adam", net);
-    train(*s, data, rank, world, 0, 2);
+    trainSteps(*s, data, rank, world, 0, 2);
     if (rank == 0) {
       held = s->heldBytes();
       for (const auto& p : net->parameters()) numels.push_back(p.numel());
@@ -355,14 +353,14 @@ TEST_CASE("zero1, zero2, fsdp: the optimizer's zero_grad works, a parameter move
           "[zero]") {
   const std::string strategy = GENERATE("zero1", "zero2", "fsdp");
   INFO(strategy);
-  const Data data = makeData(64 * kBatch);
+  const ZeroData data = makeZeroData(64 * kBatch);
   auto errors = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
     auto net = std::make_shared<Net>();
     initParameters(*net, 42);
     auto s = makeStrategy(strategy, pg, "adam", net);
-    train(*s, data, rank, 2, 0, 1);
+    trainSteps(*s, data, rank, 2, 0, 1);
     s->optimizer().zero_grad();  // LibTorch 1.x detaches gradients in place: views would refuse
-    train(*s, data, rank, 2, 1, 2);
+    trainSteps(*s, data, rank, 2, 1, 2);
     {
       at::NoGradGuard noGrad;
       net->fc1->weight.set_(at::zeros_like(net->fc1->weight));  // as model.load() does
@@ -382,7 +380,7 @@ TEST_CASE("zero1, zero2, fsdp: the optimizer's zero_grad works, a parameter move
 // holds none of it (its slice has only parameters the optimizer does not
 // train), saving is refused with one line.
 TEST_CASE("zero1 refuses to save when rank 0 holds no optimizer state but others do", "[zero]") {
-  const Data data = makeData(64 * kBatch);
+  const ZeroData data = makeZeroData(64 * kBatch);
   std::vector<std::string> saveErrors(2);
   auto errors = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
     auto net = std::make_shared<Net>();
@@ -390,10 +388,10 @@ TEST_CASE("zero1 refuses to save when rank 0 holds no optimizer state but others
     StrategyContext c;
     c.model = net;
     // fc1 (rank 0's slice) is not in the optimizer: only fc2 is trained.
-    c.optimizer = makeOptimizer("adam", net->fc2->parameters());
+    c.optimizer = referenceOptimizer("adam", net->fc2->parameters());
     c.group = borrow(pg);
     auto s = builtinStrategies().create("zero1", std::move(c));
-    train(*s, data, rank, 2, 0, 2);
+    trainSteps(*s, data, rank, 2, 0, 2);
     torch::serialize::OutputArchive archive;
     try {
       s->saveState(rank == 0 ? &archive : nullptr);

@@ -51,7 +51,7 @@ ncclRedOp_t ncclOpFor(ReduceOp op) {
   return ncclSum;
 }
 
-std::string summarize(const at::Tensor& t, const std::string& extra = "") {
+std::string tensorSummary(const at::Tensor& t, const std::string& extra = "") {
   return extra.empty() ? fmt::format("{} elements, {}", t.numel(), dtypeName(t))
                        : fmt::format("{} elements, {}, {}", t.numel(), dtypeName(t), extra);
 }
@@ -358,7 +358,7 @@ WorkPtr ProcessGroupNccl::allreduce(at::Tensor& tensor, const AllreduceOptions& 
   const size_t count = tensor.numel();
   ncclComm_t comm = impl_->comm;
   return launch("allreduce", tensor, tensor, true, resolveTimeout(opts.timeout),
-                summarize(tensor, reduceOpName(opts.op)), [&](void* send, void* recv, void* stream) {
+                tensorSummary(tensor, reduceOpName(opts.op)), [&](void* send, void* recv, void* stream) {
                   return ncclAllReduce(send, recv, count, type, ncclOpFor(opts.op), comm,
                                        static_cast<cudaStream_t>(stream));
                 });
@@ -372,7 +372,7 @@ WorkPtr ProcessGroupNccl::broadcast(at::Tensor& tensor, const BroadcastOptions& 
   const size_t count = tensor.numel();
   ncclComm_t comm = impl_->comm;
   return launch("broadcast", tensor, tensor, true, resolveTimeout(opts.timeout),
-                summarize(tensor, fmt::format("root {}", opts.root)), [&](void* send, void* recv, void* stream) {
+                tensorSummary(tensor, fmt::format("root {}", opts.root)), [&](void* send, void* recv, void* stream) {
                   return ncclBroadcast(send, recv, count, type, opts.root, comm, static_cast<cudaStream_t>(stream));
                 });
 }
@@ -381,12 +381,12 @@ WorkPtr ProcessGroupNccl::allgather(const at::Tensor& input, at::Tensor& output,
   if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type()) {
     fail<UsageError>("nccl allgather: output must hold world size ({}) x input elements of the same dtype; got "
                      "input {}, output {}",
-                     size_, summarize(input), summarize(output));
+                     size_, tensorSummary(input), tensorSummary(output));
   }
   const ncclDataType_t type = ncclTypeFor(input.scalar_type());
   const size_t count = input.numel();
   ncclComm_t comm = impl_->comm;
-  return launch("allgather", input, output, false, resolveTimeout(opts.timeout), summarize(input),
+  return launch("allgather", input, output, false, resolveTimeout(opts.timeout), tensorSummary(input),
                 [&](void* send, void* recv, void* stream) {
                   return ncclAllGather(send, recv, count, type, comm, static_cast<cudaStream_t>(stream));
                 });
@@ -397,13 +397,13 @@ WorkPtr ProcessGroupNccl::reduceScatter(const at::Tensor& input, at::Tensor& out
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type()) {
     fail<UsageError>("nccl reduce_scatter: input must hold world size ({}) x output elements of the same dtype; "
                      "got input {}, output {}",
-                     size_, summarize(input), summarize(output));
+                     size_, tensorSummary(input), tensorSummary(output));
   }
   const ncclDataType_t type = ncclTypeFor(input.scalar_type());
   const size_t count = output.numel();
   ncclComm_t comm = impl_->comm;
   return launch("reduce_scatter", input, output, false, resolveTimeout(opts.timeout),
-                summarize(input, reduceOpName(opts.op)), [&](void* send, void* recv, void* stream) {
+                tensorSummary(input, reduceOpName(opts.op)), [&](void* send, void* recv, void* stream) {
                   return ncclReduceScatter(send, recv, count, type, ncclOpFor(opts.op), comm,
                                            static_cast<cudaStream_t>(stream));
                 });

@@ -1,7 +1,6 @@
 #include "framework/experiment/trained_model.hpp"
 
 #include <torch/serialize.h>
-#include <torch/torch.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -6,9 +6,10 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <torch/serialize.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <atomic>

@@ -141,7 +141,7 @@ void signalRank(pid_t pid, int signal) {
 
 // write(2) until all of `text` is written (a full disk or a closed file
 // just loses the rest of the log; the console still gets the line).
-void writeAll(int fd, const std::string& text) {
+void writeLogText(int fd, const std::string& text) {
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -154,7 +154,7 @@ void writeAll(int fd, const std::string& text) {
 // Each line is flushed at once: with stdout redirected to a file, a
 // launcher killed later keeps what the ranks printed until then.
 void forwardLine(RankProcess& p, const std::string& line, size_t keep) {
-  if (p.logFd >= 0) writeAll(p.logFd, line + "\n");
+  if (p.logFd >= 0) writeLogText(p.logFd, line + "\n");
   if (p.toConsole) {
     if (p.prefixed) {
       std::cout << fmt::format("[rank {}] {}\n", p.rank, line) << std::flush;
@@ -247,7 +247,7 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
       if (procs[i].logFd < 0) {
         fail<UsageError>("ddp-run: --log-dir: cannot open {}: {}", path, errnoText(errno));
       }
-      if (attempt > 0) writeAll(procs[i].logFd, fmt::format("== ddp-run: attempt {} ==\n", attempt + 1));
+      if (attempt > 0) writeLogText(procs[i].logFd, fmt::format("== ddp-run: attempt {} ==\n", attempt + 1));
     }
   }
   // Logs are open before any rank starts: a log that cannot be opened

@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <cstring>

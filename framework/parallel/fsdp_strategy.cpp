@@ -1,6 +1,5 @@
 #include "framework/parallel/fsdp_strategy.hpp"
 
-#include <torch/torch.h>
 
 #include <sys/mman.h>
 

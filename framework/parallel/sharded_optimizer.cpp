@@ -1,6 +1,5 @@
 #include "framework/parallel/sharded_optimizer.hpp"
 
-#include <torch/torch.h>
 
 #include <map>
 #include <set>

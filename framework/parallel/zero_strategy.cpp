@@ -1,6 +1,5 @@
 #include "framework/parallel/zero_strategy.hpp"
 
-#include <torch/torch.h>
 
 #include <algorithm>
 

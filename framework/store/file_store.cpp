@@ -170,7 +170,7 @@ bool hasAll(const Map& map, const std::vector<std::string>& keys) {
 // the pause backs off so that many waiting ranks do not hammer a shared file
 // system, yet stays short enough to keep rendezvous quick.
 template <typename Ready>
-bool pollUntil(Clock::time_point deadline, Ready ready) {
+bool pollUntilReady(Clock::time_point deadline, Ready ready) {
   auto pause = std::chrono::milliseconds(2);
   while (!ready()) {
     const auto now = Clock::now();
@@ -199,7 +199,7 @@ void FileStore::set(const std::string& key, const Bytes& value) {
 Bytes FileStore::get(const std::string& key) {
   const auto limit = effectiveTimeout(std::chrono::milliseconds(0));
   Bytes value;
-  const bool found = pollUntil(Clock::now() + limit, [&] {
+  const bool found = pollUntilReady(Clock::now() + limit, [&] {
     std::lock_guard<std::mutex> lock(mutex_);
     Map map = LockedFile(path_).read();
     auto it = map.find(key);
@@ -228,7 +228,7 @@ bool FileStore::check(const std::vector<std::string>& keys) {
 
 void FileStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   const auto limit = effectiveTimeout(timeout);
-  if (!pollUntil(Clock::now() + limit, [&] { return check(keys); })) {
+  if (!pollUntilReady(Clock::now() + limit, [&] { return check(keys); })) {
     throw StoreTimeout(waitTimeoutMessage(describe(), keys, limit));
   }
 }

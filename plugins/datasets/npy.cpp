@@ -17,8 +17,6 @@ namespace ddp::plugins {
 
 namespace {
 
-constexpr PluginKind kDataset = PluginKind::Dataset;
-
 // Rows of two mapped arrays, converted a batch at a time.
 class NpyDataset final : public Dataset {
  public:
@@ -179,7 +177,7 @@ std::vector<int64_t> missingClasses(const NpyArray& labels, int64_t classes, siz
 // Checks the class labels of `p` against *numClasses (0: not given, then
 // set to the largest label + 1) and returns what the pass found.
 // `classesFrom` says where the count came from, for the message.
-LabelScan checkClassLabels(const Pair& p, int64_t* numClasses, const std::string& classesFrom) {
+LabelScan scanClassLabels(const Pair& p, int64_t* numClasses, const std::string& classesFrom) {
   const LabelScan s = scanLabels(p.labels, *numClasses);
   if (s.firstNegative >= 0) {
     fail<UsageError>("{}: label {} at index {} is negative; class labels are 0..C-1. HINT: renumber the labels from 0",
@@ -269,7 +267,7 @@ DatasetSplits loadNpy(const Params& params, const DatasetContext& context) {
 
   if (classification) {
     const bool given = numClasses > 0;
-    const LabelScan scan = checkClassLabels(train, &numClasses, "dataset.num_classes");
+    const LabelScan scan = scanClassLabels(train, &numClasses, "dataset.num_classes");
     if (!scan.twoClasses) {
       fail<UsageError>(
           "{}: every label is {}; a classifier needs at least 2 classes. HINT: check the labels file, or set "
@@ -277,7 +275,7 @@ DatasetSplits loadNpy(const Params& params, const DatasetContext& context) {
           train.labelsPath, labelAt(train.labels, 0));
     }
     if (test) {
-      checkClassLabels(*test, &numClasses,
+      scanClassLabels(*test, &numClasses,
                        given ? "dataset.num_classes" : fmt::format("the largest label in {} + 1", train.labelsPath));
     }
   }

@@ -16,8 +16,6 @@ namespace ddp::plugins {
 
 namespace {
 
-constexpr PluginKind kDataset = PluginKind::Dataset;
-
 // The windows of one split: positions [begin, end) of the shared token array.
 class TextWindows final : public Dataset {
  public:

@@ -1,15 +1,16 @@
 // The built-in CNN (cnn.hpp): torch::nn modules composed plainly.
 #include "plugins/models/cnn.hpp"
 
-#include <torch/torch.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
 
 #include "plugins/common.hpp"
 
 namespace ddp::plugins {
 
 namespace {
-
-constexpr PluginKind kModel = PluginKind::Model;
 
 enum class Pool { None, Max, Avg };
 

@@ -2,7 +2,10 @@
 // transformer blocks with causal self-attention, a language-model head.
 #include "plugins/models/gpt.hpp"
 
-#include <torch/torch.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 
 #include <cmath>
 #include <limits>
@@ -12,8 +15,6 @@
 namespace ddp::plugins {
 
 namespace {
-
-constexpr PluginKind kModel = PluginKind::Model;
 
 struct GptConfig {
   int64_t vocab = 0;

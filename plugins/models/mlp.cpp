@@ -23,7 +23,9 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
-#include <torch/torch.h>
+
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
 
 #include "plugins/common.hpp"
 #include "plugins/kernels/linear_kernel.hpp"
@@ -31,8 +33,6 @@
 namespace ddp::plugins {
 
 namespace {
-
-constexpr PluginKind kModel = PluginKind::Model;
 
 enum class Activation { None, Relu, Tanh, Gelu, Sigmoid };
 

@@ -14,7 +14,9 @@
 #include "plugins/optimizers/adam.hpp"
 
 #include <ATen/Parallel.h>
-#include <torch/torch.h>
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 
 #include <charconv>
 #include <cmath>
@@ -30,8 +32,6 @@
 namespace ddp::plugins {
 
 namespace {
-
-constexpr PluginKind kOptimizer = PluginKind::Optimizer;
 
 bool fusable(const at::Tensor& t, const at::Tensor& like) {
   return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && t.scalar_type() == like.scalar_type() &&

@@ -12,8 +12,6 @@ namespace ddp::plugins {
 
 namespace {
 
-constexpr PluginKind kOptimizer = PluginKind::Optimizer;
-
 class Sgd : public torch::optim::SGD {
  public:
   using torch::optim::SGD::SGD;

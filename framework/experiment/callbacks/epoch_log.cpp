@@ -12,7 +12,7 @@ namespace ddp {
 namespace {
 
 // As the JSON record has it: %.8g, or null when not finite.
-std::string shown(double v) { return std::isfinite(v) ? fmt::format("{:.8g}", v) : "null"; }
+std::string numberText(double v) { return std::isfinite(v) ? fmt::format("{:.8g}", v) : "null"; }
 
 }  // namespace
 
@@ -21,10 +21,10 @@ void EpochLog::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   if (!(epochs <= 20 || end.evaluated || end.lastEpoch)) return;
   const EpochMetrics& m = end.metrics;
   std::string line = fmt::format("epoch {}/{}  train_loss {:.4f}", m.epoch, epochs, m.trainLoss);
-  if (m.testLoss) line += "  test_loss " + shown(*m.testLoss);
-  if (m.testPerplexity) line += "  test_perplexity " + shown(*m.testPerplexity);
-  if (m.testAccuracy) line += "  test_accuracy " + shown(*m.testAccuracy);
-  if (m.testRmse) line += "  test_rmse " + shown(*m.testRmse);
+  if (m.testLoss) line += "  test_loss " + numberText(*m.testLoss);
+  if (m.testPerplexity) line += "  test_perplexity " + numberText(*m.testPerplexity);
+  if (m.testAccuracy) line += "  test_accuracy " + numberText(*m.testAccuracy);
+  if (m.testRmse) line += "  test_rmse " + numberText(*m.testRmse);
   line += fmt::format("  {:.3f}s", m.seconds);
   trainer.log().line(line);
 }

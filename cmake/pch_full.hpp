@@ -1,4 +1,4 @@
-// Precompiled for every target: LibTorch's headers cost ~20 s per file otherwise.
+// Precompiled for the tests and ddp-bench: all of LibTorch, which they use widely.
 #pragma once
 #include <torch/torch.h>
 #include <fmt/format.h>
