@@ -38,7 +38,9 @@
 #include "framework/store/tcp_store.hpp"
 
 namespace ddp::bench {
-namespace {
+// The command's own names, in a namespace of their own (not an unnamed one,
+// which unity batches would merge with the other commands').
+namespace collectives {
 
 using nlohmann::json;
 
@@ -511,9 +513,10 @@ void runLauncher(Options o) {
   }
 }
 
-}  // namespace
+}  // namespace collectives
 
 void registerCollectivesCommand(CLI::App& app) {
+  using namespace collectives;
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "collectives", "Time allreduce/allgather/broadcast/reduce_scatter per backend vs LibTorch's c10d Gloo");

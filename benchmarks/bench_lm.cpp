@@ -36,7 +36,9 @@
 #include "ddp/config.hpp"
 
 namespace ddp::bench {
-namespace {
+// The command's own names, in a namespace of their own (not an unnamed one,
+// which unity batches would merge with the other commands').
+namespace lm {
 
 using nlohmann::json;
 
@@ -156,9 +158,10 @@ void runLm(const Options& o) {
   writeRecords(o.jsonPath, o.plotPath, records);
 }
 
-}  // namespace
+}  // namespace lm
 
 void registerLmCommand(CLI::App& app) {
+  using namespace lm;
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "lm", "Train a language model experiment with ddp-run and the same in PyTorch; compare validation loss");

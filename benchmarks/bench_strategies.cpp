@@ -43,7 +43,9 @@
 #include "plugins/builtin.hpp"
 
 namespace ddp::bench {
-namespace {
+// The command's own names, in a namespace of their own (not an unnamed one,
+// which unity batches would merge with the other commands').
+namespace strategies {
 
 using nlohmann::json;
 
@@ -418,9 +420,10 @@ void runLauncher(const Options& o) {
   if (!formulasHold) throw BenchError("strategyFootprint does not match what a strategy holds (see above)");
 }
 
-}  // namespace
+}  // namespace strategies
 
 void registerStrategiesCommand(CLI::App& app) {
+  using namespace strategies;
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "strategies", "Step time and memory of each parallel strategy vs PyTorch's DDP, ZeRO and FSDP, same run");

@@ -59,7 +59,9 @@
 #include "framework/parallel/torch_compat.hpp"
 
 namespace ddp::bench {
-namespace {
+// The command's own names, in a namespace of their own (not an unnamed one,
+// which unity batches would merge with the other commands').
+namespace train_step {
 
 using nlohmann::json;
 
@@ -635,9 +637,10 @@ void runLauncher(Options o) {
   writeRecords(o.jsonPath, o.plotPath, records);
 }
 
-}  // namespace
+}  // namespace train_step
 
 void registerTrainStepCommand(CLI::App& app) {
+  using namespace train_step;
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "train-step", "Time a training step under DistributedDataParallel vs PyTorch DDP, per world size");

@@ -38,7 +38,9 @@
 #include "framework/experiment/trainer.hpp"
 
 namespace ddp::bench {
-namespace {
+// The command's own names, in a namespace of their own (not an unnamed one,
+// which unity batches would merge with the other commands').
+namespace wine {
 
 using nlohmann::json;
 
@@ -154,9 +156,10 @@ void runWine(const Options& o) {
   writeRecords(o.jsonPath, o.plotPath, records);
 }
 
-}  // namespace
+}  // namespace wine
 
 void registerWineCommand(CLI::App& app) {
+  using namespace wine;
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("wine", "Time the 100-epoch wine baseline in-process vs PyTorch in Python");
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");

@@ -12,6 +12,9 @@
 #     folder outside the source tree, reading the installed data/wine.csv.
 #  4. A project that add_subdirectory()s this source tree configures, and its
 #     generated ddp/config.hpp names this source tree.
+#  5. `cpack -G DEB` makes a .deb that depends on Debian's packages of what
+#     ddp links; unpacked into a scratch root (dpkg -x), the consumer builds
+#     against it and runs, and its ddp-run trains on its own data files.
 #
 # Usage: install_test.sh <ddp build dir>
 # Work files go to <build>/install_test (kept for a look after a failure;
@@ -116,4 +119,45 @@ config="$work/subdir/ddp/generated/ddp/config.hpp"
 grep -q "DDP_SOURCE_DIR \"$repo\"" "$config" || fail "$config: DDP_SOURCE_DIR is not $repo"
 grep -q "DDP_BINARY_DIR \"$work/subdir/ddp\"" "$config" || fail "$config: DDP_BINARY_DIR is not $work/subdir/ddp"
 echo "ok: add_subdirectory configures; ddp/config.hpp names $repo"
+
+step "cpack -G DEB: the package, unpacked into a scratch root"
+logged cpack cpack --config "$build/CPackConfig.cmake" -G DEB -B "$work/deb"
+deb=$(find "$work/deb" -maxdepth 1 -name 'ddp_*.deb' | head -1)
+[ -n "$deb" ] || fail "cpack made no ddp_*.deb in $work/deb"
+[ "$(dpkg-deb -f "$deb" Package)" = ddp ] || fail "$deb: Package is not ddp"
+depends=$(dpkg-deb -f "$deb" Depends)
+for d in nlohmann-json3-dev libfmt-dev; do
+  grep -q "$d" <<< "$depends" || fail "$deb: Depends ($depends) lacks $d"
+done
+if grep -q '^DDP_HAVE_GLOO 1' <(grep -o 'DDP_HAVE_GLOO [01]' "$build/generated/ddp/config.hpp"); then
+  grep -q libgloo-dev <<< "$depends" || fail "$deb: Depends ($depends) lacks libgloo-dev"
+fi
+if grep -q '^Torch_DIR:[A-Z]*=/usr/' "$build/CMakeCache.txt"; then
+  grep -q 'libtorch-dev (>= ' <<< "$depends" || fail "$deb: Depends ($depends) lacks libtorch-dev"
+fi
+# What it depends on is here, as `apt-get install ./ddp_*.deb` would ensure.
+for d in $(sed 's/([^)]*)//g; s/,/ /g' <<< "$depends"); do
+  dpkg-query -W -f='${Status}' "$d" 2>/dev/null | grep -q "install ok installed" || fail "$deb depends on $d, not installed"
+done
+root="$work/debroot"
+dpkg -x "$deb" "$root"
+for f in usr/bin/ddp-run usr/bin/ddp-plot usr/include/ddp/ddp.hpp usr/share/ddp/data/wine.csv; do
+  [ -e "$root/$f" ] || fail "$deb does not hold /$f"
+done
+debconfig=$(find "$root/usr" -path '*/cmake/ddp/ddpConfig.cmake' | head -1)
+[ -n "$debconfig" ] || fail "$deb holds no ddpConfig.cmake"
+echo "ok: $(basename "$deb"): Depends: $depends"
+logged deb-consumer-configure cmake -S "$repo/tests/install/consumer" -B "$work/deb-consumer" "${generator[@]}" \
+  "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$root/usr"
+grep -q "$root/usr" "$work/deb-consumer/CMakeCache.txt" || fail "the consumer did not find ddp under $root/usr"
+logged deb-consumer-build cmake --build "$work/deb-consumer"
+out=$("$work/deb-consumer/ddp_consumer" 2>&1) || { echo "$out"; fail "ddp_consumer (built against the .deb) failed"; }
+grep -q "^all checks passed" <<< "$out" || fail "ddp_consumer (built against the .deb) did not pass its checks"
+mkdir -p "$work/deb-run"
+(cd "$work/deb-run" && "$root/usr/bin/ddp-run" "$root/usr/share/ddp/experiments/wine_baseline.json" \
+  --set training.epochs=2 --out out > "$work/deb-ddp-run.log" 2>&1) ||
+  { tail -20 "$work/deb-ddp-run.log"; fail "ddp-run from the .deb failed"; }
+grep -q "\"$root/usr/share/ddp/data/wine.csv\"" "$work/deb-run/out/config.json" ||
+  { cat "$work/deb-run/out/config.json"; fail "ddp-run from the .deb did not read its own data/wine.csv"; }
+echo "ok: the consumer builds against the .deb's files and passes; its ddp-run trains on its wine.csv"
 echo "PASSED"
