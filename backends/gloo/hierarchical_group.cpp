@@ -1,5 +1,6 @@
 #include "backends/gloo/hierarchical_group.hpp"
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -3,7 +3,7 @@
 // non-CPU tensors, Avg's division, and the time left to a deadline.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <chrono>
 #include <string>

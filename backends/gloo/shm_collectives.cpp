@@ -1,5 +1,6 @@
 #include "backends/gloo/shm_collectives.hpp"
 
+#include <ATen/ATen.h>
 #include <algorithm>
 #include <cstring>
 

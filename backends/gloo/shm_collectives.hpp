@@ -12,7 +12,7 @@
 // thread.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <chrono>
 #include <map>

@@ -1,5 +1,6 @@
 #include "framework/comm/process_group.hpp"
 
+#include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>
 
 #include "framework/core/errors.hpp"

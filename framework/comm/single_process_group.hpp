@@ -5,7 +5,7 @@
 // allgather and reduce_scatter copy input to output, barrier returns.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "framework/core/errors.hpp"
 #include "framework/comm/process_group.hpp"

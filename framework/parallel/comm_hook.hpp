@@ -28,7 +28,7 @@
 //   the built-in ones: allreduce, fp16, bf16, powersgd).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <functional>
 #include <memory>

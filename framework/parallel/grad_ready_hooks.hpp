@@ -10,7 +10,7 @@
 // - The destructor removes the hooks. The parameters must outlive this.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <functional>
 #include <memory>

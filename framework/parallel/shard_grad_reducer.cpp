@@ -1,5 +1,7 @@
 #include "framework/parallel/shard_grad_reducer.hpp"
 
+#include <ATen/ATen.h>
+
 #include "framework/core/errors.hpp"
 
 namespace ddp {

@@ -26,7 +26,7 @@
 // - A sparse gradient is a UsageError naming the parameter's index.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <deque>
 #include <mutex>

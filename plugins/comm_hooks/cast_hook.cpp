@@ -1,5 +1,7 @@
 #include "plugins/comm_hooks/cast_hook.hpp"
 
+#include <ATen/ATen.h>
+
 #include "framework/core/errors.hpp"
 
 namespace ddp::plugins {

@@ -6,7 +6,7 @@
 // Dividing first keeps the sum of fp16 values within range.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <map>
 #include <mutex>

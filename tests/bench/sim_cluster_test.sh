@@ -59,8 +59,9 @@ PY
 grep -q "speed-up of powersgd over the exact allreduce at world 2 (2x1, 1gbit)" "$out/step.log" || fail "no speed-up line"
 [ "$(leftovers)" -eq 0 ] || fail "namespaces left after train-step: $(ip netns list | grep ddpsim)"
 
+# TMPDIR: the killed run's work folder lands in $out, removed at exit.
 long_run() {
-  "$bench" collectives --hosts 2x1 --link 1gbit --ops allreduce --min-bytes 64M --max-bytes 64M --warmup 50 \
+  TMPDIR="$out" "$bench" collectives --hosts 2x1 --link 1gbit --ops allreduce --min-bytes 64M --max-bytes 64M --warmup 50 \
     --iters 50 --impls gloo-tcp >"$out/$1.log" 2>&1 &
   pid=$!
   for _ in $(seq 100); do

@@ -5,7 +5,7 @@
 // declaration below and one dispatch line in process_group_gloo.cpp.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "backends/gloo/process_group_gloo.hpp"
 

@@ -20,7 +20,7 @@
 // - An exception from a callback ends the run with it.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 
