@@ -12,14 +12,16 @@
 #   slowest       the 10 slowest translation units of cold-all (ninja's log)
 #
 # Usage: scripts/build-times.sh [--rev REV] [--runs N] [--json FILE]
-#                               [--skip-first-epoch] [--skip-cold-all]
+#                               [--skip-first-epoch] [--skip-cold-all] [--keep]
 # Needs the Debian packages that scripts/setup.sh installs (it installs
 # them itself through run.sh when missing, and that time is counted).
 # Every step's output goes to the work folder's *.log; a failed step is
-# named with the log to read, and the script exits non-zero.
+# named with the log to read, and the script exits non-zero, keeping all.
+# After a success only the logs stay (--keep: the clones and builds too,
+# ~2 GB a run).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
-rev=HEAD runs=1 json="" skip_epoch=0 skip_all=0
+rev=HEAD runs=1 json="" skip_epoch=0 skip_all=0 keep=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rev) rev="$2"; shift 2 ;;
@@ -27,7 +29,8 @@ while [ $# -gt 0 ]; do
     --json) json="$2"; shift 2 ;;
     --skip-first-epoch) skip_epoch=1; shift ;;
     --skip-cold-all) skip_all=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --keep) keep=1; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "build-times: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -36,7 +39,7 @@ commit=$(git -C "$here" rev-parse --verify "$rev^{commit}" 2>/dev/null) || {
   echo "build-times: --rev '$rev' is not a commit of $here" >&2; exit 2; }
 
 work=$(mktemp -d /tmp/ddp-build-times.XXXXXX)
-echo "build-times: commit ${commit:0:10}, work folder $work (kept for its logs)"
+echo "build-times: commit ${commit:0:10}, work folder $work"
 export CCACHE_DISABLE=1
 results=()   # "name seconds" pairs, one per measurement
 
@@ -82,12 +85,15 @@ for r in $(seq 1 "$runs"); do
   src="$work/clone-$r"
   fresh_clone "$src"
   if [ "$skip_epoch" = 0 ]; then
-    record first-epoch "$(first_epoch "$src" "$work/run-$r.log")"
+    t=$(first_epoch "$src" "$work/run-$r.log")
+    record first-epoch "$t"
   fi
   if [ "$skip_all" = 0 ]; then
     cfg=(cmake -S "$src" -B "$src/build-all" -G Ninja -DCMAKE_BUILD_TYPE=Release)
-    record configure "$(timed "$work/configure-all-$r.log" "${cfg[@]}")"
-    record cold-all "$(timed "$work/build-all-$r.log" cmake --build "$src/build-all" -j "$(nproc)")"
+    t=$(timed "$work/configure-all-$r.log" "${cfg[@]}")
+    record configure "$t"
+    t=$(timed "$work/build-all-$r.log" cmake --build "$src/build-all" -j "$(nproc)")
+    record cold-all "$t"
     # ninja's log: start and end in ms of each output of the last build.
     slowest=$(awk -F'\t' 'NR > 1 && $4 ~ /\.o$/ { printf "%8.1f s  %s\n", ($2 - $1) / 1000, $4 }' \
       "$src/build-all/.ninja_log" | sort -rn | head -10)
@@ -98,9 +104,11 @@ for r in $(seq 1 "$runs"); do
     cmake --build "$bdir" --target ddp-run > "$work/build-run-$r.log" 2>&1
   fi
   touch "$src/framework/parallel/ddp.cpp"
-  record incr-parallel "$(timed "$work/incr-parallel-$r.log" cmake --build "$bdir" --target ddp-run)"
+  t=$(timed "$work/incr-parallel-$r.log" cmake --build "$bdir" --target ddp-run)
+  record incr-parallel "$t"
   touch "$src/backends/gloo/process_group_gloo.cpp"
-  record incr-gloo "$(timed "$work/incr-gloo-$r.log" cmake --build "$bdir" --target ddp-run)"
+  t=$(timed "$work/incr-gloo-$r.log" cmake --build "$bdir" --target ddp-run)
+  record incr-gloo "$t"
 done
 if [ -n "$slowest" ]; then
   echo "10 slowest translation units of the last cold-all build:"
@@ -118,4 +126,9 @@ if [ -n "$json" ]; then
     printf ']}\n'
   } > "$json"
   echo "build-times: wrote $json"
+fi
+
+if [ "$keep" = 0 ]; then
+  rm -rf "$work"/clone-*
+  echo "build-times: logs in $work (the clones removed; --keep keeps them)"
 fi

@@ -525,6 +525,7 @@ TEST_CASE("torchrun --standalone starts ddp-run's ranks and they train as ddp-ru
   for (auto& word : ddp::test::splitWords(experiment + " --out " + runDir)) options.argv.push_back(word);
   ddp::EnvMap env = ddp::currentEnvironment();
   for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}) env.erase(name);
+  env["TMPDIR"] = tempDir();  // torchrun's torchelastic_* folder, removed with it
   options.environment = env;
   const ddp::FinishedProcess done = ddp::runProcess(options);
   INFO(done.output);

@@ -23,6 +23,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# torchrun makes a torchelastic_* folder per run under TMPDIR: here, in $work.
+export TMPDIR="$work"
 unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK DDP_STORE_TOKEN DDP_FAULT_INJECT
 experiment=("$repo/experiments/wine_ddp.json" --set training.epochs=4 --set training.save_every=1)
 fail() { echo "FAIL: $*"; exit 1; }
