@@ -3,13 +3,16 @@
 # this checkout's HEAD (or of the commit given with --rev):
 #
 #   first-epoch   ./scripts/run.sh from the clone, until its first "epoch"
-#                 line (set-up, configure, build of what run.sh needs, run)
+#                 line (set-up, configure, build of what run.sh needs, run;
+#                 wine_ddp prints every 10th of its 100 epochs, all of them
+#                 within a second)
 #   configure     cmake's configure step in a new build folder
 #   cold-all      the cold build of every target (tests, benchmarks) in a
 #                 new build folder of that clone
 #   incr-parallel touch framework/parallel/ddp.cpp, rebuild ddp-run
 #   incr-gloo     touch backends/gloo/process_group_gloo.cpp, rebuild ddp-run
-#   slowest       the 10 slowest translation units of cold-all (ninja's log)
+#   slowest       the 10 slowest compiles of cold-all, precompiled headers
+#                 included (ninja's log)
 #
 # Usage: scripts/build-times.sh [--rev REV] [--runs N] [--json FILE]
 #                               [--skip-first-epoch] [--skip-cold-all] [--keep]
@@ -30,7 +33,7 @@ while [ $# -gt 0 ]; do
     --skip-first-epoch) skip_epoch=1; shift ;;
     --skip-cold-all) skip_all=1; shift ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "build-times: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -41,6 +44,14 @@ commit=$(git -C "$here" rev-parse --verify "$rev^{commit}" 2>/dev/null) || {
 work=$(mktemp -d /tmp/ddp-build-times.XXXXXX)
 echo "build-times: commit ${commit:0:10}, work folder $work"
 export CCACHE_DISABLE=1
+# Stopped (Ctrl-C, SIGTERM): the run.sh being timed, in a session of its
+# own, is stopped too.
+on_stop() {
+  [ -f "$work/run.pid" ] && kill -TERM -- "-$(cat "$work/run.pid")" 2>/dev/null
+  echo "build-times: stopped; logs in $work" >&2
+  exit 130
+}
+trap on_stop INT TERM
 results=()   # "name seconds" pairs, one per measurement
 
 now() { date +%s.%N; }
@@ -58,13 +69,17 @@ first_epoch() {  # $1: clone folder, $2: log
   t0=$(now)
   ( cd "$1" && exec setsid ./scripts/run.sh ) > "$2" 2>&1 &
   pid=$!
+  echo "$pid" > "$work/run.pid"   # for the trap below, should we be stopped
   while kill -0 "$pid" 2>/dev/null; do
     if grep -qE '^epoch [0-9]+/' "$2"; then line=1; break; fi
     sleep 0.5
   done
   t1=$(now)
+  # The line may have come just before the run ended.
+  [ -n "$line" ] || ! grep -qE '^epoch [0-9]+/' "$2" || line=1
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
+  rm -f "$work/run.pid"
   if [ -z "$line" ]; then
     echo "build-times: run.sh ended without an epoch line; see $2" >&2; exit 1
   fi
@@ -95,13 +110,14 @@ for r in $(seq 1 "$runs"); do
     t=$(timed "$work/build-all-$r.log" cmake --build "$src/build-all" -j "$(nproc)")
     record cold-all "$t"
     # ninja's log: start and end in ms of each output of the last build.
-    slowest=$(awk -F'\t' 'NR > 1 && $4 ~ /\.o$/ { printf "%8.1f s  %s\n", ($2 - $1) / 1000, $4 }' \
+    slowest=$(awk -F'\t' 'NR > 1 && $4 ~ /\.(o|gch)$/ { printf "%8.1f s  %s\n", ($2 - $1) / 1000, $4 }' \
       "$src/build-all/.ninja_log" | sort -rn | head -10)
     bdir="$src/build-all"
   else
     bdir="$src/build"   # run.sh's, or a new one
-    [ -f "$bdir/build.ninja" ] || cmake -S "$src" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release > "$work/configure-$r.log" 2>&1
-    cmake --build "$bdir" --target ddp-run > "$work/build-run-$r.log" 2>&1
+    [ -f "$bdir/build.ninja" ] ||
+      timed "$work/configure-$r.log" cmake -S "$src" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
+    timed "$work/build-run-$r.log" cmake --build "$bdir" --target ddp-run > /dev/null
   fi
   touch "$src/framework/parallel/ddp.cpp"
   t=$(timed "$work/incr-parallel-$r.log" cmake --build "$bdir" --target ddp-run)

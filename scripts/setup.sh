@@ -5,6 +5,8 @@
 #
 # Usage: setup.sh [TARGET ...]   the targets to build (default: all of them);
 #                                run.sh asks for ddp-run alone, test.sh for all
+#        setup.sh --packages-only   install the packages, build nothing
+#                                   (scripts/package.sh builds its own tree)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +33,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get update -q
   $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+[ "${1:-}" = "--packages-only" ] && exit 0
 
 # ccache: keeps rebuilds of LibTorch-heavy files cheap; PCH needs sloppiness.
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime

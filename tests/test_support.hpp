@@ -158,6 +158,7 @@ class TempDir {
  public:
   TempDir() : path_(tempDir()) {}
   ~TempDir() {
+    if (::getpid() != owner_) return;  // a forked child leaves it to its parent
     std::error_code ignored;
     std::filesystem::remove_all(path_, ignored);
   }
@@ -173,6 +174,7 @@ class TempDir {
 
  private:
   std::string path_;
+  pid_t owner_ = ::getpid();
 };
 
 // A whole file as bytes ("" when it cannot be read).
@@ -236,11 +238,11 @@ inline std::vector<std::string> splitWords(const std::string& text) {
 
 namespace {
 
-// The ddp-run program: DDP_RUN_PATH where the build defines it for this
-// file, else where the build puts it, next to the tests' folder
-// (build/tests/ddp_tests, build/ddp-run). Tests check that it exists.
-// Unnamed namespace: files differ in whether DDP_RUN_PATH is defined, so
-// each keeps its own copy (one inline definition would break the ODR).
+// The ddp-run program: DDP_RUN_PATH where the build defines it (for every
+// test file of ddp_tests), else where the build puts it, next to the tests'
+// folder (build/tests/ddp_tests, build/ddp-run). Tests check that it exists.
+// Unnamed namespace: a file compiled without DDP_RUN_PATH keeps its own copy
+// (one inline definition would break the ODR).
 inline std::string ddpRunPath() {
 #ifdef DDP_RUN_PATH
   return DDP_RUN_PATH;

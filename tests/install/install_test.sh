@@ -12,9 +12,10 @@
 #     folder outside the source tree, reading the installed data/wine.csv.
 #  4. A project that add_subdirectory()s this source tree configures, and its
 #     generated ddp/config.hpp names this source tree.
-#  5. `cpack -G DEB` makes a .deb that depends on Debian's packages of what
-#     ddp links; unpacked into a scratch root (dpkg -x), the consumer builds
-#     against it and runs, and its ddp-run trains on its own data files.
+#  5. scripts/package.sh makes a .deb that depends on Debian's packages of
+#     what ddp links (and on no CUDA); unpacked into a scratch root (dpkg -x),
+#     the consumer builds against it and runs, and its ddp-run trains on its
+#     own data files.
 #
 # Usage: install_test.sh <ddp build dir>
 # Work files go to <build>/install_test (kept for a look after a failure;
@@ -120,36 +121,47 @@ grep -q "DDP_SOURCE_DIR \"$repo\"" "$config" || fail "$config: DDP_SOURCE_DIR is
 grep -q "DDP_BINARY_DIR \"$work/subdir/ddp\"" "$config" || fail "$config: DDP_BINARY_DIR is not $work/subdir/ddp"
 echo "ok: add_subdirectory configures; ddp/config.hpp names $repo"
 
-step "cpack -G DEB: the package, unpacked into a scratch root"
-logged cpack cpack --config "$build/CPackConfig.cmake" -G DEB -B "$work/deb"
-deb=$(find "$work/deb" -maxdepth 1 -name 'ddp_*.deb' | head -1)
-[ -n "$deb" ] || fail "cpack made no ddp_*.deb in $work/deb"
+step "scripts/package.sh: the .deb, unpacked into a scratch root"
+# Its own build tree (for /usr, CPU backends only): what a user packages.
+logged package "$repo/scripts/package.sh" "$work/deb-build"
+deb=$(tail -1 "$work/package.log")
+[ -f "$deb" ] || fail "scripts/package.sh did not end with the path of a .deb (log: $work/package.log)"
 [ "$(dpkg-deb -f "$deb" Package)" = ddp ] || fail "$deb: Package is not ddp"
 depends=$(dpkg-deb -f "$deb" Depends)
-for d in nlohmann-json3-dev libfmt-dev; do
-  grep -q "$d" <<< "$depends" || fail "$deb: Depends ($depends) lacks $d"
+for d in "libtorch-dev (>= 1" "libtorch-dev (<< " nlohmann-json3-dev libfmt-dev libgloo-dev libtorch1; do
+  grep -qF "$d" <<< "$depends" || fail "$deb: Depends ($depends) lacks $d"
 done
-if grep -q '^DDP_HAVE_GLOO 1' <(grep -o 'DDP_HAVE_GLOO [01]' "$build/generated/ddp/config.hpp"); then
-  grep -q libgloo-dev <<< "$depends" || fail "$deb: Depends ($depends) lacks libgloo-dev"
-fi
-if grep -q '^Torch_DIR:[A-Z]*=/usr/' "$build/CMakeCache.txt"; then
-  grep -q 'libtorch-dev (>= ' <<< "$depends" || fail "$deb: Depends ($depends) lacks libtorch-dev"
-fi
-# What it depends on is here, as `apt-get install ./ddp_*.deb` would ensure.
-for d in $(sed 's/([^)]*)//g; s/,/ /g' <<< "$depends"); do
-  dpkg-query -W -f='${Status}' "$d" 2>/dev/null | grep -q "install ok installed" || fail "$deb depends on $d, not installed"
+grep -q 'cuda\|nccl' <<< "$depends" && fail "$deb: Depends ($depends) names CUDA or NCCL"
+# What it depends on is here, in a version that satisfies it, as
+# `apt-get install ./ddp_*.deb` would ensure.
+IFS=',' read -ra clauses <<< "$depends"
+for clause in "${clauses[@]}"; do
+  clause=$(sed 's/^ *//; s/ *$//' <<< "$clause")
+  name=${clause%% *}
+  name=${name%%:*}
+  have=$(dpkg-query -W -f='${Status} ${Version}' "$name" 2>/dev/null | sed -n 's/^install ok installed //p')
+  [ -n "$have" ] || fail "$deb depends on $name, which is not installed here"
+  if [[ "$clause" =~ \((<<|<=|=|>=|>>)\ ([^\)]*)\) ]]; then
+    op=${BASH_REMATCH[1]} want=${BASH_REMATCH[2]}
+    case "$op" in '<<') op=lt ;; '<=') op=le ;; '=') op=eq ;; '>=') op=ge ;; '>>') op=gt ;; esac
+    dpkg --compare-versions "$have" "$op" "$want" || fail "$deb wants $clause; $name $have is installed"
+  fi
 done
 root="$work/debroot"
 dpkg -x "$deb" "$root"
 for f in usr/bin/ddp-run usr/bin/ddp-plot usr/include/ddp/ddp.hpp usr/share/ddp/data/wine.csv; do
   [ -e "$root/$f" ] || fail "$deb does not hold /$f"
 done
+grep -q 'DDP_INSTALL_DATA_DIR "/usr/share/ddp"' "$root/usr/include/ddp/install_dirs.hpp" ||
+  fail "$deb: its libraries look for data elsewhere than /usr/share/ddp ($(grep DDP_INSTALL_DATA_DIR "$root/usr/include/ddp/install_dirs.hpp"))"
+readelf -d "$root/usr/bin/ddp-run" | grep -qi 'cudart\|nccl' && fail "$deb: ddp-run needs CUDA or NCCL libraries"
 debconfig=$(find "$root/usr" -path '*/cmake/ddp/ddpConfig.cmake' | head -1)
 [ -n "$debconfig" ] || fail "$deb holds no ddpConfig.cmake"
 echo "ok: $(basename "$deb"): Depends: $depends"
 logged deb-consumer-configure cmake -S "$repo/tests/install/consumer" -B "$work/deb-consumer" "${generator[@]}" \
   "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$root/usr"
-grep -q "$root/usr" "$work/deb-consumer/CMakeCache.txt" || fail "the consumer did not find ddp under $root/usr"
+grep -q "^ddp_DIR:PATH=$root/usr/" "$work/deb-consumer/CMakeCache.txt" ||
+  fail "the consumer did not find ddp under $root/usr ($(grep '^ddp_DIR' "$work/deb-consumer/CMakeCache.txt"))"
 logged deb-consumer-build cmake --build "$work/deb-consumer"
 out=$("$work/deb-consumer/ddp_consumer" 2>&1) || { echo "$out"; fail "ddp_consumer (built against the .deb) failed"; }
 grep -q "^all checks passed" <<< "$out" || fail "ddp_consumer (built against the .deb) did not pass its checks"
