@@ -28,6 +28,7 @@ using ddp::test::paramsFor;
 using ddp::test::usageErrorOf;
 using ddp::test::tensors;
 using ddp::test::readFile;
+using ddp::test::writeFileIn;
 using ddp::plugins::ByteVocabulary;
 using Catch::Matchers::Contains;
 
@@ -37,13 +38,6 @@ DatasetSplits load(const std::string& name, const Json& values = Json::object(),
   const auto& spec = builtinPlugins().get(PluginKind::Dataset, name);
   return spec.dataset(paramsFor(spec, values), DatasetContext{seed, ""});
 }
-
-std::string writeDataFile(const std::string& dir, const std::string& name, const std::string& content) {
-  const std::string path = dir + "/" + name;
-  std::ofstream(path, std::ios::binary) << content;
-  return path;
-}
-
 
 // A token model for these tests: logits from a table row per token.
 struct Bigram : Model {
@@ -115,13 +109,13 @@ TEST_CASE("digits: a malformed file is one line naming file:line:column", "[data
   const std::string dir = ddp::test::tempDir();
   std::string row;
   for (int i = 0; i < 64; ++i) row += "1,";
-  CHECK_THAT(usageErrorOf([&] { load("digits", {{"path", writeDataFile(dir, "a.csv", row + "3\n" + row + "\n")}}); }),
+  CHECK_THAT(usageErrorOf([&] { load("digits", {{"path", writeFileIn(dir, "a.csv", row + "3\n" + row + "\n")}}); }),
              Contains("a.csv:2: column 65: expected an integer 0..9"));
-  CHECK_THAT(usageErrorOf([&] { load("digits", {{"path", writeDataFile(dir, "b.csv", row + "17\n")}}); }),
+  CHECK_THAT(usageErrorOf([&] { load("digits", {{"path", writeFileIn(dir, "b.csv", row + "17\n")}}); }),
              Contains("b.csv:1: column 65: expected an integer 0..9, found '17'"));
-  CHECK_THAT(usageErrorOf([&] { load("digits", {{"path", writeDataFile(dir, "c.csv", "1,2,3\n")}}); }),
+  CHECK_THAT(usageErrorOf([&] { load("digits", {{"path", writeFileIn(dir, "c.csv", "1,2,3\n")}}); }),
              Contains("c.csv:1: expected 65 columns"));
-  CHECK_THAT(usageErrorOf([&] { load("digits", {{"path", writeDataFile(dir, "d.csv", row + "3\n")}}); }),
+  CHECK_THAT(usageErrorOf([&] { load("digits", {{"path", writeFileIn(dir, "d.csv", row + "3\n")}}); }),
              Contains("no image of the digit 0"));
   std::filesystem::remove_all(dir);
 }
@@ -134,7 +128,7 @@ TEST_CASE("text: byte vocabulary, windows cut by position, targets shifted by on
   std::string corpus;
   while (corpus.size() < 100) corpus += "the quick brown fox. ";
   corpus.resize(100);
-  const std::string path = writeDataFile(dir, "corpus.txt", corpus);
+  const std::string path = writeFileIn(dir, "corpus.txt", corpus);
   const DatasetSplits data = load("text", {{"path", path}, {"block_size", 8}, {"stride", 3}, {"val_fraction", 0.1}});
   const auto vocab = ByteVocabulary::of(corpus);
   CHECK(data.task == Task::NextToken);
@@ -168,7 +162,7 @@ TEST_CASE("text: byte vocabulary, windows cut by position, targets shifted by on
   // Too short for one validation window.
   CHECK_THAT(usageErrorOf([&] { load("text", {{"path", path}, {"block_size", 10}, {"val_fraction", 0.1}}); }),
              Contains("the validation part of"));
-  CHECK_THAT(usageErrorOf([&] { load("text", {{"path", writeDataFile(dir, "empty.txt", "")}}); }), Contains("is empty"));
+  CHECK_THAT(usageErrorOf([&] { load("text", {{"path", writeFileIn(dir, "empty.txt", "")}}); }), Contains("is empty"));
   std::filesystem::remove_all(dir);
 }
 
@@ -206,7 +200,7 @@ TEST_CASE("metrics follow the task: perplexity for tokens, RMSE for regression, 
   const std::string dir = ddp::test::tempDir();
   std::string corpus;
   while (corpus.size() < 2000) corpus += "abcabd abcabd\n";
-  const std::string path = writeDataFile(dir, "corpus.txt", corpus);
+  const std::string path = writeFileIn(dir, "corpus.txt", corpus);
   // A tiny token model: embeddings straight to logits.
   PluginRegistry registry;
   registerWithBigram(registry);
@@ -246,7 +240,7 @@ TEST_CASE("metrics follow the task: perplexity for tokens, RMSE for regression, 
   // Regression: test_rmse, the square root of the mse test loss.
   std::string table = "x,y\n";
   for (int i = 0; i < 60; ++i) table += std::to_string(i % 7) + "," + std::to_string(0.5 * (i % 7) + 1) + "\n";
-  const std::string reg = train({{"dataset", {{"name", "csv"}, {"path", writeDataFile(dir, "t.csv", table)},
+  const std::string reg = train({{"dataset", {{"name", "csv"}, {"path", writeFileIn(dir, "t.csv", table)},
                                               {"task", "regression"}}},
                                  {"model", {{"name", "mlp"}, {"layers", {0, 8, 1}}}},
                                  {"optimizer", {{"name", "adam"}, {"lr", 0.01}}},
@@ -275,7 +269,7 @@ TEST_CASE("ddp-run --sample prints the argmax chain of the loaded model at tempe
   const std::string dir = ddp::test::tempDir();
   std::string corpus;
   while (corpus.size() < 3000) corpus += "hello world. ";
-  const std::string path = writeDataFile(dir, "corpus.txt", corpus);
+  const std::string path = writeFileIn(dir, "corpus.txt", corpus);
   PluginRegistry registry;
   registerWithBigram(registry);
   const std::string run = train({{"dataset", {{"name", "text"}, {"path", path}, {"block_size", 8}}},
@@ -331,17 +325,17 @@ TEST_CASE("ddp-run --sample prints the argmax chain of the loaded model at tempe
   const std::string config = readFile(run + "/config.json");
   Json edited = Json::parse(config);
   edited["model"]["bogus"] = 1;
-  writeDataFile(run, "config.json", edited.dump());
+  writeFileIn(run, "config.json", edited.dump());
   CHECK_THAT(usageErrorOf([&] { loadTrainedModel(run, registry); }),
              Contains(run + "/config.json: model.bogus: unknown key"));
   edited["model"] = Json{{"name", 5}};
-  writeDataFile(run, "config.json", edited.dump());
+  writeFileIn(run, "config.json", edited.dump());
   CHECK_THAT(usageErrorOf([&] { loadTrainedModel(run, registry); }), Contains(run + "/config.json: model.name: required"));
-  writeDataFile(run, "config.json", config);
+  writeFileIn(run, "config.json", config);
   Json context = Json::parse(readFile(run + "/model_context.json"));
   const int64_t v = context["vocab_size"].get<int64_t>();
   context["vocab_size"] = v + 1;
-  writeDataFile(run, "model_context.json", context.dump());
+  writeFileIn(run, "model_context.json", context.dump());
   CHECK_THAT(usageErrorOf([&] { loadTrainedModel(run, registry); }),
              Contains(fmt::format("has shape [{}, {}] in the checkpoint but [{}, {}] in the model", v, v, v + 1, v + 1)));
   std::filesystem::remove_all(dir);

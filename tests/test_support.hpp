@@ -153,6 +153,13 @@ inline std::string tempDir() {
   return tmpl;
 }
 
+// Writes `content` to the file `name` in the folder `dir`; returns its path.
+inline std::string writeFileIn(const std::string& dir, const std::string& name, const std::string& content) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path, std::ios::binary) << content;
+  return path;
+}
+
 // A fresh folder under /tmp, removed with what is in it at scope exit.
 class TempDir {
  public:
@@ -167,9 +174,7 @@ class TempDir {
   const std::string& path() const { return path_; }
   // Writes `content` to the file `name` in the folder; returns its path.
   std::string write(const std::string& name, const std::string& content) const {
-    const std::string file = path_ + "/" + name;
-    std::ofstream(file, std::ios::binary) << content;
-    return file;
+    return writeFileIn(path_, name, content);
   }
 
  private:
