@@ -241,22 +241,9 @@ inline std::vector<std::string> splitWords(const std::string& text) {
   return words;
 }
 
-namespace {
-
-// The ddp-run program: DDP_RUN_PATH where the build defines it (for every
-// test file of ddp_tests), else where the build puts it, next to the tests'
-// folder (build/tests/ddp_tests, build/ddp-run). Tests check that it exists.
-// Unnamed namespace: a file compiled without DDP_RUN_PATH keeps its own copy
-// (one inline definition would break the ODR).
-inline std::string ddpRunPath() {
-#ifdef DDP_RUN_PATH
-  return DDP_RUN_PATH;
-#else
-  std::error_code error;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  return (self.parent_path().parent_path() / "ddp-run").string();
-#endif
-}
+// The ddp-run program the build made: DDP_RUN_PATH, which tests/CMakeLists.txt
+// defines for every test file. Tests check that it exists.
+inline std::string ddpRunPath() { return DDP_RUN_PATH; }
 
 // Runs the ddp-run program with `args` and the `env` assignments ("A=1 B=2")
 // added to this process's environment, as `env A=1 B=2 ddp-run args` would.
@@ -281,8 +268,6 @@ inline ProgramOutcome runDdpRun(const std::string& args, const std::string& env 
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
 }
-
-}  // namespace
 
 // Collects what this process writes to stderr (fd 2) while it lives.
 class CapturedStderr {
