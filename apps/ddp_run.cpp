@@ -273,6 +273,8 @@ int main(int argc, char** argv) {
                  "print text from the language model trained in RUN_DIR (see --prompt, --tokens, --temperature, "
                  "--top-k, --seed)");
   app.add_option("--prompt", args.sample.prompt, "with --sample: the text to continue (default: a line break)");
+  app.add_option("--checkpoint", args.sample.checkpoint,
+                 "with --sample: latest (default), best (the best of training.keep_best) or a checkpoint file");
   app.add_option("--tokens", args.sample.tokens, "with --sample: tokens to generate (default 200)");
   app.add_option("--temperature", args.sample.temperature,
                  "with --sample: divides the logits; 0 takes the most likely token (default 1)");

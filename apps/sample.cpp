@@ -18,7 +18,7 @@ std::string sampleText(const SampleOptions& options, PluginRegistry& registry, s
     fail<UsageError>("--temperature {}: expected a finite number, 0 or more", options.temperature);
   }
   if (options.topK < 0) fail<UsageError>("--top-k {}: expected 0 (all) or more", options.topK);
-  const TrainedModel trained = loadTrainedModel(options.runDir, registry);
+  const TrainedModel trained = loadTrainedModel(options.runDir, registry, options.checkpoint);
   const std::string vocabPath = options.runDir + "/vocab.json";
   std::ifstream vocabFile(vocabPath);
   if (trained.context.vocabSize == 0 || trained.context.sampleShape.size() != 1 || !vocabFile) {

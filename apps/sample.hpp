@@ -24,6 +24,7 @@ namespace ddp::apps {
 
 struct SampleOptions {
   std::string runDir;
+  std::string checkpoint = "latest";  // "latest", "best" (training.keep_best) or a file
   std::string prompt = "\n";
   int64_t tokens = 200;
   double temperature = 1.0;

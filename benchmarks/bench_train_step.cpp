@@ -25,6 +25,10 @@
 // its scaling is the most this machine allows, so the distance between it
 // and DDP's scaling is what gradient synchronisation costs.
 //
+// --precision fp32,bf16 adds "ddp-bf16": DDP with the forward pass under
+// autocast to bfloat16 (training.precision, precision.hpp), timed against
+// fp32 in the same run.
+//
 // --device cuda puts rank r on cuda:r and uses nccl (one GPU per rank); the
 // GPU check (gpu_check.sh) uses it for DDP against a plain step.
 #include <CLI/CLI.hpp>
@@ -54,6 +58,7 @@
 #include "framework/comm/backend_registry.hpp"
 #include "framework/parallel/ddp.hpp"
 #include "framework/experiment/experiment_config.hpp"
+#include "framework/experiment/precision.hpp"
 #include "framework/experiment/plugin_registry.hpp"
 #include "framework/store/tcp_store.hpp"
 #include "framework/parallel/torch_compat.hpp"
@@ -88,6 +93,8 @@ struct Options {
   std::vector<std::string> commHooks;  // DDP at world sizes > 1 once per hook; empty: the default only
   std::string hosts;                   // "HxR": world size H*R on a simulated cluster (sim_cluster.hpp)
   std::string link = "1gbit";
+  // training.precision values to time (fp32, bf16): DDP once per precision.
+  std::vector<std::string> precisions = {"fp32"};
 
   // Hidden: set by the launcher for the processes it starts.
   int workerRank = -1;
@@ -96,6 +103,7 @@ struct Options {
   std::string workerImpl;
   std::string workerDir;
   std::string workerHook;
+  std::string workerPrecision = "fp32";
 };
 
 // One configuration to run: an implementation name, a world size, and
@@ -107,9 +115,10 @@ struct Config {
   double bucketCapMb = 25;
   bool overlap = true;
   std::string hook;  // a comm_hook plugin; "": DDP's default
+  std::string precision = "fp32";  // training.precision of the forward pass
   std::string tag() const {
-    return fmt::format("{}.w{}.b{}{}{}", impl, worldSize, bucketCapMb, overlap ? "" : ".seq",
-                       hook.empty() ? "" : "." + hook);
+    return fmt::format("{}.w{}.b{}{}{}{}", impl, worldSize, bucketCapMb, overlap ? "" : ".seq",
+                       hook.empty() ? "" : "." + hook, precision == "fp32" ? "" : "." + precision);
   }
 };
 
@@ -117,7 +126,9 @@ struct Config {
 
 // The worker's Config::tag(), from its flags.
 std::string workerTag(const Options& o) {
-  return Config{o.workerImpl, o.workerWorld, o.workerWrap, o.bucketCapMb, !o.noOverlap, o.workerHook}.tag();
+  return Config{o.workerImpl,  o.workerWorld, o.workerWrap,     o.bucketCapMb,
+                !o.noOverlap, o.workerHook,  o.workerPrecision}
+      .tag();
 }
 
 std::string resultsPath(const std::string& dir, const std::string& tag) { return dir + "/results." + tag + ".json"; }
@@ -292,6 +303,7 @@ void runWorker(const Options& o) {
   const torch::Device device = workerDevice(o, rank);
   const std::string tag = workerTag(o);
   const std::chrono::milliseconds timeout(120000);
+  const Precision precision = parsePrecision(o.workerPrecision);
 
   ProcessGroupPtr group = workerGroup(o.workerDir, tag, rank, o.workerWorld, backendFor(o), timeout,
                                      device.is_cuda() ? device.index() : -1);
@@ -338,7 +350,12 @@ void runWorker(const Options& o) {
   for (int i = 0; i < o.warmup + o.steps; ++i) {
     const auto start = std::chrono::steady_clock::now();
     zeroGradients(*optimizer);  // in place on every LibTorch, keeping DDP's bucket views
-    at::Tensor loss = work.loss(work.forward(x), y);
+    at::Tensor out;
+    {
+      const ComputePrecision scope(precision, device.type());  // as the trainer's steps (precision.hpp)
+      out = work.forward(x);
+    }
+    at::Tensor loss = work.loss(lossInput(out), y);
     const double forwardEnd = since(start);
     loss.backward();
     if (ddpModel) ddpModel->finishGradientSync();
@@ -412,6 +429,7 @@ void runWorker(const Options& o) {
                        {"overlap", !o.noOverlap},
                        {"comm_hook", o.workerHook.empty() ? "allreduce" : o.workerHook},
                        {"hosts", o.hosts},
+                       {"precision", o.workerPrecision},
                        {"forward_ms", median(forwardTimes) * 1e3},
                        {"backward_ms", median(backwardTimes) * 1e3},
                        {"optimizer_ms", median(optimizerTimes) * 1e3},
@@ -436,6 +454,7 @@ std::vector<std::string> workerArguments(const Options& o, const Config& c, int 
   if (!o.backend.empty()) args.insert(args.end(), {"--backend", o.backend});
   for (const std::string& set : o.sets) args.insert(args.end(), {"--set", set});
   if (!c.hook.empty()) args.insert(args.end(), {"--worker-hook", c.hook});
+  if (c.precision != "fp32") args.insert(args.end(), {"--worker-precision", c.precision});
   if (!o.hosts.empty() && c.worldSize > 1) args.insert(args.end(), {"--hosts", o.hosts, "--link", o.link});
   if (c.wrap) args.push_back("--worker-wrap");
   if (!c.overlap) args.push_back("--no-overlap");
@@ -505,6 +524,11 @@ void runLauncher(Options o) {
     throw BenchError("--steps and --repeats must be at least 1, --warmup at least 0");
   }
   if (o.worldSizes.empty()) throw BenchError("--world-sizes names no world size");
+  for (const auto& precision : o.precisions) {
+    if (precision != "fp32" && precision != "bf16") {
+      fail<BenchError>("--precision: expected fp32 or bf16, got \"{}\"", precision);
+    }
+  }
   if (o.batch < 0) throw BenchError("--batch must be at least 1 (or 0 for the model's own)");
   const ModelSetup setup = resolveModel(o.model, o.batch, o.sets);  // a bad --model or --set fails here, before any rank
   std::vector<Config> configs;
@@ -521,6 +545,9 @@ void runLauncher(Options o) {
     // At world size 1 "ddp" is the bare model (as DDP users run one rank);
     // the wrapped variant shows what the wrapper itself costs.
     configs.push_back({"ddp", w, w > 1, o.bucketCapMb, !o.noOverlap});
+    for (const auto& precision : o.precisions) {
+      if (precision != "fp32") configs.push_back({"ddp-" + precision, w, w > 1, o.bucketCapMb, !o.noOverlap, "", precision});
+    }
     for (const auto& hook : o.commHooks) {
       if (w > 1 && hook != "allreduce") configs.push_back({"ddp+" + hook, w, true, o.bucketCapMb, !o.noOverlap, hook});
     }
@@ -621,6 +648,19 @@ void runLauncher(Options o) {
                              setup.name == "mlp" ? "0.6" : "0.9");
   }
   printScaling(records);
+  // bf16 against fp32, per world size, same run.
+  for (int w : o.worldSizes) {
+    const json* fp32 = findRecord(records, "ddp", w);
+    for (const auto& precision : o.precisions) {
+      const json* other = precision == "fp32" ? nullptr : findRecord(records, "ddp-" + precision, w);
+      if (fp32 && other) {
+        std::cout << fmt::format("{} / fp32 step time at world {} ({}): {:.2f}x ({:.2f} ms against {:.2f} ms)\n",
+                                 precision, w, setup.name,
+                                 (*other)["step_ms"].get<double>() / (*fp32)["step_ms"].get<double>(),
+                                 (*other)["step_ms"].get<double>(), (*fp32)["step_ms"].get<double>());
+      }
+    }
+  }
   // Each hook against the exact average, at the largest world size, same run.
   const int top = *std::max_element(o.worldSizes.begin(), o.worldSizes.end());
   if (const json* exact = findRecord(records, "ddp", top)) {
@@ -681,11 +721,17 @@ void registerTrainStepCommand(CLI::App& app) {
   cmd->add_option("--hosts", options->hosts,
                   "Run world size HOSTS*RANKS on a simulated cluster of HOSTSxRANKS (e.g. 2x1; needs root; replaces "
                   "--world-sizes by 1 and that, without the PyTorch reference)");
+  cmd->add_option("--precision", options->precisions,
+                  "Comma-separated training.precision values (fp32, bf16): DDP once per precision, forward under "
+                  "autocast as the trainer runs it; the PyTorch reference stays fp32")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--link", options->link, "The simulated cluster's links: 10gbit, 1gbit or none")
       ->capture_default_str();
   // Worker flags: set by the launcher; an empty group hides them from --help.
   cmd->add_option("--worker-rank", options->workerRank)->group("");
   cmd->add_option("--worker-hook", options->workerHook)->group("");
+  cmd->add_option("--worker-precision", options->workerPrecision)->group("");
   cmd->add_option("--worker-world", options->workerWorld)->group("");
   cmd->add_flag("--worker-wrap", options->workerWrap)->group("");
   cmd->add_option("--worker-impl", options->workerImpl)->group("");

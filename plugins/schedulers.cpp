@@ -40,9 +40,19 @@ class CosineScheduler : public LrScheduler {
   double etaMin_;
 };
 
+// The base lr throughout: a schedule of warm-up only.
+class ConstantScheduler : public LrScheduler {
+ public:
+  double lrAt(int64_t /*epoch*/, double baseLr) const override { return baseLr; }
+};
+
 }  // namespace
 
 void registerSchedulers(PluginRegistry& registry) {
+  registry.add({"constant",
+                "the optimizer's lr throughout (with warmup_steps: a linear warm-up to it)",
+                {},
+                [](const Params&) -> std::unique_ptr<LrScheduler> { return std::make_unique<ConstantScheduler>(); }});
   registry.add({"step",
                 "multiply the lr by gamma every step_size epochs",
                 {

@@ -100,7 +100,7 @@ TEST_CASE("plugin registry: the built-ins are listed and described", "[plugins]"
   CHECK(registry.names(PluginKind::Dataset) == std::vector<std::string>{"csv", "digits", "npy", "synthetic", "text", "wine"});
   CHECK(registry.names(PluginKind::Model) == std::vector<std::string>{"cnn", "gpt", "mlp"});
   CHECK(registry.names(PluginKind::Optimizer) == std::vector<std::string>{"adam", "adamw", "sgd"});
-  CHECK(registry.names(PluginKind::Scheduler) == std::vector<std::string>{"cosine", "step"});
+  CHECK(registry.names(PluginKind::Scheduler) == std::vector<std::string>{"constant", "cosine", "step"});
   CHECK(registry.names(PluginKind::Loss) == std::vector<std::string>{"cross_entropy", "mse"});
   CHECK(registry.has(PluginKind::Optimizer, "adam"));
   CHECK_FALSE(registry.has(PluginKind::Model, "adam"));

@@ -16,7 +16,11 @@ gloo, one process per rank, one intra-op thread each:
   initialisation;
 - training: DistributedSampler shards (shuffled per epoch, seeded),
   batch_size windows per rank, the optimizer and lr of the experiment,
-  `epochs` epochs (or max_steps steps), cross-entropy per token;
+  `epochs` epochs (or max_steps steps), cross-entropy per token; with
+  training.clip_grad_norm, torch.nn.utils.clip_grad_norm_ after backward;
+  with scheduler "constant" and warmup_steps W, LinearLR(1/W, 1, W - 1)
+  stepped per optimizer step; with training.precision "bf16", the forward
+  under torch.autocast("cpu", torch.bfloat16) and the loss in fp32;
 - evaluation: the mean loss per token over every validation window, after
   the last epoch, sharded over the ranks and summed.
 
@@ -92,6 +96,18 @@ def worker(rank, world, store, cfg, out):
                                weight_decay=o.get("weight_decay", 0.0))
     else:
         raise SystemExit(f"char_gpt_torch.py: optimizer {o['name']} not supported here")
+    sched = cfg.get("scheduler")
+    warmup = None
+    if sched:
+        if sched["name"] != "constant":
+            raise SystemExit(f"char_gpt_torch.py: scheduler {sched['name']} not supported here (constant only)")
+        w = sched.get("warmup_steps", 0)
+        if w > 0:
+            warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1 / w, end_factor=1.0,
+                                                       total_iters=max(w - 1, 0))
+    clip = tc.get("clip_grad_norm", 0)
+    bf16 = tc.get("precision", "fp32") == "bf16"
+    norms = []
     # Our sampler's order (not torch's DistributedSampler, nor a DataLoader,
     # which draws from the global generator each epoch): with the same seed
     # both sides see the same batches and the same dropout masks.
@@ -109,9 +125,14 @@ def worker(rank, world, store, cfg, out):
             xs, ys = zip(*(train[k] for k in mine[b:b + batch]))
             x, y = torch.stack(xs), torch.stack(ys)
             opt.zero_grad(set_to_none=True)
-            logits = ddp(x)
-            F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1)).backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = ddp(x)
+            F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1)).backward()
+            if clip > 0:
+                norms.append(torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip).item())
             opt.step()
+            if warmup is not None:
+                warmup.step()
             steps += 1
             if max_steps and steps >= max_steps:
                 break
@@ -125,13 +146,15 @@ def worker(rank, world, store, cfg, out):
         for i in range(0, len(rows), 256):
             xs, ys = zip(*(val[k] for k in rows[i:i + 256]))
             x, y = torch.stack(xs), torch.stack(ys)
-            loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1))
             sums += torch.tensor([loss.item() * len(xs), len(xs)], dtype=torch.float64)
     dist.all_reduce(sums)
     seconds = time.perf_counter() - start
     if rank == 0:
         out.put({"impl": "torch-python", "world_size": world, "params": params, "steps": steps,
-                 "val_loss": (sums[0] / sums[1]).item(), "seconds": seconds})
+                 "val_loss": (sums[0] / sums[1]).item(), "seconds": seconds, "grad_norms": norms})
     dist.destroy_process_group()
 
 

@@ -18,60 +18,13 @@
 #include "framework/core/data_dirs.hpp"
 #include "framework/core/strings.hpp"
 #include "framework/core/system.hpp"
-#include "framework/parallel/strategy.hpp"
+#include "framework/experiment/config_detail.hpp"
 
 namespace ddp {
 namespace {
 
-// "$schema": where an editor finds the JSON Schema (ddp-run --schema); ignored.
-const std::vector<std::string> kTopLevelKeys = {"name",      "description", "plugins",  "dataset",     "model",
-                                                "optimizer", "scheduler",   "loss",     "training",    "distributed",
-                                                "$schema"};
-const std::vector<std::pair<std::string, PluginKind>> kPluginSections = {{"dataset", PluginKind::Dataset},
-                                                                         {"model", PluginKind::Model},
-                                                                         {"optimizer", PluginKind::Optimizer},
-                                                                         {"scheduler", PluginKind::Scheduler},
-                                                                         {"loss", PluginKind::Loss}};
-
-ParamSpec intParam(std::string name, int64_t def, std::optional<double> min, std::string doc) {
-  ParamSpec p;
-  p.name = std::move(name);
-  p.type = ParamType::Int;
-  p.defaultValue = def;
-  p.min = min;
-  p.doc = std::move(doc);
-  return p;
-}
-
-ParamSpec floatParam(std::string name, double def, double min, bool exclusive, std::string doc) {
-  ParamSpec p;
-  p.name = std::move(name);
-  p.type = ParamType::Float;
-  p.defaultValue = def;
-  p.min = min;
-  p.minExclusive = exclusive;
-  p.doc = std::move(doc);
-  return p;
-}
-
-ParamSpec boolParam(std::string name, bool def, std::string doc) {
-  ParamSpec p;
-  p.name = std::move(name);
-  p.type = ParamType::Bool;
-  p.defaultValue = def;
-  p.doc = std::move(doc);
-  return p;
-}
-
-ParamSpec stringParam(std::string name, std::string def, std::vector<std::string> choices, std::string doc) {
-  ParamSpec p;
-  p.name = std::move(name);
-  p.type = ParamType::String;
-  p.defaultValue = def;
-  p.choices = std::move(choices);
-  p.doc = std::move(doc);
-  return p;
-}
+using config_detail::kPluginSections;
+using config_detail::kTopLevelKeys;
 
 std::string inQuotes(const std::string& s) { return "\"" + s + "\""; }
 
@@ -477,215 +430,6 @@ void checkExperimentName(const std::string& name, const std::string& where) {
 
 }  // namespace
 
-const std::vector<ParamSpec>& trainingParamSpecs() {
-  static const std::vector<ParamSpec> specs = {
-      intParam("epochs", 1, 1, "passes over the training split"),
-      intParam("batch_size", 32, 1, "samples per rank per step"),
-      intParam("seed", 0, 0, "seeds the split, the initialization and the shuffling"),
-      intParam("save_every", 0, 0, "epochs between checkpoints (0: none)"),
-      intParam("eval_every", 1, 0, "epochs between evaluations on the test split (0: only after the last)"),
-      intParam("max_steps", 0, 0, "stop after this many optimizer steps (0: no limit)"),
-      intParam("eval_batch_size", 512, 1, "samples per rank per forward pass when evaluating"),
-      intParam("log_every", 0, 0, "optimizer steps between records of steps.jsonl (0: about four per epoch)"),
-      intParam("accumulate_grad_batches", 1, 1, "micro-batches per optimizer step"),
-      [] {
-        ParamSpec p = intParam("threads", 0, 0,
-                               "intra-op threads per rank (0: LibTorch's setting; ranks that ddp-run starts get cores "
-                               "/ local ranks through OMP_NUM_THREADS)");
-        p.max = 1024;  // LibTorch's thread pool with 100,000 threads does not come back
-        return p;
-      }(),
-      boolParam("drop_last", false, "drop the last incomplete batch and shard"),
-      boolParam("join", true,
-                "uneven shards (drop_last false, a size the world does not divide): ranks that run out shadow their "
-                "peers' last steps and the gradients average over the ranks with data (strategy ddp); false: pad "
-                "the shards by repeating samples"),
-      stringParam("on_nonfinite_loss", "stop", {"stop", "continue"},
-                  "a NaN or infinite training loss: stop the run (exit code 3) or continue"),
-      boolParam("checkpoint_on_signal", false,
-                "on SIGTERM or SIGINT, finish the step and save a checkpoint of it before exiting"),
-      boolParam("trace", false,
-                "record a timeline of a few steps (data, forward, backward, each bucket's collective, optimizer) "
-                "into trace.json, for Perfetto or chrome://tracing (also: environment DDP_TRACE=1)"),
-      intParam("trace_start", 2, 1, "the first optimizer step the trace records (1-based; the first is warm-up)"),
-      intParam("trace_steps", 3, 1, "optimizer steps the trace records"),
-  };
-  return specs;
-}
-
-const std::vector<ParamSpec>& distributedParamSpecs() {
-  static std::vector<ParamSpec> specs = [] {
-    std::vector<ParamSpec> s = {
-        stringParam("backend", "gloo", {"gloo", "nccl"}, "communication backend"),
-        stringParam("device", "cpu", {"cpu", "cuda"}, "where each rank computes (cuda: cuda:LOCAL_RANK)"),
-        intParam("nproc_per_node", 1, 1, "ranks ddp-run starts when --nproc-per-node is not given"),
-        floatParam("timeout_s", 300, 0, true, "seconds before a collective fails"),
-        boolParam("find_unused_parameters", false, "allow parameters that get no gradient"),
-        floatParam("bucket_cap_mb", 25, 0, true, "gradient bucket size"),
-        floatParam("first_bucket_cap_mb", 1, 0, true, "first gradient bucket size, small to start early"),
-        stringParam("strategy", "ddp", {}, "how ranks share the training (parallel strategy)"),
-        boolParam("fsdp_backward_prefetch", true,
-                  "fsdp: gather the next unit for backward while one computes (faster, one unit more memory)"),
-        floatParam("fsdp_unit_mb", 0, 0, false,
-                   "fsdp: join the model's consecutive units until each holds this many MiB (0: each alone)"),
-    };
-    return s;
-  }();
-  // Strategies may be registered after the first call: choices are current.
-  for (ParamSpec& spec : specs) {
-    if (spec.name == "strategy") spec.choices = builtinStrategies().names();
-  }
-  return specs;
-}
-
-std::optional<std::string> describeSection(const std::string& section, const PluginRegistry& registry) {
-  if (section == "training") {
-    return "training: how each rank trains (the experiment's \"training\" object; --set training.KEY=VALUE)\n" +
-           describeParams(trainingParamSpecs());
-  }
-  if (section == "distributed") {
-    const std::string hooks = joinNames(registry.names(PluginKind::CommHook));
-    return "distributed: how the ranks work together (the experiment's \"distributed\" object; --set "
-           "distributed.KEY=VALUE)\n" +
-           describeParams(distributedParamSpecs(),
-                          {{"comm_hook", "plugin", "(allreduce)", hooks,
-                            "how DDP averages gradient buckets: a name, or {\"name\": ..., params}; --describe "
-                            "comm_hook.NAME"}});
-  }
-  if (section == "plugins") {
-    std::vector<std::vector<std::string>> rows;
-    rows.push_back({"name", "string", "\"\"", "one folder name",
-                    "names the run folder runs/<name>-<time> (no '/', '\\', '..', control characters or leading '.')"});
-    rows.push_back({"description", "string", "\"\"", "", "a comment, kept in config.json"});
-    rows.push_back({"$schema", "string", "", "", "where an editor finds ddp-run --schema's output; ignored"});
-    rows.push_back({"plugins", "list", "[]", "",
-                    "shared libraries of plugins to load first (relative paths: the experiment's folder, the working "
-                    "folder, then the data folders); ddp-run --plugin-lib loads one for --list-plugins and --describe"});
-    for (const auto& [key, kind] : kPluginSections) {
-      const bool optional = kind == PluginKind::Scheduler;
-      rows.push_back({key, "plugin", optional ? "(none)" : "(required)", joinNames(registry.names(kind)),
-                      fmt::format("a name, or {{\"name\": ..., params}}; --describe {}.NAME", pluginKindName(kind))});
-    }
-    rows.push_back({"training", "object", "{}", "", "--describe training"});
-    rows.push_back({"distributed", "object", "{}", "", "--describe distributed"});
-    return "the keys of an experiment file (JSON; any other key is refused)\n" + describeParams({}, rows);
-  }
-  return std::nullopt;
-}
-
-namespace {
-
-// One declared parameter as a JSON Schema.
-Json paramSchema(const ParamSpec& spec) {
-  Json out = Json::object();
-  auto bounds = [&](Json& number) {
-    if (spec.min) number[spec.minExclusive ? "exclusiveMinimum" : "minimum"] = *spec.min;
-    if (spec.max) number[spec.maxExclusive ? "exclusiveMaximum" : "maximum"] = *spec.max;
-  };
-  switch (spec.type) {
-    case ParamType::Int:
-      out["type"] = "integer";
-      bounds(out);
-      break;
-    case ParamType::Float:
-      out["type"] = "number";
-      bounds(out);
-      break;
-    case ParamType::Bool:
-      out["type"] = "boolean";
-      break;
-    case ParamType::String:
-      out["type"] = "string";
-      if (!spec.choices.empty()) out["enum"] = spec.choices;
-      break;
-    case ParamType::IntList:
-    case ParamType::FloatList: {
-      Json item = {{"type", spec.type == ParamType::IntList ? "integer" : "number"}};
-      bounds(item);
-      out["type"] = "array";
-      out["items"] = item;
-      break;
-    }
-  }
-  out["description"] = spec.isFile ? spec.doc + " (a file: relative to the experiment's folder, the working folder "
-                                                "or the data folders)"
-                                   : spec.doc;
-  if (!spec.defaultValue.is_null()) out["default"] = spec.defaultValue;
-  return out;
-}
-
-// An object of declared parameters; `extra` adds properties (a plugin's "name").
-Json objectSchema(const std::vector<ParamSpec>& specs, const std::string& description, Json extra = Json::object(),
-                  std::vector<std::string> required = {}) {
-  Json properties = std::move(extra);
-  for (const ParamSpec& spec : specs) {
-    properties[spec.name] = paramSchema(spec);
-    if (spec.defaultValue.is_null()) required.push_back(spec.name);
-  }
-  Json out = {{"type", "object"}, {"description", description}, {"properties", properties},
-              {"additionalProperties", false}};
-  if (!required.empty()) out["required"] = required;
-  return out;
-}
-
-// A plugin section: a name, or {"name": NAME, that plugin's parameters}.
-Json pluginSchema(const PluginRegistry& registry, PluginKind kind, const std::string& description) {
-  const std::vector<std::string> names = registry.names(kind);
-  // The name alone only for plugins whose every parameter has a default.
-  std::vector<std::string> byName;
-  for (const std::string& name : names) {
-    const auto& params = registry.get(kind, name).params;
-    if (std::all_of(params.begin(), params.end(), [](const ParamSpec& p) { return !p.defaultValue.is_null(); })) {
-      byName.push_back(name);
-    }
-  }
-  Json choices = Json::array();
-  choices.push_back({{"type", "string"}, {"enum", byName}, {"description", "a plugin's name, with its defaults"}});
-  for (const std::string& name : names) {
-    const PluginSpec& spec = registry.get(kind, name);
-    choices.push_back(objectSchema(spec.params, fmt::format("{}.{}: {}", pluginKindName(kind), name, spec.doc),
-                                   Json{{"name", {{"const", name}}}}, {"name"}));
-  }
-  return {{"description", description}, {"oneOf", choices}};
-}
-
-}  // namespace
-
-Json experimentSchema(const PluginRegistry& registry) {
-  Json properties = Json::object();
-  properties["$schema"] = {{"type", "string"}, {"description", "where editors find this schema; ignored"}};
-  properties["name"] = {{"type", "string"},
-                        {"description", "names the run folder runs/<name>-<time>"},
-                        {"pattern", R"(^(?!\.)(?!.*\.\.)[^/\\\x00-\x1f]*$)"}};
-  properties["description"] = {{"type", "string"}, {"description", "a comment, kept in config.json"}};
-  properties["plugins"] = {{"type", "array"},
-                           {"items", {{"type", "string"}}},
-                           {"description", "shared libraries of plugins to load first (paths from the file)"}};
-  for (const auto& [key, kind] : kPluginSections) {
-    properties[key] = pluginSchema(registry, kind, fmt::format("the {} (ddp-run --describe {}.NAME)",
-                                                               pluginKindName(kind), pluginKindName(kind)));
-  }
-  properties["training"] =
-      objectSchema(trainingParamSpecs(), "how each rank trains (ddp-run --describe training)");
-  properties["distributed"] = objectSchema(
-      distributedParamSpecs(), "how the ranks work together (ddp-run --describe distributed)",
-      Json{{"comm_hook", pluginSchema(registry, PluginKind::CommHook,
-                                      "how DDP averages gradient buckets (default allreduce)")}});
-  Json required = Json::array();
-  for (const auto& [key, kind] : kPluginSections) {
-    if (kind != PluginKind::Scheduler) required.push_back(key);
-  }
-  return {{"$schema", "https://json-schema.org/draft/2020-12/schema"},
-          {"title", "ddp experiment"},
-          {"description", "An experiment file for ddp-run (docs/experiments.md). Plugins that a library in "
-                          "\"plugins\" registers are known to the schema only when it was printed with "
-                          "ddp-run --plugin-lib LIBRARY --schema."},
-          {"type", "object"},
-          {"properties", properties},
-          {"required", required},
-          {"additionalProperties", false}};
-}
-
 ExperimentConfig parseExperimentConfig(const std::string& text, const std::string& sourceName,
                                        const std::string& configDir, const std::vector<std::string>& overrideTexts,
                                        PluginRegistry& registry) {
@@ -827,9 +571,60 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
     }
   }
 
-  const Json training =
-      v.validateSection("training", root.contains("training") ? root["training"] : Json::object(), trainingParamSpecs());
+  // training.early_stopping is an object of its own (null: off); --set
+  // training.early_stopping.KEY=VALUE turns it on with that value.
+  Json trainingBody = root.contains("training") ? root["training"] : Json::object();
+  Json earlyBody;
+  if (trainingBody.is_object() && trainingBody.contains("early_stopping")) {
+    earlyBody = trainingBody["early_stopping"];
+    trainingBody.erase("early_stopping");
+  }
+  for (auto& o : overrides) {
+    if (o.path != "training.early_stopping") continue;
+    earlyBody = typedOverride(o, nullptr);
+    if (earlyBody == Json("off")) earlyBody = Json();
+    o.used = true;
+  }
+  const bool earlyOverridden = std::any_of(overrides.begin(), overrides.end(), [](const Override& o) {
+    return o.path.rfind("training.early_stopping.", 0) == 0;
+  });
+  if (earlyBody.is_null() && earlyOverridden) earlyBody = Json::object();
+  Json training = v.validateSection("training", trainingBody, trainingParamSpecs(), {"early_stopping"});
+  if (!earlyBody.is_null()) {
+    if (!earlyBody.is_object()) {
+      v.fail("training.early_stopping",
+             "expected an object such as {{\"monitor\": \"test_loss\", \"patience\": 3}}, or null for off, got {}",
+             shown(earlyBody));
+    }
+    const Json early = v.validateSection("training.early_stopping", earlyBody, earlyStoppingParamSpecs(), {},
+                                         "training.early_stopping");
+    TrainingConfig::EarlyStopping e;
+    e.monitor = early["monitor"];
+    e.maximize = early["mode"] == "max" || (early["mode"] == "auto" && largerIsBetter(e.monitor));
+    e.patience = early["patience"];
+    e.minDelta = early["min_delta"];
+    config.training.earlyStopping = e;
+    training["early_stopping"] = early;
+  } else {
+    training["early_stopping"] = nullptr;
+  }
   resolved["training"] = training;
+  config.training.clipGradNorm = training["clip_grad_norm"];
+  config.training.precision = training["precision"];
+  config.training.keepBest = training["keep_best"];
+  {
+    const std::string by = training["keep_best_by"];
+    if (!by.empty() && std::find(monitorNames().begin(), monitorNames().end(), by) == monitorNames().end()) {
+      const std::string close = closestName(by, monitorNames());
+      v.fail("training.keep_best_by", "expected one of {}, got {}{}", joinNames(monitorNames()), inQuotes(by),
+             close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)));
+    }
+    const auto& early = config.training.earlyStopping;
+    config.training.keepBestMonitor = !by.empty() ? by : early ? early->monitor : "test_loss";
+    config.training.keepBestMaximize = early && early->monitor == config.training.keepBestMonitor
+                                           ? early->maximize
+                                           : largerIsBetter(config.training.keepBestMonitor);
+  }
   config.training.epochs = training["epochs"];
   config.training.batchSize = training["batch_size"];
   config.training.seed = training["seed"].get<uint64_t>();

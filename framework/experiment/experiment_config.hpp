@@ -60,7 +60,33 @@ struct TrainingConfig {
   bool trace = false;
   int64_t traceStart = 2;
   int64_t traceSteps = 3;
+  // The global L2 norm of the gradients, over every rank's shard, clipped to
+  // this before each optimizer step (ParallelStrategy::setGradientClipping);
+  // 0: off.
+  double clipGradNorm = 0;
+  // "fp32", or "bf16": forward and backward under autocast to bfloat16,
+  // master weights, gradients and optimizer state in fp32
+  // (experiment/precision.hpp).
+  std::string precision = "fp32";
+  // training.early_stopping (callbacks/early_stopping.hpp); nullopt: off.
+  struct EarlyStopping {
+    std::string monitor = "test_loss";  // a name of monitorNames()
+    bool maximize = false;              // mode "max" (or "auto" for an accuracy)
+    int64_t patience = 3;               // evaluations without improvement before stopping
+    double minDelta = 0;                // smaller changes are no improvement
+  };
+  std::optional<EarlyStopping> earlyStopping;
+  // training.keep_best: the K best checkpoints by keepBestMonitor, beside
+  // the latest (callbacks/best_checkpoints.hpp); 0: off.
+  int64_t keepBest = 0;
+  std::string keepBestMonitor = "test_loss";
+  bool keepBestMaximize = false;
 };
+
+// The metrics training.early_stopping and training.keep_best_by can follow,
+// and whether a larger value is better for each (mode "auto").
+const std::vector<std::string>& monitorNames();
+bool largerIsBetter(const std::string& monitor);
 
 struct DistributedConfig {
   std::string backend = "gloo";
@@ -108,6 +134,7 @@ PluginChoice parsePluginSection(const Json& body, const std::string& section, Pl
 // Declarations of the built-in sections, for --describe and docs.
 const std::vector<ParamSpec>& trainingParamSpecs();
 const std::vector<ParamSpec>& distributedParamSpecs();
+const std::vector<ParamSpec>& earlyStoppingParamSpecs();  // training.early_stopping
 
 // What `ddp-run --describe SECTION` prints for "training", "distributed"
 // and "plugins" (the top level: every key of an experiment file, the plugin

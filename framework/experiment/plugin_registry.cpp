@@ -236,6 +236,13 @@ void PluginRegistry::add(PluginSpec spec) {
   // The variant fixes the kind; an empty std::function in it is still no factory.
   const bool hasFactory = std::visit([](const auto& factory) { return static_cast<bool>(factory); }, spec.factory);
   if (!hasFactory) fail<UsageError>("plugin registry: {} '{}' has no {} factory set", kind, spec.name, kind);
+  if (spec.kind() == PluginKind::Scheduler &&
+      std::none_of(spec.params.begin(), spec.params.end(), [](const ParamSpec& p) { return p.name == "warmup_steps"; })) {
+    spec.params.push_back(Param("warmup_steps", ParamType::Int, 0,
+                                "optimizer steps of linear warm-up: the lr of step s (0-based) is scaled by "
+                                "min(1, (s + 1) / warmup_steps) (0: none)")
+                              .atLeast(0));
+  }
   std::string name = spec.name;
   ofKind.emplace(std::move(name), std::move(spec));
 }

@@ -122,11 +122,22 @@ struct ModelContext {
 ModelContext modelContextFor(const DatasetSplits& data);
 
 // Learning rate as a function of the epoch, applied at each epoch start.
+// Every scheduler also takes "warmup_steps" (PluginRegistry::add declares
+// it for each; 0: none): the trainer scales the scheduler's lr by
+// min(1, (s + 1) / warmup_steps) at optimizer step s (0-based, resumed
+// steps counted), a linear ramp from base / warmup_steps to the schedule.
 class LrScheduler {
  public:
   virtual ~LrScheduler() = default;
   virtual double lrAt(int64_t epoch, double baseLr) const = 0;
 };
+
+// The warm-up factor of optimizer step `step` (0-based): min(1, (step + 1)
+// / warmupSteps), 1 without warm-up.
+inline double warmupFactor(int64_t step, int64_t warmupSteps) {
+  if (warmupSteps <= 0 || step + 1 >= warmupSteps) return 1.0;
+  return static_cast<double>(step + 1) / static_cast<double>(warmupSteps);
+}
 
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
 
@@ -169,7 +180,8 @@ struct PluginSpec {
 class PluginRegistry {
  public:
   // UsageError for an empty name, a name taken within the kind, or an empty
-  // factory.
+  // factory. A scheduler gets the common parameter warmup_steps declared
+  // after its own (LrScheduler), unless it declares one itself.
   void add(PluginSpec spec);
   bool has(PluginKind kind, const std::string& name) const;
   // Throws UsageError listing the known names of that kind.

@@ -11,6 +11,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "framework/core/errors.hpp"
 #include "framework/core/system.hpp"
@@ -73,6 +76,39 @@ std::vector<CheckpointFile> listCheckpoints(const std::string& runDir) {
 std::string newestCheckpoint(const std::string& runDir) {
   const auto all = listCheckpoints(runDir);
   return all.empty() ? "" : all.front().path;
+}
+
+std::vector<BestCheckpoint> listBestCheckpoints(const std::string& runDir) {
+  std::vector<BestCheckpoint> found;
+  const std::string dir = runDir + "/checkpoints/best";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return found;
+  while (dirent* e = ::readdir(d)) {
+    CheckpointFile file;
+    if (parseCheckpointName(e->d_name, &file) && file.batch == 0) found.push_back({file.epoch, dir + "/" + e->d_name});
+  }
+  ::closedir(d);
+  std::sort(found.begin(), found.end(),
+            [](const BestCheckpoint& a, const BestCheckpoint& b) { return a.epoch < b.epoch; });
+  return found;
+}
+
+std::string bestCheckpoint(const std::string& runDir) {
+  const std::string indexPath = runDir + "/checkpoints/best/index.json";
+  std::ifstream in(indexPath);
+  if (!in) return "";
+  const nlohmann::json index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!index.is_object() || !index.contains("best") || !index["best"].is_array()) {
+    fail<UsageError>("{}: not a best-checkpoint index (expected {{\"best\": [...]}}). HINT: remove it; training "
+                     "with training.keep_best writes it anew",
+                     indexPath);
+  }
+  for (const auto& entry : index["best"]) {
+    if (!entry.is_object() || !entry.contains("file") || !entry["file"].is_string()) continue;
+    const std::string path = runDir + "/checkpoints/" + entry["file"].get<std::string>();
+    if (::access(path.c_str(), R_OK) == 0) return path;
+  }
+  return "";
 }
 
 std::string checkpointFileName(int64_t epoch, int64_t batch) {

@@ -34,6 +34,17 @@ std::vector<CheckpointFile> listCheckpoints(const std::string& runDir);
 // The newest checkpoint in runDir/checkpoints, or "" when there is none.
 std::string newestCheckpoint(const std::string& runDir);
 
+// training.keep_best's checkpoints in runDir/checkpoints/best/ (files
+// named epoch_NNNNNN.pt), by epoch; and the best of them by its
+// index.json (callbacks/best_checkpoints.hpp), or "" when the run kept
+// none. UsageError for an index.json that cannot be read.
+struct BestCheckpoint {
+  int64_t epoch = 0;
+  std::string path;
+};
+std::vector<BestCheckpoint> listBestCheckpoints(const std::string& runDir);
+std::string bestCheckpoint(const std::string& runDir);
+
 // The file name of a checkpoint after `epoch` epochs and `batch` batches.
 std::string checkpointFileName(int64_t epoch, int64_t batch = 0);
 

@@ -5,11 +5,15 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <fstream>
 #include <map>
 #include <sstream>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/system.hpp"
 #include "framework/experiment/experiment_config.hpp"
 #include "framework/experiment/run_folder.hpp"
 
@@ -56,7 +60,7 @@ ModelContext modelContextFromJson(const std::string& json, const std::string& wh
   return context;
 }
 
-TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registry) {
+TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registry, const std::string& which) {
   TrainedModel trained;
   const std::string configPath = runDir + "/config.json";
   trained.config = Json::parse(readWhole(configPath, "the run's experiment"), nullptr, /*allow_exceptions=*/false);
@@ -69,9 +73,26 @@ TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registr
   const std::string& name = choice.name;
   const std::string contextPath = runDir + "/model_context.json";
   trained.context = modelContextFromJson(readWhole(contextPath, "the model's shapes"), contextPath);
-  trained.checkpoint = newestCheckpoint(runDir);
-  if (trained.checkpoint.empty()) {
-    fail<UsageError>("{} holds no checkpoint to load the model from. HINT: train with training.save_every > 0", runDir);
+  if (which == "best") {
+    trained.checkpoint = bestCheckpoint(runDir);
+    if (trained.checkpoint.empty()) {
+      fail<UsageError>("{} holds no best checkpoint (checkpoints/best/index.json). HINT: train with training.keep_best "
+                       "> 0, or load the latest checkpoint",
+                       runDir);
+    }
+  } else if (which == "latest" || which.empty()) {
+    trained.checkpoint = newestCheckpoint(runDir);
+    if (trained.checkpoint.empty()) {
+      fail<UsageError>("{} holds no checkpoint to load the model from. HINT: train with training.save_every > 0",
+                       runDir);
+    }
+  } else {
+    trained.checkpoint = which;
+    if (::access(which.c_str(), R_OK) != 0) {
+      fail<UsageError>("checkpoint {}: cannot read it ({}). HINT: \"best\", \"latest\" or the path of a .pt file of "
+                       "the run",
+                       which, errnoText(errno));
+    }
   }
   trained.model = registry.get(PluginKind::Model, name).model(choice.params, trained.context);
   // LibTorch's load() takes a saved tensor of any shape: compare them.

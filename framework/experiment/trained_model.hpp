@@ -9,7 +9,8 @@
 //   prediction).
 // - loadTrainedModel(runDir, registry) builds config.json's model with that
 //   context through the registry (an out-of-tree model needs its library
-//   loaded first), loads the newest checkpoint's weights, and returns it in
+//   loaded first), loads the newest checkpoint's weights (or the best one's,
+//   or a named file's), and returns it in
 //   eval mode, on the CPU. UsageError, one line with a HINT, for a folder
 //   without config.json, model_context.json or a checkpoint (a run with
 //   training.save_every 0), or a checkpoint that does not fit the model.
@@ -32,6 +33,9 @@ struct TrainedModel {
   Json config;             // config.json
 };
 
-TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registry);
+// which: "latest" (the newest checkpoint), "best" (training.keep_best's
+// best, run_folder.hpp's bestCheckpoint), or a checkpoint file's path.
+TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registry,
+                              const std::string& which = "latest");
 
 }  // namespace ddp

@@ -59,6 +59,14 @@
 //   scheduler's restart) starts a folder that holds no run yet, and starts
 //   over when there is no checkpoint, keeping the earlier attempt's records
 //   as metrics.before-restart-K.jsonl/.csv (and steps.before-restart-K.jsonl).
+// - Each optimizer step: the gradients are clipped to training.clip_grad_norm
+//   (ParallelStrategy::setGradientClipping: the global norm over all ranks
+//   and shards); the learning rate is the scheduler's for the epoch times
+//   the warm-up factor of the step (scheduler.warmup_steps); with
+//   training.precision "bf16" the forward (training and evaluation) runs
+//   under autocast (precision.hpp) and the loss in fp32.
+// - Callbacks may end the run after an epoch (requestStop: early stopping)
+//   and write extra checkpoints (saveCheckpointAs: the best ones).
 // - training.checkpoint_on_signal: SIGTERM and SIGINT set a flag during
 //   run(); after each optimizer step the ranks agree on it (one allreduce of
 //   one number, only with this setting), stop after the same step, and rank
@@ -123,6 +131,9 @@ struct TrainResult {
   double loopSeconds = 0;
   // The signal that stopped the run (training.checkpoint_on_signal), or 0.
   int signal = 0;
+  // Why the run stopped before training.epochs (Trainer::requestStop, e.g.
+  // early stopping); "" otherwise.
+  std::string stopReason;
 };
 
 class ParallelStrategy;
@@ -153,6 +164,15 @@ class Trainer {
   // Every rank; rank 0 writes checkpoints/epoch_NNNNNN.pt (model,
   // optimizer, epoch, steps, RNG state), the others wait at a barrier.
   void saveCheckpoint(int64_t epoch);
+  // The same checkpoint written as checkpoints/NAME (NAME may hold a
+  // folder, e.g. "best/epoch_000004.pt"; it is created), atomically.
+  // Collective, like saveCheckpoint. Resume does not read these.
+  void saveCheckpointAs(const std::string& name, int64_t epoch);
+  // From a callback's onEpochEnd, on every rank with the same decision: the
+  // run ends after this epoch (EpochEnd::lastEpoch is then true for the
+  // callbacks after it, so the latest checkpoint is written), with `reason`
+  // logged and returned in TrainResult::stopReason. Exit code 0.
+  void requestStop(const std::string& reason);
   // build() when not done yet, then the epochs, with the callbacks. An
   // exception ends the run; once the run folder exists, its one line is
   // appended to train.log first.
@@ -181,7 +201,11 @@ class Trainer {
   PluginRegistry& registry_;
   std::unique_ptr<Impl> impl_;
 
-  void writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial);
+  void writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial,
+                       const std::string& name = "");
+  // Sets the optimizer's learning rates: the scheduler's for this epoch
+  // times the warm-up factor of the next step.
+  void applyLearningRates();
   bool stopSignalAgreed();
 };
 

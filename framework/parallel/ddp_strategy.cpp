@@ -22,6 +22,7 @@ void DdpStrategy::backward(const at::Tensor& loss, bool lastMicroBatch) {
 
 void DdpStrategy::step() {
   ddp_->finishGradientSync();
+  clipGradients(nullptr);
   optimizer_->step();
   zeroGradients(*optimizer_);  // in place, keeping DDP's bucket views
 }

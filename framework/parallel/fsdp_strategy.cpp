@@ -398,6 +398,7 @@ void FsdpStrategy::step() {
                        i);
     }
   }
+  clipGradients(s.group.get(), s.timeout);
   s.optimizer->step();
   // The root, whole again from every rank's updated slices.
   {

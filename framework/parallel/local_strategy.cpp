@@ -16,6 +16,7 @@ void LocalStrategy::step() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (hadGrad_[i] && !params_[i].grad().defined()) params_[i].mutable_grad() = at::zeros_like(params_[i]);
   }
+  clipGradients(nullptr);
   optimizer_->step();
   // Instead of zero_grad().
   for (size_t i = 0; i < params_.size(); ++i) {

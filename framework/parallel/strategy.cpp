@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 #include <torch/serialize.h>
+#include <ATen/ATen.h>
+
+#include <cmath>
 
 #include <unordered_set>
 
@@ -18,6 +21,41 @@ void ParallelStrategy::shadowBackward() {
   fail<UsageError>("strategy {} cannot shadow a step for a rank without a batch (uneven inputs). HINT: set "
                    "training.join=false to pad the shards instead, or use distributed.strategy=ddp",
                    name());
+}
+
+void ParallelStrategy::clipGradients(ProcessGroup* shardGroup, Milliseconds timeout) {
+  if (clipNorm_ <= 0) return;
+  std::vector<at::Tensor> grads;
+  for (auto& group : optimizer().param_groups()) {
+    for (auto& p : group.params()) {
+      if (p.grad().defined()) grads.push_back(p.grad());
+    }
+  }
+  // Sums of squares in double, on the gradients' device (a rank without a
+  // piece still takes part in the allreduce, with zero).
+  at::Device device = at::kCPU;
+  if (!grads.empty()) {
+    device = grads.front().device();
+  } else {
+    for (const auto& p : model().parameters()) {
+      device = p.device();
+      break;
+    }
+  }
+  at::Tensor squares = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+  for (const at::Tensor& g : grads) {
+    if (g.numel() == 0) continue;
+    squares.add_(at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kDouble).square());
+  }
+  if (shardGroup != nullptr && shardGroup->size() > 1) {
+    shardGroup->allreduce(squares, {ReduceOp::Sum, timeout})->wait();
+  }
+  const double norm = std::sqrt(squares.item<double>());
+  lastGradNorm_ = norm;
+  const double scale = clipNorm_ / (norm + 1e-6);
+  if (scale < 1.0) {
+    for (at::Tensor& g : grads) g.mul_(scale);
+  }
 }
 
 void StrategyRegistry::add(const std::string& name, StrategyFactory factory) {

@@ -105,9 +105,31 @@ class ParallelStrategy {
   };
   virtual HeldBytes heldBytes() { return countHeldBytes({}, {}); }
 
+  // Gradient clipping (training.clip_grad_norm; 0: off). With it, every
+  // step() computes the global L2 norm of the gradients its optimizer is
+  // about to step on, all of them over all ranks (a sharded strategy adds
+  // its ranks' sums of squares with one allreduce of one number, so zero2
+  // and fsdp give the norm of the whole averaged gradient too), remembers
+  // it, and scales the gradients by maxNorm / (norm + 1e-6) where that is
+  // below 1, as torch.nn.utils.clip_grad_norm_ does. Every rank calls it
+  // with the same value.
+  void setGradientClipping(double maxNorm) { clipNorm_ = maxNorm; }
+  // The norm before clipping of the last step(); nullopt without clipping.
+  std::optional<double> lastGradNorm() const { return lastGradNorm_; }
+
  protected:
+  // Called by step() of each strategy after its gradients are reduced and
+  // before the optimizer steps: clips optimizer()'s gradients as above.
+  // `shardGroup`: null where every rank holds the whole averaged gradient
+  // (ddp, one rank), else the group whose ranks hold disjoint shards of it.
+  void clipGradients(ProcessGroup* shardGroup, Milliseconds timeout = kUseGroupTimeout);
+
   // The default count plus a strategy's own parameter and gradient tensors.
   HeldBytes countHeldBytes(std::vector<at::Tensor> extraParameters, std::vector<at::Tensor> extraGradients);
+
+ private:
+  double clipNorm_ = 0;
+  std::optional<double> lastGradNorm_;
 };
 
 // Bytes of the storages behind `tensors`, each counted once (undefined

@@ -196,6 +196,7 @@ void ZeroStrategy::step() {
     }
     for (auto& w : works) w->wait();
   }
+  clipGradients(s.group.get(), s.timeout);
   s.optimizer->step();
   // The parameters are views of flatParam: the allgathers, in place,
   // update the model.

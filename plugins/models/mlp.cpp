@@ -28,6 +28,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "plugins/common.hpp"
+#include "framework/experiment/precision.hpp"
 #include "plugins/kernels/linear_kernel.hpp"
 
 namespace ddp::plugins {
@@ -255,6 +256,19 @@ class Mlp : public Model {
       const auto& linear = linears_[i];
       // Each layer is a unit (sharding_units.hpp).
       x = runUnit(i, [&] {
+        // training.precision bf16: ATen's ops, which autocast runs in
+        // bfloat16; the fused loops here are fp32 and fp64 only.
+        if (autocastActive(x.device().type())) {
+          const at::Tensor z = at::linear(x, linear->weight, linear->bias);
+          switch (activation) {
+            case Activation::None: return z;
+            case Activation::Relu: return at::relu(z);
+            case Activation::Tanh: return at::tanh(z);
+            case Activation::Sigmoid: return at::sigmoid(z);
+            case Activation::Gelu: return at::gelu(z);
+          }
+          return z;
+        }
         const bool needsGrad = record && (x.requires_grad() || linear->weight.requires_grad() ||
                                           (linear->bias.defined() && linear->bias.requires_grad()));
         if (needsGrad) return linearActivationNode(x, linear->weight, linear->bias, activation);

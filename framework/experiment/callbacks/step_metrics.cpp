@@ -74,6 +74,8 @@ void StepMetrics::onStepEnd(Trainer& trainer, const StepEnd& step) {
   record["step_ms"] = finiteOrNull(elapsed * 1e3 / double(stepsSinceRecord_));
   record["comm_wait_ms"] =
       waitMeasured_ ? finiteOrNull(waitSinceRecord_ * 1e3 / double(stepsSinceRecord_)) : nlohmann::ordered_json();
+  // With training.clip_grad_norm: this step's global gradient norm before clipping.
+  if (const std::optional<double> norm = trainer.strategy().lastGradNorm()) record["grad_norm"] = finiteOrNull(*norm);
   if (!file_.isOpen()) file_.open(path_, /*truncate=*/trainer.startEpoch() == 0 && trainer.steps() <= every_);
   file_.append(record.dump() + "\n");
   recordStart_ = now;

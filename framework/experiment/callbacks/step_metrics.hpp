@@ -6,7 +6,9 @@
 //   micro-batch's), samples_per_s (all ranks, since the last record),
 //   step_ms (mean since the last record) and comm_wait_ms (the mean time
 //   rank 0 waited for gradient communication after backward: what overlap
-//   did not hide; null where the strategy does not measure it).
+//   did not hide; null where the strategy does not measure it), and with
+//   training.clip_grad_norm, grad_norm: that step's global gradient norm
+//   before clipping.
 // - Straggler report (world size > 1): per epoch each rank's compute time (its steps minus
 //   that wait) and its communication wait go into metrics.jsonl
 //   (rank_R_compute_s, rank_R_comm_wait_s). At the end, one line in

@@ -1,0 +1,91 @@
+// training.keep_best (best_checkpoints.hpp).
+#include "framework/experiment/callbacks/best_checkpoints.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "framework/core/append_file.hpp"
+#include "framework/experiment/callbacks/monitor.hpp"
+#include "framework/experiment/run_folder.hpp"
+#include "framework/experiment/trainer.hpp"
+
+namespace ddp {
+namespace {
+
+std::string bestFileName(int64_t epoch) { return "best/" + checkpointFileName(epoch); }
+
+}  // namespace
+
+void BestCheckpoints::sortKept() {
+  std::stable_sort(kept_.begin(), kept_.end(), [&](const Entry& a, const Entry& b) {
+    if (a.value != b.value) return maximize_ ? a.value > b.value : a.value < b.value;
+    return a.epoch < b.epoch;
+  });
+}
+
+void BestCheckpoints::onTrainBegin(Trainer& trainer) {
+  const auto& tc = trainer.config().training;
+  maximize_ = tc.keepBestMaximize;
+  if (!trainer.isWriter() || trainer.startEpoch() == 0) return;
+  // Resume: the kept files of epochs up to the checkpoint stay, ranked by
+  // the metric now asked for (metrics.jsonl holds every epoch's values).
+  const std::string dir = trainer.options().runDir + "/checkpoints/";
+  std::set<int64_t> files;
+  for (const BestCheckpoint& b : listBestCheckpoints(trainer.options().runDir)) files.insert(b.epoch);
+  for (const auto& [epoch, value] : pastValues(trainer.options().runDir, tc.keepBestMonitor, trainer.startEpoch())) {
+    if (files.erase(epoch)) kept_.push_back({epoch, value});
+  }
+  for (int64_t abandoned : files) std::remove((dir + bestFileName(abandoned)).c_str());
+  sortKept();
+  while (static_cast<int64_t>(kept_.size()) > tc.keepBest) {
+    std::remove((dir + bestFileName(kept_.back().epoch)).c_str());
+    kept_.pop_back();
+  }
+  writeIndex(trainer);
+}
+
+void BestCheckpoints::onEpochEnd(Trainer& trainer, EpochEnd& end) {
+  const auto& tc = trainer.config().training;
+  const std::optional<double> value = monitoredValue(end.metrics, tc.keepBestMonitor);
+  if (!value) return;  // the same on every rank
+  bool enters = false;
+  if (trainer.isWriter()) {
+    enters = static_cast<int64_t>(kept_.size()) < tc.keepBest
+                 ? std::isfinite(*value)
+                 : improves(*value, kept_.back().value, maximize_);
+  }
+  if (!decidedOnRankZero(trainer, enters)) return;
+  trainer.saveCheckpointAs(bestFileName(end.metrics.epoch), end.metrics.epoch);
+  if (!trainer.isWriter()) return;
+  kept_.push_back({end.metrics.epoch, *value});
+  sortKept();
+  const std::string dir = trainer.options().runDir + "/checkpoints/";
+  while (static_cast<int64_t>(kept_.size()) > tc.keepBest) {
+    std::remove((dir + bestFileName(kept_.back().epoch)).c_str());
+    kept_.pop_back();
+  }
+  writeIndex(trainer);
+}
+
+void BestCheckpoints::writeIndex(Trainer& trainer) const {
+  const auto& tc = trainer.config().training;
+  nlohmann::ordered_json index;
+  index["monitor"] = tc.keepBestMonitor;
+  index["mode"] = maximize_ ? "max" : "min";
+  index["best"] = nlohmann::ordered_json::array();
+  for (const Entry& e : kept_) {
+    index["best"].push_back({{"epoch", e.epoch}, {"value", e.value}, {"file", bestFileName(e.epoch)}});
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(trainer.options().runDir + "/checkpoints/best", ec);
+  writeFileAtomically(trainer.options().runDir + "/checkpoints/best/index.json", index.dump(2) + "\n");
+}
+
+}  // namespace ddp

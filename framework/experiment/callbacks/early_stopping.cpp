@@ -1,0 +1,51 @@
+// training.early_stopping (early_stopping.hpp).
+#include "framework/experiment/callbacks/early_stopping.hpp"
+
+#include <fmt/format.h>
+
+#include "framework/experiment/callbacks/monitor.hpp"
+#include "framework/experiment/trainer.hpp"
+
+namespace ddp {
+
+void EarlyStopping::onTrainBegin(Trainer& trainer) {
+  const auto& e = *trainer.config().training.earlyStopping;
+  maximize_ = e.maximize;
+  minDelta_ = e.minDelta;
+  if (!trainer.isWriter() || trainer.startEpoch() == 0) return;
+  for (const auto& [epoch, value] : pastValues(trainer.options().runDir, e.monitor, trainer.startEpoch())) {
+    see(epoch, value);
+  }
+}
+
+void EarlyStopping::see(int64_t epoch, double value) {
+  if (improves(value, best_, maximize_, minDelta_)) {
+    best_ = value;
+    bestEpoch_ = epoch;
+    bad_ = 0;
+  } else {
+    ++bad_;
+  }
+}
+
+void EarlyStopping::onEpochEnd(Trainer& trainer, EpochEnd& end) {
+  const auto& e = *trainer.config().training.earlyStopping;
+  const std::optional<double> value = monitoredValue(end.metrics, e.monitor);
+  if (!value) return;  // the same on every rank: no evaluation this epoch
+  bool stop = false;
+  if (trainer.isWriter()) {
+    see(end.metrics.epoch, *value);
+    stop = bad_ >= e.patience && !end.lastEpoch;
+  }
+  if (!decidedOnRankZero(trainer, stop)) return;
+  if (!trainer.isWriter()) {  // its line is not shown; the numbers are rank 0's
+    trainer.requestStop(fmt::format("early stopping after epoch {} (decided on rank 0)", end.metrics.epoch));
+    return;
+  }
+  trainer.requestStop(fmt::format(
+      "early stopping after epoch {}: {} has not improved by more than {:g} for {} evaluation(s) (patience {}); the "
+      "best, {:.6g}, was at epoch {}",
+      end.metrics.epoch, e.monitor, e.minDelta, bad_, e.patience, best_.value_or(*value), bestEpoch_));
+}
+
+}  // namespace ddp
