@@ -17,6 +17,7 @@
 #include "framework/experiment/run_folder.hpp"
 #include "framework/experiment/trained_model.hpp"
 #include "framework/experiment/trainer.hpp"
+#include "framework/parallel/local_strategy.hpp"
 #include "framework/parallel/sharding_units.hpp"
 #include "framework/parallel/strategy.hpp"
 #include "tests/test_support.hpp"
@@ -468,4 +469,66 @@ TEST_CASE("every switch at once under zero1, zero2 and fsdp on two processes", "
     CHECK(steps[i]["grad_norm"].get<double>() > 0);
     if (i < 6) CHECK(steps[i]["lr"].get<double>() == Approx(0.001 * double(i + 1) / 6).epsilon(1e-12));
   }
+}
+
+TEST_CASE("a resumed run with early stopping stops where the uninterrupted one does", "[switches][early][checkpoint]") {
+  const std::vector<std::string> base = {"training.eval_every=1", "training.save_every=2",
+                                         "training.early_stopping.patience=2",
+                                         "training.early_stopping.min_delta=100"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), base.begin(), base.end());
+    return wine(more);
+  };
+  const auto whole = train(with({"training.epochs=20"}), tempDir());
+  REQUIRE(whole.history.size() == 3);
+  const std::string dir = tempDir();
+  train(with({"training.epochs=2"}), dir);  // epoch 1 the best, epoch 2 one without improvement
+  auto ctx = ddp::test::singleProcessContext();
+  RunOptions options;
+  options.runDir = dir;
+  options.quiet = true;
+  options.resume = true;
+  const auto resumed = runTraining(with({"training.epochs=20"}), ctx, options, builtinPlugins());
+  CHECK(resumed.history.size() == 1);  // epoch 3, as the uninterrupted run
+  CHECK(metricsEpochs(dir) == std::vector<int64_t>{1, 2, 3});
+  CHECK(resumed.stopReason.find("early stopping after epoch 3") != std::string::npos);
+}
+
+TEST_CASE("keep_best: a restart from scratch drops the earlier attempt's best checkpoints", "[switches][best]") {
+  const std::string dir = tempDir();
+  train(wine({"training.epochs=3", "training.eval_every=1", "training.save_every=0", "training.keep_best=1"}), dir);
+  REQUIRE(listBestCheckpoints(dir).size() == 1);
+  const std::string stale = listBestCheckpoints(dir).front().path;
+  // A launcher's restart with no periodic checkpoint starts over; the new
+  // attempt's single epoch is the only best one.
+  auto ctx = ddp::test::singleProcessContext();
+  RunOptions options;
+  options.runDir = dir;
+  options.quiet = true;
+  options.resume = true;
+  options.restart = true;
+  runTraining(wine({"training.epochs=1", "training.eval_every=1", "training.save_every=0", "training.keep_best=1"}),
+              ctx, options, builtinPlugins());
+  const auto kept = listBestCheckpoints(dir);
+  REQUIRE(kept.size() == 1);
+  CHECK(kept.front().epoch == 1);
+  CHECK(bestCheckpoint(dir) == dir + "/checkpoints/best/epoch_000001.pt");
+  if (stale != kept.front().path) CHECK_FALSE(std::filesystem::exists(stale));
+  // An index entry that leaves checkpoints/ is refused, not followed.
+  std::ofstream(dir + "/checkpoints/best/index.json") << R"({"best": [{"epoch": 1, "file": "../../../etc/passwd"}]})";
+  CHECK_THROWS_WITH(bestCheckpoint(dir), Catch::Contains("leaves the run's checkpoints/ folder"));
+}
+
+TEST_CASE("a strategy that does not clip refuses clip_grad_norm; early stopping needs evaluations",
+          "[switches][clip][config]") {
+  struct NoClip : LocalStrategy {
+    using LocalStrategy::LocalStrategy;
+    bool supportsGradientClipping() const override { return false; }
+  };
+  auto net = std::make_shared<ClipNet>();
+  NoClip strategy(net, std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.1)));
+  CHECK_NOTHROW(strategy.setGradientClipping(0));
+  CHECK_THROWS_WITH(strategy.setGradientClipping(1.0), Catch::Contains("does not clip gradients"));
+  CHECK_THAT(configError({"training.eval_every=0", "training.early_stopping.patience=2"}),
+             Catch::Contains("training.early_stopping: needs evaluations"));
 }

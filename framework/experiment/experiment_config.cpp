@@ -603,6 +603,10 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
     e.maximize = early["mode"] == "max" || (early["mode"] == "auto" && largerIsBetter(e.monitor));
     e.patience = early["patience"];
     e.minDelta = early["min_delta"];
+    if (training["eval_every"] == 0) {
+      v.fail("training.early_stopping", "needs evaluations, but training.eval_every is 0 (only the last epoch is "
+             "evaluated). HINT: --set training.eval_every=1");
+    }
     config.training.earlyStopping = e;
     training["early_stopping"] = early;
   } else {

@@ -93,10 +93,11 @@ std::vector<BestCheckpoint> listBestCheckpoints(const std::string& runDir) {
   return found;
 }
 
-std::string bestCheckpoint(const std::string& runDir) {
+std::vector<BestCheckpoint> indexedBestCheckpoints(const std::string& runDir) {
+  std::vector<BestCheckpoint> out;
   const std::string indexPath = runDir + "/checkpoints/best/index.json";
   std::ifstream in(indexPath);
-  if (!in) return "";
+  if (!in) return out;
   const nlohmann::json index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!index.is_object() || !index.contains("best") || !index["best"].is_array()) {
     fail<UsageError>("{}: not a best-checkpoint index (expected {{\"best\": [...]}}). HINT: remove it; training "
@@ -104,9 +105,24 @@ std::string bestCheckpoint(const std::string& runDir) {
                      indexPath);
   }
   for (const auto& entry : index["best"]) {
-    if (!entry.is_object() || !entry.contains("file") || !entry["file"].is_string()) continue;
-    const std::string path = runDir + "/checkpoints/" + entry["file"].get<std::string>();
-    if (::access(path.c_str(), R_OK) == 0) return path;
+    if (!entry.is_object() || !entry.contains("file") || !entry["file"].is_string() || !entry.contains("epoch") ||
+        !entry["epoch"].is_number_integer()) {
+      continue;
+    }
+    const std::string file = entry["file"].get<std::string>();
+    if (file.empty() || file.front() == '/' || file.find("..") != std::string::npos) {
+      fail<UsageError>("{}: entry {} leaves the run's checkpoints/ folder. HINT: remove the file; training with "
+                       "training.keep_best writes it anew",
+                       indexPath, file);
+    }
+    out.push_back({entry["epoch"].get<int64_t>(), runDir + "/checkpoints/" + file});
+  }
+  return out;
+}
+
+std::string bestCheckpoint(const std::string& runDir) {
+  for (const BestCheckpoint& b : indexedBestCheckpoints(runDir)) {
+    if (::access(b.path.c_str(), R_OK) == 0) return b.path;
   }
   return "";
 }

@@ -44,6 +44,9 @@ struct BestCheckpoint {
 };
 std::vector<BestCheckpoint> listBestCheckpoints(const std::string& runDir);
 std::string bestCheckpoint(const std::string& runDir);
+// index.json's entries, best first, whatever exists on disk (none without
+// an index). An entry whose file would leave checkpoints/ is a UsageError.
+std::vector<BestCheckpoint> indexedBestCheckpoints(const std::string& runDir);
 
 // The file name of a checkpoint after `epoch` epochs and `batch` batches.
 std::string checkpointFileName(int64_t epoch, int64_t batch = 0);

@@ -103,7 +103,7 @@ void Trainer::build() {
   ModelPtr& model = s.model;
   for (auto& g : optimizer->param_groups()) s.baseLrs.push_back(g.options().get_lr());
   s.precision = parsePrecision(tc.precision);
-  if (config.scheduler) s.warmupSteps = config.scheduler->params.getInt("warmup_steps");
+  if (config.scheduler) s.warmupSteps = config.scheduler->params.json().value("warmup_steps", int64_t{0});
 
   // Rank 0 takes the run folder and decides what every rank resumes from;
   // the others learn it through the store, or that rank 0 refused.

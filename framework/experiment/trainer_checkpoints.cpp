@@ -81,13 +81,13 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
     if (err != 0 || !failure.empty()) {
       ::unlink(tmpPath.c_str());
       failure = fmt::format("checkpoint: cannot write {}: {}", finalPath, err != 0 ? errnoText(err) : failure);
-    } else if (name.empty()) {
-      s.lastSaved = epoch;
     }
   }
   // The others wait while rank 0 writes; a slow disk gets ten minutes.
   if (worldSize() > 1) group().barrier({std::chrono::milliseconds(600000)})->wait();
   if (!failure.empty()) fail<std::runtime_error>("{}", failure);
+  // Every rank: the signal path skips a checkpoint every rank already wrote.
+  if (name.empty()) s.lastSaved = epoch;
 }
 
 }  // namespace ddp

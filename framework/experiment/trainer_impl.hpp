@@ -71,7 +71,7 @@ using Clock = std::chrono::steady_clock;
 inline const char* const kStartKey = "ddp-trainer/start";
 
 // "nan" (whatever its sign bit), "inf" or "-inf".
-const char* nonFiniteName(double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
+inline const char* nonFiniteName(double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; }
 
 // What a checkpoint holds besides the model and optimizer.
 struct CheckpointState {

@@ -178,7 +178,9 @@ std::string prepareRunFolder(const ExperimentConfig& config, const RunOptions& o
     *lock = std::make_unique<RunFolderLock>(runDir);
   }
   checkWritable(runDir);
-  if (config.training.saveEvery > 0 || config.training.checkpointOnSignal) checkWritable(runDir + "/checkpoints");
+  if (config.training.saveEvery > 0 || config.training.checkpointOnSignal || config.training.keepBest > 0) {
+    checkWritable(runDir + "/checkpoints");
+  }
   // What the dataset leaves for later use of the run (a vocabulary).
   for (const auto& [name, contents] : runFiles) writeFileAtomically(runDir + "/" + name, contents);
   if (!config.resolved.is_null()) writeFileAtomically(configPath, config.resolved.dump(2) + "\n");

@@ -56,11 +56,12 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
   ParallelStrategy& strategy = *s.strategy;
   torch::nn::Module& model = *s.model;
   model.train();
-  s.epochLrs = s.baseLrs;
+  // Without a scheduler the lr is left alone (a callback may set it).
   if (s.scheduler) {
+    s.epochLrs = s.baseLrs;
     for (size_t g = 0; g < s.epochLrs.size(); ++g) s.epochLrs[g] = s.scheduler->lrAt(epoch, s.baseLrs[g]);
+    applyLearningRates();
   }
-  applyLearningRates();
   const bool warmingUp = s.warmupSteps > 0;
   const std::vector<int64_t> order = s.sampler->nextEpoch();
   const auto myN = static_cast<int64_t>(order.size());

@@ -21,7 +21,8 @@ class DdpStrategy : public ParallelStrategy {
   torch::nn::Module& model() override { return *model_; }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
-  void step() override;
+  void step() override;  // clips (setGradientClipping) before the optimizer steps
+  bool supportsGradientClipping() const override { return true; }
   void saveState(torch::serialize::OutputArchive* archive) override;
   bool supportsJoin() const override { return true; }
   // The wait after backward, and the collectives that ran inside the hooks

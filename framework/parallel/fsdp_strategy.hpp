@@ -85,7 +85,8 @@ class FsdpStrategy : public ParallelStrategy {
   torch::nn::Module& model() override;
   torch::optim::Optimizer& optimizer() override;
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
-  void step() override;
+  void step() override;  // clips (setGradientClipping) before the optimizer steps
+  bool supportsGradientClipping() const override { return true; }
   void saveState(torch::serialize::OutputArchive* archive) override;
   void withFullParameters(const std::function<void()>& fn) override;
   bool collectiveForward() const override;

@@ -25,7 +25,8 @@ class LocalStrategy : public ParallelStrategy {
   torch::nn::Module& model() override { return *model_; }
   torch::optim::Optimizer& optimizer() override { return *optimizer_; }
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
-  void step() override;
+  void step() override;  // clips (setGradientClipping) before the optimizer steps
+  bool supportsGradientClipping() const override { return true; }
   void saveState(torch::serialize::OutputArchive* archive) override;
   std::optional<double> lastGradientWaitSeconds() const override { return 0.0; }  // nothing to wait for
 

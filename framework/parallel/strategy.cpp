@@ -23,6 +23,15 @@ void ParallelStrategy::shadowBackward() {
                    name());
 }
 
+void ParallelStrategy::setGradientClipping(double maxNorm) {
+  if (maxNorm > 0 && !supportsGradientClipping()) {
+    fail<UsageError>("training.clip_grad_norm: strategy {} does not clip gradients (its step() does not call "
+                     "clipGradients). HINT: --set training.clip_grad_norm=0, or a built-in strategy",
+                     name());
+  }
+  clipNorm_ = maxNorm;
+}
+
 void ParallelStrategy::clipGradients(ProcessGroup* shardGroup, Milliseconds timeout) {
   if (clipNorm_ <= 0) return;
   std::vector<at::Tensor> grads;

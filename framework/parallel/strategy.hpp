@@ -113,7 +113,11 @@ class ParallelStrategy {
   // it, and scales the gradients by maxNorm / (norm + 1e-6) where that is
   // below 1, as torch.nn.utils.clip_grad_norm_ does. Every rank calls it
   // with the same value.
-  void setGradientClipping(double maxNorm) { clipNorm_ = maxNorm; }
+  // A strategy whose step() does not call clipGradients (one from a plugin
+  // that does not declare supportsGradientClipping()) refuses a norm > 0
+  // with a UsageError, rather than training unclipped.
+  void setGradientClipping(double maxNorm);
+  virtual bool supportsGradientClipping() const { return false; }
   // The norm before clipping of the last step(); nullopt without clipping.
   std::optional<double> lastGradNorm() const { return lastGradNorm_; }
 

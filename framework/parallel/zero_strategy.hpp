@@ -82,7 +82,8 @@ class ZeroStrategy : public ParallelStrategy {
   torch::nn::Module& model() override;
   torch::optim::Optimizer& optimizer() override;
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
-  void step() override;
+  void step() override;  // clips (setGradientClipping) before the optimizer steps
+  bool supportsGradientClipping() const override { return true; }
   void saveState(torch::serialize::OutputArchive* archive) override;
   // Parameters: the flat buffer the model's parameters view (this rank's
   // shard is its slice); gradients: zero1 the flat buffer and the shard's

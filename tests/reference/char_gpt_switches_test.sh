@@ -57,5 +57,14 @@ if worst > norm_tolerance or diff > tolerance:
 PY
 }
 
-compare clip_warmup 1e-5 1e-5
+compare clip_warmup 1e-5 1e-5 --set training.keep_best=1
+# keep_best kept the evaluated epoch; --sample takes it by name.
+"$ddp_run" --sample "$out/clip_warmup" --checkpoint best --tokens 20 --prompt "Computers " >"$out/sample.log" 2>&1 ||
+  { cat "$out/sample.log"; echo "FAILED: ddp-run --sample --checkpoint best"; exit 1; }
+grep -q "best/epoch_000001.pt" "$out/clip_warmup/checkpoints/best/index.json" ||
+  { echo "FAILED: no best checkpoint in index.json"; exit 1; }
+"$ddp_run" --sample "$out/clip_warmup" --checkpoint nowhere.pt --tokens 5 >"$out/sample2.log" 2>&1 &&
+  { echo "FAILED: --checkpoint nowhere.pt was accepted"; exit 1; }
+grep -q "checkpoint nowhere.pt: cannot read it" "$out/sample2.log" ||
+  { cat "$out/sample2.log"; echo "FAILED: a missing --checkpoint file is not named"; exit 1; }
 compare bf16 1e-3 1e-2 --set training.precision=bf16

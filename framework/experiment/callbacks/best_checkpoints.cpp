@@ -33,14 +33,23 @@ void BestCheckpoints::sortKept() {
 void BestCheckpoints::onTrainBegin(Trainer& trainer) {
   const auto& tc = trainer.config().training;
   maximize_ = tc.keepBestMaximize;
-  if (!trainer.isWriter() || trainer.startEpoch() == 0) return;
-  // Resume: the kept files of epochs up to the checkpoint stay, ranked by
-  // the metric now asked for (metrics.jsonl holds every epoch's values).
+  if (!trainer.isWriter()) return;
   const std::string dir = trainer.options().runDir + "/checkpoints/";
-  std::set<int64_t> files;
+  std::error_code ec;
+  if (trainer.startEpoch() == 0) {
+    // A fresh start (a restart with nothing to resume from included): an
+    // earlier attempt's best checkpoints are not this run's.
+    std::filesystem::remove_all(dir + "best", ec);
+    return;
+  }
+  // Resume: the kept files that index.json lists, of epochs up to the
+  // checkpoint, stay, ranked by the metric now asked for (metrics.jsonl
+  // holds every epoch's values); the rest go.
+  std::set<int64_t> files, listed;
   for (const BestCheckpoint& b : listBestCheckpoints(trainer.options().runDir)) files.insert(b.epoch);
+  for (const BestCheckpoint& b : indexedBestCheckpoints(trainer.options().runDir)) listed.insert(b.epoch);
   for (const auto& [epoch, value] : pastValues(trainer.options().runDir, tc.keepBestMonitor, trainer.startEpoch())) {
-    if (files.erase(epoch)) kept_.push_back({epoch, value});
+    if (listed.count(epoch) && std::isfinite(value) && files.erase(epoch)) kept_.push_back({epoch, value});
   }
   for (int64_t abandoned : files) std::remove((dir + bestFileName(abandoned)).c_str());
   sortKept();

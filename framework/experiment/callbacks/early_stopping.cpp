@@ -13,8 +13,12 @@ void EarlyStopping::onTrainBegin(Trainer& trainer) {
   maximize_ = e.maximize;
   minDelta_ = e.minDelta;
   if (!trainer.isWriter() || trainer.startEpoch() == 0) return;
+  const int64_t every = trainer.config().training.evalEvery;
   for (const auto& [epoch, value] : pastValues(trainer.options().runDir, e.monitor, trainer.startEpoch())) {
-    see(epoch, value);
+    // The epochs an uninterrupted run evaluates before this one: eval_every's
+    // (the last epoch of an earlier, shorter run was evaluated as its last,
+    // which this run's would not have been).
+    if (every > 0 && epoch % every == 0) see(epoch, value);
   }
 }
 
@@ -30,8 +34,10 @@ void EarlyStopping::see(int64_t epoch, double value) {
 
 void EarlyStopping::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   const auto& e = *trainer.config().training.earlyStopping;
+  // Only evaluation epochs count (train_loss too), so the run stops on an
+  // epoch with test metrics. The same on every rank.
   const std::optional<double> value = monitoredValue(end.metrics, e.monitor);
-  if (!value) return;  // the same on every rank: no evaluation this epoch
+  if (!end.evaluated || !value) return;
   bool stop = false;
   if (trainer.isWriter()) {
     see(end.metrics.epoch, *value);

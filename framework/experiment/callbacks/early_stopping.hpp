@@ -3,9 +3,9 @@
 // mode's direction) for `patience` evaluations in a row.
 //
 // Contract
-// - Added on every rank. Only epochs that record the metric count (test
-//   metrics: evaluation epochs, see training.eval_every); others run no
-//   collective.
+// - Added on every rank. Only evaluation epochs count (training.eval_every;
+//   train_loss too, so the run ends on an epoch with test metrics); others
+//   run no collective. eval_every 0 is refused with early stopping.
 // - Rank 0 keeps the best value and the count, decides, and broadcasts the
 //   decision (decidedOnRankZero): every rank stops after the same epoch.
 // - Stopping is Trainer::requestStop with a line that says why (the

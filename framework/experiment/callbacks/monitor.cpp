@@ -63,8 +63,11 @@ std::vector<std::pair<int64_t, double>> pastValues(const std::string& runDir, co
     const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!record.is_object() || !record.contains("epoch") || !record["epoch"].is_number_integer()) continue;
     const int64_t epoch = record["epoch"].get<int64_t>();
-    if (epoch > upTo || !record.contains(monitor) || !record[monitor].is_number()) continue;
-    out.emplace_back(epoch, record[monitor].get<double>());
+    if (epoch > upTo || !record.contains(monitor)) continue;
+    // The metrics files write a NaN or an infinity as null: it counted as no
+    // improvement when it happened, and does again.
+    if (record[monitor].is_null()) out.emplace_back(epoch, std::nan(""));
+    if (record[monitor].is_number()) out.emplace_back(epoch, record[monitor].get<double>());
   }
   return out;
 }

@@ -17,8 +17,10 @@
 //   acts on the same one whatever rounding the others saw (one broadcast of
 //   one number; none on one rank).
 // - pastValues(): rank 0 on resume, from runDir/metrics.jsonl: the
-//   metric's values of epochs up to `upTo`, in order, so a policy's state
-//   continues where the checkpoint left it.
+//   metric's values of epochs up to `upTo`, in order (NaN where the record
+//   holds null: a non-finite value), so a policy's state continues where
+//   the checkpoint left it. Values come back as the files hold them (8
+//   significant digits).
 #pragma once
 
 #include <cstdint>
