@@ -28,6 +28,7 @@
 #include "framework/core/log.hpp"
 #include "framework/experiment/experiment_config.hpp"
 #include "framework/launch/elastic_error_file.hpp"
+#include "framework/launch/elastic.hpp"
 #include "framework/launch/launcher.hpp"
 #include "framework/experiment/plugin_registry.hpp"
 #include "framework/launch/rank_env.hpp"
@@ -50,6 +51,7 @@ struct Args {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 0;
   int maxRestarts = 0;
+  int minRanks = 0;  // --min-ranks: elastic (launch/elastic.hpp)
   double killGrace = 3.0;
   bool standalone = false;
   std::string logDir;
@@ -176,9 +178,10 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
   // Rank 0 names the run folder; the others learn it through the store, so
   // ranks started by srun or mpirun agree without a shared clock. Training
   // creates it, once the experiment's plugins are built.
-  const bool resume = args.resume || isRestart();
+  const bool joiner = ddp::elasticJoiner();
+  const bool resume = !joiner && (args.resume || isRestart());
   std::string runDir = args.outDir;
-  if (env.rank == 0) {
+  if (env.rank == 0 && !joiner) {
     if (runDir.empty()) runDir = defaultRunDir(config);
     if (!resume) ddp::checkRunFolderIsFree(runDir);
     ctx.store->setString("ddp-run/run_dir", runDir);
@@ -189,14 +192,22 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
   ro.runDir = runDir;
   ro.resume = resume;
   ro.restart = !args.resume;
+  ro.minRanks = ddp::elasticMinRanks();
+  ro.elasticJoin = joiner;
+  if (ro.minRanks > 0 && config.distributed.strategy != "ddp") {
+    throw ddp::UsageError(fmt::format(
+        "--min-ranks: distributed.strategy {} cannot recover in place (its optimizer state is sharded). HINT: "
+        "--set distributed.strategy=ddp, or --max-restarts without --min-ranks",
+        config.distributed.strategy));
+  }
   auto result = ddp::runTraining(config, ctx, ro, registry);
-  if (env.rank == 0 && !result.history.empty() && result.signal == 0) {
+  if (result.group && result.group->rank() == 0 && !result.history.empty() && result.signal == 0) {
     const auto& last = result.history.back();
     std::cout << "done: " << result.steps << " steps; final train_loss " << last.trainLoss;
     if (last.testAccuracy) std::cout << ", test_accuracy " << *last.testAccuracy;
     std::cout << "; run folder " << runDir << std::endl;
   }
-  ctx.group->barrier()->wait();
+  if (result.group) result.group->barrier()->wait();
   // Stopped by SIGTERM or SIGINT after a checkpoint (training.checkpoint_on_signal).
   return result.signal != 0 ? 128 + result.signal : 0;
 }
@@ -243,6 +254,9 @@ int main(int argc, char** argv) {
   app.add_option("--master-port,--master_port", args.masterPort,
                  "port of the rendezvous store (default: MASTER_PORT; 0: pick a free one)")
       ->check(CLI::Range(0, 65535));
+  app.add_option("--min-ranks,--min_ranks", args.minRanks,
+                 "elastic: keep training when ranks are lost, as long as this many remain; the others carry on "
+                 "from their memory and a restarted rank (--max-restarts) rejoins (distributed.strategy ddp)");
   app.add_option("--max-restarts,--max_restarts", args.maxRestarts, "restart all ranks up to this many times after a failure")
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--log-dir,--log_dir", args.logDir,
@@ -461,6 +475,17 @@ int main(int argc, char** argv) {
     lo.masterAddr = args.masterAddr;
     lo.masterPort = args.masterPort;
     lo.maxRestarts = args.maxRestarts;
+    lo.minRanks = args.minRanks;
+    if (args.minRanks > 0 && config.distributed.strategy != "ddp") {
+      throw ddp::UsageError(fmt::format(
+          "--min-ranks: distributed.strategy {} cannot recover in place (its optimizer state is sharded). HINT: "
+          "--set distributed.strategy=ddp, or --max-restarts without --min-ranks",
+          config.distributed.strategy));
+    }
+    if (args.minRanks > nproc * args.nnodes) {
+      throw ddp::UsageError(fmt::format("--min-ranks {} is more than the job's {} ranks. HINT: --min-ranks {}",
+                                        args.minRanks, nproc * args.nnodes, nproc * args.nnodes));
+    }
     lo.killGrace = std::chrono::milliseconds(static_cast<int64_t>(args.killGrace * 1000));
     lo.backend = config.distributed.backend;
     applyLogOptions(args, nproc, lo);
@@ -475,6 +500,15 @@ int main(int argc, char** argv) {
     std::cerr << e.what() << std::endl;
     ddp::recordFailureForTorchrun("UsageError", e.what());
     return 2;
+  } catch (const ddp::ElasticExcluded& e) {
+    // Left out of an elastic job's new membership (it hung, or arrived
+    // late): the launcher may start it again as a joiner.
+    std::cerr << "ddp-run: " << e.what() << std::endl;
+    return ddp::kExitExcluded;
+  } catch (const ddp::ElasticBelowMinimum& e) {
+    std::cerr << "ddp-run: " << e.what() << std::endl;
+    ddp::recordFailureForTorchrun("ElasticBelowMinimum", e.what());
+    return ddp::kExitBelowMinRanks;
   } catch (const ddp::NonFiniteLossError& e) {
     // Training diverged: not a mistake in the input as such, not a crash.
     std::cerr << e.what() << std::endl;

@@ -15,8 +15,14 @@ namespace ddp {
 
 class RunLog {
  public:
-  RunLog(bool enabled, const std::string& runDir, bool quiet) : enabled_(enabled), quiet_(quiet) {
-    if (enabled_) file_.open(runDir + "/train.log");
+  RunLog(bool enabled, const std::string& runDir, bool quiet) : runDir_(runDir), quiet_(quiet) {
+    setEnabled(enabled);
+  }
+  // Elastic runs: the rank that becomes rank 0 after a rank left takes
+  // over the log (appending).
+  void setEnabled(bool enabled) {
+    if (enabled && !file_.isOpen()) file_.open(runDir_ + "/train.log");
+    enabled_ = enabled;
   }
   void line(const std::string& text) {
     if (!enabled_) return;
@@ -29,7 +35,8 @@ class RunLog {
   }
 
  private:
-  bool enabled_;
+  std::string runDir_;
+  bool enabled_ = false;
   bool quiet_;
   AppendFile file_;
 };

@@ -25,12 +25,20 @@ namespace ddp {
 
 Trainer::Trainer(const ExperimentConfig& config, const DistributedContext& dist, const RunOptions& options,
                  PluginRegistry& registry)
-    : config_(config), dist_(dist), options_(options), registry_(registry), impl_(std::make_unique<Impl>()) {}
+    : config_(config), dist_(dist), options_(options), registry_(registry), impl_(std::make_unique<Impl>()) {
+  impl_->group = dist_.group;
+}
 
 Trainer::~Trainer() = default;
 
-int Trainer::rank() const { return dist_.group->rank(); }
-int Trainer::worldSize() const { return dist_.group->size(); }
+// A joiner has no group until it is admitted (elastic): no rank yet.
+int Trainer::rank() const { return impl_->group ? impl_->group->rank() : -1; }
+int Trainer::worldSize() const { return impl_->group ? impl_->group->size() : 0; }
+ProcessGroup& Trainer::group() const {
+  DDP_CHECK(impl_->group != nullptr, "Trainer::group() before this rank joined");
+  return *impl_->group;
+}
+ProcessGroupPtr Trainer::groupPtr() const { return impl_->group; }
 int64_t Trainer::startEpoch() const { return impl_->startEpoch; }
 Task Trainer::task() const { return impl_->data.task; }
 int64_t Trainer::steps() const { return impl_->steps; }
@@ -60,8 +68,11 @@ void Trainer::addStandardCallbacks() {
   // write what it adds.
   addCallback(std::make_shared<StepMetrics>());
   // Every rank (it gathers the ranks' spans).
-  if (TraceWriter::wanted(*this)) addCallback(std::make_shared<TraceWriter>());
-  if (isWriter()) {
+  // Not in elastic runs: the ranks whose spans it gathers may change.
+  if (options_.minRanks == 0 && TraceWriter::wanted(*this)) addCallback(std::make_shared<TraceWriter>());
+  // Elastic runs add them on every rank: rank 0 of the current membership
+  // writes, and the writer may change when a rank leaves.
+  if (isWriter() || options_.minRanks > 0) {
     addCallback(std::make_shared<MetricsFiles>());
     addCallback(std::make_shared<EpochLog>());
   }
@@ -105,6 +116,24 @@ void Trainer::build() {
   s.precision = parsePrecision(tc.precision);
   if (config.scheduler) s.warmupSteps = config.scheduler->params.json().value("warmup_steps", int64_t{0});
 
+  if (options_.minRanks > 0) {
+    ElasticOptions eo;
+    eo.minRanks = options_.minRanks;
+    eo.maxId = dist_.env.worldSize;
+    eo.settle = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
+    eo.decisionTimeout = eo.settle * 2;
+    s.rendezvous = std::make_unique<ElasticRendezvous>(dist_.store, dist_.env.rank, eo);
+    if (!options_.elasticJoin) s.membership = s.rendezvous->initial(dist_.env.worldSize);
+  }
+  if (options_.elasticJoin) {
+    // A process that replaces a lost rank: no run folder of its own to make
+    // or resume; the state comes from a peer.
+    s.log = std::make_unique<RunLog>(false, options_.runDir, options_.quiet);
+    joinRunningJob(std::move(optimizer));
+    s.built = true;
+    return;
+  }
+
   // Rank 0 takes the run folder and decides what every rank resumes from;
   // the others learn it through the store, or that rank 0 refused.
   std::vector<std::string> notes;  // for train.log, once it is open
@@ -137,6 +166,7 @@ void Trainer::build() {
     s.startEpoch = state.epoch;
     s.steps = state.steps;
     s.resumeBatch = state.batch;
+    s.consumed = state.consumed;
     if (isWriter()) s.resumeSums = state.partial;
     s.log->line(state.batch > 0 ? fmt::format("resumed from {} after epoch {} and {} batches of epoch {}", resumeFrom,
                                               state.epoch, state.batch, state.epoch + 1)
@@ -145,23 +175,36 @@ void Trainer::build() {
     s.log->line(fmt::format("resume: no checkpoint in {}/checkpoints; starting from scratch", options_.runDir));
   }
 
+  makeStrategy(std::move(optimizer));
+  shardData();
+  s.built = true;
+}
+
+void Trainer::makeStrategy(std::unique_ptr<torch::optim::Optimizer> optimizer) {
+  Impl& s = *impl_;
+  const ExperimentConfig& config = config_;
   StrategyContext context;
-  context.model = model;
+  context.model = s.model;
   context.optimizer = std::move(optimizer);
-  context.group = dist_.group;
+  context.group = s.group;
   context.ddp.bucketCapBytes = static_cast<size_t>(config.distributed.bucketCapMb * 1024 * 1024);
   context.ddp.firstBucketCapBytes = static_cast<size_t>(config.distributed.firstBucketCapMb * 1024 * 1024);
   context.ddp.findUnusedParameters = config.distributed.findUnusedParameters;
   if (config.distributed.commHook) {
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
-    context.ddp.commHook = registry.get(PluginKind::CommHook, config.distributed.commHook->name)
+    context.ddp.commHook = registry_.get(PluginKind::CommHook, config.distributed.commHook->name)
                                .commHook(config.distributed.commHook->params, timeout);
   }
   context.fsdp.backwardPrefetch = config.distributed.fsdpBackwardPrefetch;
   context.fsdp.unitBytes = static_cast<int64_t>(config.distributed.fsdpUnitMb * 1024 * 1024);
   s.strategy = builtinStrategies().create(config.distributed.strategy, std::move(context));
-  s.strategy->setGradientClipping(tc.clipGradNorm);
+  s.strategy->setGradientClipping(config.training.clipGradNorm);
+}
 
+void Trainer::shardData() {
+  Impl& s = *impl_;
+  const auto& tc = config_.training;
+  const DatasetSplits& data = s.data;
   const int r = rank(), world = worldSize();
   // Uneven inputs: unpadded shards where the strategy can shadow steps.
   const bool uneven = tc.join && !tc.dropLast && world > 1 && data.train->size() % world != 0;
@@ -176,8 +219,8 @@ void Trainer::build() {
   s.sampler->setEpoch(s.startEpoch);
 
   // The test split, sharded: rank r evaluates samples r, r+w, ...; sums are reduced.
+  s.testRows.clear();
   for (int64_t i = r; i < data.test->size(); i += world) s.testRows.push_back(i);
-  s.built = true;
 }
 
 void Trainer::requestStop(const std::string& reason) {
@@ -230,16 +273,28 @@ TrainResult Trainer::runStages() {
 
     const bool lastEpoch = epoch + 1 == tc.epochs || s.stop;
     const bool evaluated = lastEpoch || (tc.evalEvery > 0 && (epoch + 1) % tc.evalEvery == 0);
-    std::vector<double> sums = {lossSum, seen, s.dataSeconds};
-    if (evaluated) {
-      const std::vector<double> test = evaluate();
-      sums.insert(sums.end(), test.begin(), test.end());
-    }
-    // One collective for the train and test sums.
-    if (worldSize() > 1) {
-      at::Tensor t = at::tensor(sums, at::kDouble);
-      group().allreduce(t)->wait();
-      sums.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+    // Evaluation and the epoch's sums over the ranks; an elastic run that
+    // loses a rank here evaluates again over the new membership (the lost
+    // rank's training samples then count in no train loss).
+    std::vector<double> sums;
+    for (;;) {
+      try {
+        sums = {lossSum, seen, s.dataSeconds};
+        if (evaluated) {
+          const std::vector<double> test = evaluate();
+          sums.insert(sums.end(), test.begin(), test.end());
+        }
+        // One collective for the train and test sums.
+        if (worldSize() > 1) {
+          at::Tensor t = at::tensor(sums, at::kDouble);
+          group().allreduce(t)->wait();
+          sums.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+        }
+        break;
+      } catch (const std::exception& e) {
+        if (!recoverable(e)) throw;
+        recover(errorLine(e));
+      }
     }
     EpochMetrics m;
     m.epoch = epoch + 1;
@@ -297,6 +352,8 @@ TrainResult Trainer::runStages() {
   for (auto& callback : s.callbacks) callback->onTrainEnd(*this);
   result.signal = s.signal;
   result.stopReason = s.stopReason;
+  result.group = s.group;
+  result.recoveries = s.recoveries;
   result.steps = s.steps;
   result.loopSeconds = std::chrono::duration<double>(trainer_detail::Clock::now() - trainStart).count();
   s.strategy->withFullParameters([&] {

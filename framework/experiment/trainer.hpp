@@ -98,6 +98,12 @@ struct RunOptions {
   bool restart = false;
   bool progress = true; // a progress line with ETA on an interactive terminal
   bool quiet = false;   // no per-epoch lines on stdout (tests)
+  // Elastic training (launch/elastic.hpp, trainer_recovery.cpp): > 0 keeps
+  // training when a rank is lost, as long as this many remain.
+  int minRanks = 0;
+  // This process replaces a lost rank of a running job: it joins at the
+  // next step boundary and takes its state from a peer.
+  bool elasticJoin = false;
 };
 
 struct EpochMetrics {
@@ -134,6 +140,10 @@ struct TrainResult {
   // Why the run stopped before training.epochs (Trainer::requestStop, e.g.
   // early stopping); "" otherwise.
   std::string stopReason;
+  // The group the run ended with: the one it started with unless an
+  // elastic run changed its membership.
+  ProcessGroupPtr group;
+  int recoveries = 0;  // membership changes of an elastic run
 };
 
 class ParallelStrategy;
@@ -181,7 +191,8 @@ class Trainer {
   // For callbacks.
   const ExperimentConfig& config() const { return config_; }
   const RunOptions& options() const { return options_; }
-  ProcessGroup& group() const { return *dist_.group; }
+  ProcessGroup& group() const;
+  ProcessGroupPtr groupPtr() const;
   int rank() const;
   int worldSize() const;
   bool isWriter() const { return rank() == 0; }
@@ -194,6 +205,27 @@ class Trainer {
 
  private:
   TrainResult runStages();
+  // An epoch's training loss so far, counted once a step is done.
+  struct EpochSums {
+    double lossSum = 0;
+    int64_t seen = 0;
+    double pendingLoss = 0;  // micro-batches of the step in flight
+    int64_t pendingSeen = 0;
+  };
+  // The epoch's steps over this group, from `firstBatch` (or what is left
+  // of the epoch after a change of membership); false when the membership
+  // changed at a step boundary and the rest must be dealt again.
+  bool trainSegment(int64_t epoch, int64_t firstBatch, EpochSums& sums);
+  void makeStrategy(std::unique_ptr<torch::optim::Optimizer> optimizer);
+  void shardData();  // sampler and test rows for this rank of this group
+  // Elastic (trainer_recovery.cpp).
+  bool recoverable(const std::exception& e) const;
+  void recover(const std::string& why);  // after a collective failed
+  void admitJoiners();                    // agreed at a step boundary
+  void reconfigure(const std::string& why, bool broken);
+  void joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer);
+  void syncState(torch::optim::Optimizer& optimizer, bool joining);
+  bool elasticAgreement();  // per step: signals and joins, agreed; true when joiners wait
   struct Impl;
   const ExperimentConfig& config_;
   const DistributedContext& dist_;
@@ -206,7 +238,6 @@ class Trainer {
   // Sets the optimizer's learning rates: the scheduler's for this epoch
   // times the warm-up factor of the next step.
   void applyLearningRates();
-  bool stopSignalAgreed();
 };
 
 // A training loss (one micro-batch's, or an epoch's mean over the ranks)

@@ -34,8 +34,12 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
                               const std::string& name) {
   Impl& s = *impl_;
   std::optional<torch::serialize::OutputArchive> archive;
-  if (isWriter()) archive.emplace();
-  s.strategy->saveState(archive ? &*archive : nullptr);
+  if (isWriter() || s.writesAlone) archive.emplace();
+  if (s.strategy) {
+    s.strategy->saveState(archive ? &*archive : nullptr);
+  } else if (archive) {  // elastic, below the minimum: the whole state is on this rank
+    saveModelAndOptimizer(*archive, *s.model, *s.releasedOptimizer);
+  }
   std::string failure;
   if (archive) {
     const std::string dir = options_.runDir + "/checkpoints";
@@ -43,6 +47,7 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
     archive->write("epoch", at::tensor(epoch, at::kLong));
     archive->write("steps", at::tensor(s.steps, at::kLong));
     archive->write("rng", at::detail::getDefaultCPUGenerator().get_state());
+    if (s.rendezvous && batch > 0) archive->write("consumed", at::tensor(s.consumed, at::kLong));
     if (batch > 0) {
       archive->write("batch", at::tensor(batch, at::kLong));
       archive->write("partial", at::tensor(partial, at::kDouble));
@@ -84,7 +89,7 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
     }
   }
   // The others wait while rank 0 writes; a slow disk gets ten minutes.
-  if (worldSize() > 1) group().barrier({std::chrono::milliseconds(600000)})->wait();
+  if (worldSize() > 1 && s.strategy) group().barrier({std::chrono::milliseconds(600000)})->wait();
   if (!failure.empty()) fail<std::runtime_error>("{}", failure);
   // Every rank: the signal path skips a checkpoint every rank already wrote.
   if (name.empty()) s.lastSaved = epoch;

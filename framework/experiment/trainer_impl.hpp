@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "framework/experiment/precision.hpp"
+#include "framework/launch/elastic.hpp"
 #include "framework/experiment/run_log.hpp"
 #include "framework/experiment/trainer.hpp"
 #include "framework/parallel/sampler.hpp"
@@ -48,6 +49,19 @@ struct Trainer::Impl {
   std::unique_ptr<RunFolderLock> lock;  // rank 0: this job owns the run folder
   int64_t resumeBatch = 0;              // batches of epoch startEpoch done before (a checkpoint on a signal)
   std::vector<double> resumeSums;       // their loss sum and samples, over all ranks (rank 0 adds them)
+  ProcessGroupPtr group;                // this rank's group (an elastic run replaces it)
+  std::unique_ptr<ElasticRendezvous> rendezvous;  // --min-ranks
+  ElasticMembership membership;
+  // Samples of the current epoch's permutation read by all ranks so far,
+  // kept across a change of membership (DistributedSampler::remainderForEpoch).
+  int64_t consumed = 0;
+  int64_t epoch = 0;                    // the epoch being trained (0-based)
+  int recoveries = 0;
+  // While an elastic run has no strategy (between a lost rank and the new
+  // group): the optimizer it handed back, for a checkpoint.
+  torch::optim::Optimizer* releasedOptimizer = nullptr;
+  bool writesAlone = false;  // that checkpoint is this rank's to write, without a group
+  std::chrono::steady_clock::time_point lastJoinPoll{};
   bool watchSignals = false;            // training.checkpoint_on_signal
   at::Tensor signalFlag;                // the agreed stop signal, one int64
   int signal = 0;                       // the signal all ranks stopped on
@@ -79,6 +93,7 @@ struct CheckpointState {
   int64_t batch = 0;  // batches of the next epoch finished (a checkpoint on a signal)
   int64_t steps = 0;
   std::vector<double> partial;  // that epoch's loss sum and samples so far, over all ranks
+  int64_t consumed = 0;         // samples of that epoch's permutation read (an elastic run's stop)
 };
 
 // Every rank, before the strategy exists: model and optimizer state, RNG

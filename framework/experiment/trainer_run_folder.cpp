@@ -77,7 +77,7 @@ CheckpointState loadCheckpoint(const std::string& path, torch::nn::Module& model
     torch::serialize::InputArchive archive;
     archive.load_from(path);
     loadModelAndOptimizer(archive, model, optimizer);
-    at::Tensor epoch, steps, rng, batch, partial;
+    at::Tensor epoch, steps, rng, batch, partial, consumed;
     archive.read("epoch", epoch);
     archive.read("steps", steps);
     archive.read("rng", rng);
@@ -86,6 +86,7 @@ CheckpointState loadCheckpoint(const std::string& path, torch::nn::Module& model
     state.epoch = epoch.item<int64_t>();
     state.steps = steps.item<int64_t>();
     if (archive.try_read("batch", batch)) state.batch = batch.item<int64_t>();
+    if (archive.try_read("consumed", consumed)) state.consumed = consumed.item<int64_t>();
     if (archive.try_read("partial", partial)) {
       partial = partial.to(at::kDouble).contiguous();
       state.partial.assign(partial.data_ptr<double>(), partial.data_ptr<double>() + partial.numel());

@@ -51,52 +51,84 @@ StopSignals::~StopSignals() {
 
 std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
   Impl& s = *impl_;
-  const auto& tc = config_.training;
-  const auto& data = s.data;
-  ParallelStrategy& strategy = *s.strategy;
-  torch::nn::Module& model = *s.model;
-  model.train();
+  s.model->train();
+  s.epoch = epoch;
   // Without a scheduler the lr is left alone (a callback may set it).
   if (s.scheduler) {
     s.epochLrs = s.baseLrs;
     for (size_t g = 0; g < s.epochLrs.size(); ++g) s.epochLrs[g] = s.scheduler->lrAt(epoch, s.baseLrs[g]);
     applyLearningRates();
   }
-  const bool warmingUp = s.warmupSteps > 0;
-  const std::vector<int64_t> order = s.sampler->nextEpoch();
-  const auto myN = static_cast<int64_t>(order.size());
-  double lossSum = 0;
-  int64_t seen = 0;
-  const int64_t batches = (myN + tc.batchSize - 1) / tc.batchSize;
-  const int64_t usable = tc.dropLast ? myN / tc.batchSize : batches;
-  int64_t micro = 0;
-  // Resumed from a checkpoint taken on a signal: the rest of that epoch.
-  const int64_t firstBatch = std::exchange(s.resumeBatch, 0);
+  EpochSums sums;
   if (s.resumeSums.size() == 2) {
-    lossSum = s.resumeSums[0];
-    seen = static_cast<int64_t>(s.resumeSums[1]);
+    sums.lossSum = s.resumeSums[0];
+    sums.seen = static_cast<int64_t>(s.resumeSums[1]);
   }
   s.resumeSums.clear();
   s.partialEpoch = false;
-  // Steps of this epoch per rank: with unpadded shards (s.join) a rank may
-  // have one step fewer than its peers; it shadows that step. Every rank
-  // knows every rank's count, so no collective decides it.
+  // Resumed from a checkpoint taken on a signal: the rest of that epoch,
+  // from its batch count at the same world size, or (an elastic run's
+  // checkpoint) from the samples the ranks had read.
+  int64_t firstBatch = std::exchange(s.resumeBatch, 0);
+  if (s.consumed > 0) firstBatch = 0;
+  s.sampler->setEpoch(epoch + 1);
+  // An elastic run goes on after a change of membership with the rest of
+  // the epoch, dealt over the new world (DistributedSampler::remainderForEpoch).
+  for (bool done = false; !done;) {
+    try {
+      done = trainSegment(epoch, firstBatch, sums);
+    } catch (const std::exception& e) {
+      if (!recoverable(e)) throw;
+      recover(errorLine(e));
+    }
+    firstBatch = 0;
+  }
+  s.consumed = 0;
+  return {sums.lossSum, double(sums.seen)};
+}
+
+bool Trainer::trainSegment(int64_t epoch, int64_t firstBatch, EpochSums& sums) {
+  Impl& s = *impl_;
+  const auto& tc = config_.training;
+  const auto& data = s.data;
+  ParallelStrategy& strategy = *s.strategy;
+  const bool warmingUp = s.warmupSteps > 0;
   const int world = worldSize();
+  sums.pendingLoss = 0;  // a step that did not finish is redone
+  sums.pendingSeen = 0;
+  // The whole epoch's shard, or what is left of it (elastic).
+  const bool remainder = s.consumed > 0;
+  const std::vector<int64_t> order = remainder ? s.sampler->remainderForEpoch(epoch, s.consumed, rank(), world)
+                                               : s.sampler->indicesForEpoch(epoch);
+  const auto myN = static_cast<int64_t>(order.size());
+  const int64_t batches = (myN + tc.batchSize - 1) / tc.batchSize;
+  const int64_t usable = tc.dropLast ? myN / tc.batchSize : batches;
+  const int64_t perStep = tc.batchSize * tc.accumulateGradBatches * world;  // samples of the permutation a step reads
+  if (firstBatch > 0) s.consumed = firstBatch * tc.batchSize * world;
+  int64_t micro = 0;
+  // Steps of this segment per rank: with unpadded shards (s.join, or a
+  // remainder) a rank may have one step fewer than its peers; it shadows
+  // that step. Every rank knows every rank's count, so no collective
+  // decides it.
+  const bool join = s.join || (remainder && world > 1 && strategy.supportsJoin());
   auto stepsOf = [&](int64_t samples) {
     const int64_t b = tc.dropLast ? samples / tc.batchSize : (samples + tc.batchSize - 1) / tc.batchSize;
     return (b + tc.accumulateGradBatches - 1) / tc.accumulateGradBatches;
   };
   std::vector<int64_t> rankSteps(static_cast<size_t>(world), stepsOf(myN));
-  if (s.join) {
+  if (join) {
     for (int q = 0; q < world; ++q) {
       rankSteps[static_cast<size_t>(q)] =
-          stepsOf(DistributedSampler::samplesFor(s.sampler->datasetSize(), q, world, tc.dropLast, /*pad=*/false));
+          stepsOf(remainder ? DistributedSampler::remainderSamplesFor(s.sampler->datasetSize(), s.consumed, q, world)
+                            : DistributedSampler::samplesFor(s.sampler->datasetSize(), q, world, tc.dropLast,
+                                                             /*pad=*/false));
     }
   }
-  auto contributorsAt = [&](int64_t stepInEpoch) {
+  auto contributorsAt = [&](int64_t stepInSegment) {
     return static_cast<int>(
-        std::count_if(rankSteps.begin(), rankSteps.end(), [&](int64_t n) { return n > stepInEpoch; }));
+        std::count_if(rankSteps.begin(), rankSteps.end(), [&](int64_t n) { return n > stepInSegment; }));
   };
+  const bool agreePerStep = s.watchSignals || s.rendezvous != nullptr;
   int64_t stepInEpoch = firstBatch / tc.accumulateGradBatches;
   for (int64_t b = firstBatch; b < usable && !s.stop; ++b) {
     const int64_t begin = b * tc.batchSize, len = std::min(tc.batchSize, myN - begin);
@@ -118,7 +150,7 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
       }
       loss = s.lossFn(lossInput(out), y);
     }
-    if (s.join && stepNow) strategy.setContributors(contributorsAt(stepInEpoch));
+    if (join && stepNow) strategy.setContributors(contributorsAt(stepInEpoch));
     {
       trace::Scope span("backward");
       strategy.backward(tc.accumulateGradBatches > 1 ? loss / double(tc.accumulateGradBatches) : loss, stepNow);
@@ -130,8 +162,6 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
                                "training.on_nonfinite_loss=\"continue\"",
                                trainer_detail::nonFiniteName(stepLoss), epoch + 1, s.steps + 1, rank());
     }
-    lossSum += stepLoss * len;
-    seen += len;
     if (stepNow) {
       if (warmingUp) applyLearningRates();
       {
@@ -140,25 +170,41 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
       }
       micro = 0;
       ++s.steps;
+      s.consumed += perStep;
       trace::setStep(s.steps + 1);  // the step that runs next
       ++stepInEpoch;
       if (tc.maxSteps > 0 && s.steps >= tc.maxSteps) s.stop = true;
+    }
+    // Counted once the step is done: a step redone after a lost rank
+    // counts once.
+    sums.pendingLoss += stepLoss * len;
+    sums.pendingSeen += len;
+    if (stepNow) {
+      sums.lossSum += sums.pendingLoss;
+      sums.seen += sums.pendingSeen;
+      sums.pendingLoss = 0;
+      sums.pendingSeen = 0;
     }
     if (!s.stepCallbacks.empty()) {
       const StepEnd step{epoch, b, usable, stepNow, s.steps, loss};
       for (TrainerCallback* callback : s.stepCallbacks) callback->onStepEnd(*this, step);
     }
-    if (s.watchSignals && stepNow && stopSignalAgreed()) {
-      s.stop = true;
-      s.partialEpoch = b + 1 < usable;
-      s.batchesDone = b + 1;
+    if (agreePerStep && stepNow && elasticAgreement()) {
+      if (s.signal != 0) {
+        s.stop = true;
+        s.partialEpoch = b + 1 < usable || remainder;
+        s.batchesDone = b + 1;
+      } else {
+        admitJoiners();
+        return false;  // the rest of the epoch over the new world
+      }
     }
   }
   // This rank's data is used up while its peers still have a step: it
   // shadows it (zero gradients that do not count in the average), then
   // applies the averaged gradients like everyone.
   const int64_t epochSteps = *std::max_element(rankSteps.begin(), rankSteps.end());
-  for (int64_t k = std::max(stepInEpoch, stepsOf(myN)); s.join && k < epochSteps && !s.stop; ++k) {
+  for (int64_t k = std::max(stepInEpoch, stepsOf(myN)); join && k < epochSteps && !s.stop; ++k) {
     strategy.setContributors(contributorsAt(k));
     {
       trace::Scope span("shadow backward");
@@ -170,15 +216,21 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
       strategy.step();
     }
     ++s.steps;
+    s.consumed += perStep;
     trace::setStep(s.steps + 1);
     if (tc.maxSteps > 0 && s.steps >= tc.maxSteps) s.stop = true;
-    if (s.watchSignals && stopSignalAgreed()) {
-      s.stop = true;
-      s.partialEpoch = k + 1 < epochSteps;
-      s.batchesDone = usable;
+    if (agreePerStep && elasticAgreement()) {
+      if (s.signal != 0) {
+        s.stop = true;
+        s.partialEpoch = k + 1 < epochSteps || remainder;
+        s.batchesDone = usable;
+      } else {
+        admitJoiners();
+        return false;
+      }
     }
   }
-  return {lossSum, double(seen)};
+  return true;
 }
 
 // Every rank at each optimizer step of a run with checkpoint_on_signal: the
@@ -194,19 +246,35 @@ void Trainer::applyLearningRates() {
   }
 }
 
-bool Trainer::stopSignalAgreed() {
+// Every rank after each optimizer step of a run with checkpoint_on_signal
+// or --min-ranks: the largest signal number any rank got (0: none), and
+// whether someone waits to join (rank 0 asks the store, at most every
+// 50 ms), agreed with one allreduce of two numbers, so every rank stops or
+// changes membership after the same step even when only some got the
+// signal.
+bool Trainer::elasticAgreement() {
   Impl& s = *impl_;
-  int64_t signal = trainer_detail::gStopSignal.load();
+  int64_t signal = s.watchSignals ? trainer_detail::gStopSignal.load() : 0;
+  int64_t join = 0;
+  if (s.rendezvous && isWriter()) {
+    const auto now = trainer_detail::Clock::now();
+    if (now - s.lastJoinPoll >= std::chrono::milliseconds(50)) {
+      s.lastJoinPoll = now;
+      join = s.rendezvous->joinPending() ? 1 : 0;
+    }
+  }
   if (worldSize() > 1) {
-    if (!s.signalFlag.defined()) s.signalFlag = at::zeros({1}, at::kLong);
+    if (!s.signalFlag.defined()) s.signalFlag = at::zeros({2}, at::kLong);
     s.signalFlag.data_ptr<int64_t>()[0] = signal;
+    s.signalFlag.data_ptr<int64_t>()[1] = join;
     AllreduceOptions max;
     max.op = ReduceOp::Max;
     group().allreduce(s.signalFlag, max)->wait();
     signal = s.signalFlag.data_ptr<int64_t>()[0];
+    join = s.signalFlag.data_ptr<int64_t>()[1];
   }
   if (signal != 0) s.signal = static_cast<int>(signal);
-  return signal != 0;
+  return signal != 0 || join != 0;
 }
 
 }  // namespace ddp

@@ -19,6 +19,22 @@
 
 namespace ddp {
 
+int elasticMinRanks() {
+  const char* value = std::getenv("DDP_MIN_RANKS");
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  const long n = std::strtol(value, &end, 10);
+  if (*end != '\0' || n < 0 || n > (1 << 20)) {
+    fail<UsageError>("DDP_MIN_RANKS={}: expected a number of ranks >= 0. HINT: ddp-run --min-ranks M", value);
+  }
+  return static_cast<int>(n);
+}
+
+bool elasticJoiner() {
+  const char* value = std::getenv("DDP_ELASTIC_JOIN");
+  return value != nullptr && std::string(value) == "1";
+}
+
 DistributedContext initDistributed(const RankEnv& env, const DistributedOptions& options,
                                    const BackendRegistry& backends) {
   DistributedContext ctx;
@@ -48,7 +64,10 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
     TCPStoreOptions so;
     so.host = env.masterAddr;
     so.port = static_cast<uint16_t>(env.masterPort);
-    so.isServer = env.rank == 0;
+    // ddp-run --min-ranks serves the store from the launcher, which
+    // outlives any rank (DDP_STORE_SERVED=1).
+    const char* served = std::getenv("DDP_STORE_SERVED");
+    so.isServer = env.rank == 0 && !(served != nullptr && std::string(served) == "1");
     so.token = storeTokenFromEnvironment();
     so.tokenFromEnvironment = false;  // read just now, the file included
     warnWithoutToken(env, so.token);
@@ -70,14 +89,22 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
   // Every rank announces itself before the group forms: a missing node is
   // named every few seconds, and a disagreement on the world size at once,
   // rather than a generic timeout minutes later.
-  ArrivalOptions ao;
-  ao.timeout = options.timeout;
-  ao.progressEvery = options.progressEvery;
-  ctx.ranksOnHost = awaitArrival(*ctx.store, env, ao).ranksOnHost;
   ProcessGroupOptions po;
   po.timeout = options.timeout;
   po.masterAddr = env.masterAddr;
   po.deviceIndex = env.localRank;  // GPU backends: rank -> cuda:LOCAL_RANK
+  ctx.backends = &backends;
+  ctx.backend = options.backend;
+  ctx.groupOptions = po;
+  if (elasticJoiner()) {
+    logInfo("rendezvous: store {}: joining a running job (DDP_ELASTIC_JOIN)", ctx.store->describe());
+    ctx.ranksOnHost = env.localWorldSize;
+    return ctx;
+  }
+  ArrivalOptions ao;
+  ao.timeout = options.timeout;
+  ao.progressEvery = options.progressEvery;
+  ctx.ranksOnHost = awaitArrival(*ctx.store, env, ao).ranksOnHost;
   if (env.worldSize == 1 && backends.compiledOut(options.backend)) {
     // One rank needs no communication: a build without this backend still
     // runs single-process experiments.

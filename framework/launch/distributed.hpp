@@ -22,11 +22,22 @@ struct DistributedOptions {
 struct DistributedContext {
   RankEnv env;
   std::shared_ptr<Store> store;
-  ProcessGroupPtr group;
+  ProcessGroupPtr group;  // null for a process that joins a running job (elastic)
   int ranksOnHost = 1;  // ranks of the job on this host (all launchers), this one included
+  // What another group of this job is made with (elastic recovery).
+  const BackendRegistry* backends = nullptr;
+  std::string backend;
+  ProcessGroupOptions groupOptions;
 };
 
-// World size 1 with no master needed uses an in-memory store. Before the
+// Elastic training (launch/elastic.hpp), from the environment ddp-run (or
+// the user, under other launchers) sets: DDP_MIN_RANKS (0 or unset: off),
+// and DDP_ELASTIC_JOIN=1 for a process that joins a running job.
+int elasticMinRanks();
+bool elasticJoiner();
+
+// A joiner (elasticJoiner()) connects to the store only: its group comes
+// from the elastic rendezvous. World size 1 with no master needed uses an in-memory store. Before the
 // group forms, ranks meet in the store (arrival.hpp): a missing rank is named
 // every `progressEvery`, ranks that disagree on the world size fail at once. Names this
 // rank in later log lines (setLogRank) and, at DDP_LOG_LEVEL=info, logs the

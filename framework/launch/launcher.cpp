@@ -19,9 +19,11 @@
 #include "framework/core/log.hpp"
 #include "framework/core/shm_names.hpp"
 #include "framework/core/system.hpp"
+#include "framework/launch/elastic.hpp"
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
 #include "framework/launch/stop_signals.hpp"
+#include "framework/store/tcp_store.hpp"
 
 namespace ddp {
 namespace {
@@ -86,7 +88,12 @@ int tryBind(const std::string& host, int port, int* listening = nullptr) {
 // launcher choosing it and rank 0 serving on it; -1 on other nodes.
 int gStoreListenFd = -1;
 
-pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::string& token, int* outputFd) {
+// Elastic jobs (--min-ranks): the store node 0's launcher serves, or a
+// client of it on other nodes, for marking dead ranks.
+std::shared_ptr<Store> gElasticStore;
+
+pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::string& token, int* outputFd,
+                bool elasticJoin = false) {
   const int worldSize = o.nnodes * o.nprocPerNode;
   const int rank = o.nodeRank * o.nprocPerNode + localRank;
   EnvMap env = currentEnvironment();
@@ -105,8 +112,17 @@ pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::s
     env["OMP_NUM_THREADS"] = std::to_string(std::max(1u, cores / static_cast<unsigned>(o.nprocPerNode)));
     env["DDP_RUN_THREADS_AUTO"] = "1";  // ours to lower when more ranks share the host (apps/ddp_run.cpp)
   }
+  if (o.minRanks > 0) {
+    env["DDP_MIN_RANKS"] = std::to_string(o.minRanks);
+    env["DDP_STORE_SERVED"] = "1";
+  }
+  if (elasticJoin) {
+    env["DDP_ELASTIC_JOIN"] = "1";
+  } else {
+    env.erase("DDP_ELASTIC_JOIN");
+  }
   // Rank 0 alone inherits the store's socket: the others get it close-on-exec.
-  const bool handSocket = rank == 0 && gStoreListenFd >= 0;
+  const bool handSocket = rank == 0 && gStoreListenFd >= 0 && o.minRanks == 0;
   if (handSocket) {
     env["DDP_STORE_LISTEN_FD"] = std::to_string(gStoreListenFd);
     ::fcntl(gStoreListenFd, F_SETFD, 0);
@@ -225,6 +241,8 @@ int causeRank(const std::vector<RankProcess>& procs, const std::vector<int>& fai
 
 // One attempt of the whole job on this node.
 AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& token, StopSignals& signals) {
+  int elasticRestarts = 0;  // ranks started again to rejoin
+  int belowMinimum = -1;    // a rank that ended with kExitBelowMinRanks
   std::vector<RankProcess> procs(o.nprocPerNode);
   struct CloseLogs {
     std::vector<RankProcess>& procs;
@@ -339,6 +357,36 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
         p.exited = true;
         p.status = status;
         const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (o.minRanks > 0 && failed && code == kExitBelowMinRanks) {
+          if (belowMinimum < 0) belowMinimum = p.rank - o.nodeRank * o.nprocPerNode;
+          continue;
+        }
+        if (o.minRanks > 0 && failed && stopSignal == 0 && !stopping && code != 2 && code != 3) {
+          // Elastic: the others carry on without it; it may come back.
+          if (gElasticStore) ElasticRendezvous::markDead(*gElasticStore, p.rank);
+          if (p.outputFd >= 0) {
+            drain(p, keep);
+            ::close(p.outputFd);
+            p.outputFd = -1;
+          }
+          const bool again = attempt + elasticRestarts < o.maxRestarts;
+          std::cerr << fmt::format("ddp-run: rank {} (pid {}) {}; the others carry on{}\n", p.rank, p.pid,
+                                   describeExitStatus(status),
+                                   again ? fmt::format(", and it restarts to rejoin (restart {} of {})",
+                                                       attempt + elasticRestarts + 1, o.maxRestarts)
+                                         : "")
+                    << std::flush;
+          if (again) {
+            ++elasticRestarts;
+            p.pid = spawnRank(o, p.rank - o.nodeRank * o.nprocPerNode, attempt, token, &p.outputFd,
+                              /*elasticJoin=*/true);
+            p.exited = false;
+            p.partialLine.clear();
+            allExited = false;
+          }
+          continue;
+        }
         if (failed && stopSignal == 0 && !stopping) {
           // The cause is chosen among the ranks that fail on their own
           // before the others are stopped (causeRank).
@@ -406,7 +454,23 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
     std::cerr << line << std::endl;
     return {128 + stopSignal, stopSignal};
   }
-  if (firstFailure < 0) return {};
+  if (belowMinimum >= 0 && firstFailure < 0) {
+    std::cerr << fmt::format("ddp-run: the job went below --min-ranks {}; the survivors saved a checkpoint (--resume "
+                             "continues from it)",
+                             o.minRanks)
+              << std::endl;
+    return {kExitBelowMinRanks, 0};
+  }
+  if (firstFailure < 0) {
+    // Elastic: success when some rank finished; every rank lost is a failure.
+    if (o.minRanks > 0 && std::none_of(procs.begin(), procs.end(), [](const RankProcess& p) {
+          return WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0;
+        })) {
+      std::cerr << "ddp-run: every rank was lost" << std::endl;
+      return {1, 0};
+    }
+    return {};
+  }
   const RankProcess& f = procs[firstFailure];
   // The rank's own code (2: a mistake in what was asked) where it exited; 1
   // where a signal ended it.
@@ -459,6 +523,19 @@ int launchLocalRanks(LaunchOptions o) {
   std::string token;
   if (const char* t = std::getenv("DDP_STORE_TOKEN")) token = t;
   if (token.empty() && o.nnodes == 1) token = randomHex(16);
+  if (o.minRanks > 0 && o.nodeRank == 0) {
+    // Elastic: the store outlives every rank (node 0's launcher serves it).
+    // Other nodes' launchers do not mark their dead ranks: the survivors
+    // wait for them up to the collective timeout instead.
+    TCPStoreOptions so;
+    so.host = o.masterAddr;
+    so.port = static_cast<uint16_t>(o.masterPort);
+    so.isServer = o.nodeRank == 0;
+    so.listenFd = o.nodeRank == 0 ? gStoreListenFd : -1;
+    so.token = token;
+    so.tokenFromEnvironment = token.empty();
+    gElasticStore = std::make_shared<TCPStore>(so);
+  }
 
   // From here on SIGINT, SIGTERM and SIGHUP stop the ranks first.
   StopSignals signals;

@@ -20,6 +20,15 @@
 //   DDP_RESTART=<attempt>) until it succeeds or the restarts are used up.
 //   Exit codes that a restart would only repeat end the job at once: 2 (a
 //   mistake in the job's input) and 3 (a non-finite loss).
+// - Elastic (minRanks > 0): node 0's launcher serves the store itself
+//   (DDP_STORE_SERVED=1: it outlives every rank) and every rank gets
+//   DDP_MIN_RANKS. A rank that ends with any code but 0, 2, 3 or 4 (or a
+//   signal) does not stop the others: it is marked dead in the store (so
+//   the survivors' new membership need not wait for it) and, while
+//   maxRestarts allows (a budget for the whole job), started again with
+//   DDP_ELASTIC_JOIN=1 to rejoin. Codes 2 and 3 fail fast as always; 4
+//   (below the minimum: the survivors saved a checkpoint) ends the job with
+//   4. Otherwise the job succeeds when every rank still running ends with 0.
 // - Signals: SIGINT, SIGTERM and SIGHUP to the launcher (those it does not
 //   ignore) are passed on to every rank's process group; ranks still alive
 //   after killGrace get SIGKILL (at once on a second signal). The launcher
@@ -47,6 +56,9 @@ struct LaunchOptions {
   std::string masterAddr = "127.0.0.1";
   int masterPort = 0;  // 0: pick a free port (one-node jobs only)
   int maxRestarts = 0;
+  // Elastic (--min-ranks, launch/elastic.hpp): > 0 keeps the others running
+  // when a rank fails; see launchLocalRanks.
+  int minRanks = 0;
   std::string backend = "gloo";  // only for the printed mapping
   std::vector<std::string> workerArgv;
   std::chrono::milliseconds killGrace{3000};  // --kill-grace

@@ -23,6 +23,7 @@ class DdpStrategy : public ParallelStrategy {
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
   void step() override;  // clips (setGradientClipping) before the optimizer steps
   bool supportsGradientClipping() const override { return true; }
+  std::unique_ptr<torch::optim::Optimizer> releaseOptimizer() override { return std::move(optimizer_); }
   void saveState(torch::serialize::OutputArchive* archive) override;
   bool supportsJoin() const override { return true; }
   // The wait after backward, and the collectives that ran inside the hooks

@@ -27,6 +27,7 @@ class LocalStrategy : public ParallelStrategy {
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;
   void step() override;  // clips (setGradientClipping) before the optimizer steps
   bool supportsGradientClipping() const override { return true; }
+  std::unique_ptr<torch::optim::Optimizer> releaseOptimizer() override { return std::move(optimizer_); }
   void saveState(torch::serialize::OutputArchive* archive) override;
   std::optional<double> lastGradientWaitSeconds() const override { return 0.0; }  // nothing to wait for
 

@@ -1,5 +1,6 @@
 #include "framework/parallel/sampler.hpp"
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 #include <string>
@@ -42,13 +43,36 @@ DistributedSampler::DistributedSampler(int64_t datasetSize, int rank, int worldS
   samplesPerRank_ = samplesFor(datasetSize_, rank_, worldSize_, dropLast_, pad_);
 }
 
-std::vector<int64_t> DistributedSampler::indicesForEpoch(int64_t epoch) const {
+std::vector<int64_t> DistributedSampler::permutation(int64_t epoch) const {
   std::vector<int64_t> order(static_cast<size_t>(datasetSize_));
   std::iota(order.begin(), order.end(), int64_t{0});
   if (shuffle_) {
     std::mt19937_64 rng(seed_ + static_cast<uint64_t>(epoch));
     for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[boundedDraw(rng, i)]);
   }
+  return order;
+}
+
+int64_t DistributedSampler::remainderSamplesFor(int64_t datasetSize, int64_t consumed, int rank, int worldSize) {
+  const int64_t left = std::max<int64_t>(0, datasetSize - consumed);
+  return left > rank ? (left - rank + worldSize - 1) / worldSize : 0;
+}
+
+std::vector<int64_t> DistributedSampler::remainderForEpoch(int64_t epoch, int64_t consumed, int rank,
+                                                           int worldSize) const {
+  if (worldSize < 1 || rank < 0 || rank >= worldSize || consumed < 0) {
+    fail<UsageError>("DistributedSampler: rank {} of world size {} after {} samples", rank, worldSize, consumed);
+  }
+  const std::vector<int64_t> order = permutation(epoch);
+  std::vector<int64_t> mine;
+  for (int64_t position = consumed + rank; position < datasetSize_; position += worldSize) {
+    mine.push_back(order[static_cast<size_t>(position)]);
+  }
+  return mine;
+}
+
+std::vector<int64_t> DistributedSampler::indicesForEpoch(int64_t epoch) const {
+  const std::vector<int64_t> order = permutation(epoch);
   // Position k of the padded permutation is order[k mod N]: padding repeats
   // from the start (more than once when N < world size).
   std::vector<int64_t> mine;

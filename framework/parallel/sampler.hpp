@@ -36,6 +36,15 @@ class DistributedSampler {
   // This rank's indices for any epoch; changes nothing.
   std::vector<int64_t> indicesForEpoch(int64_t epoch) const;
 
+  // Elastic re-sharding after the world changed mid-epoch: positions
+  // consumed + rank, + worldSize, ... of the epoch's permutation, unpadded.
+  // The first `consumed` positions are what the ranks read before (shards
+  // are dealt position by position, so any number of steps at one world
+  // size reads a prefix), so the rest of the epoch is read once, by
+  // whichever ranks are left.
+  std::vector<int64_t> remainderForEpoch(int64_t epoch, int64_t consumed, int rank, int worldSize) const;
+  static int64_t remainderSamplesFor(int64_t datasetSize, int64_t consumed, int rank, int worldSize);
+
   void setEpoch(int64_t epoch);
   int64_t epoch() const { return epoch_; }
 
@@ -45,6 +54,7 @@ class DistributedSampler {
   int worldSize() const { return worldSize_; }
 
  private:
+  std::vector<int64_t> permutation(int64_t epoch) const;
   int64_t datasetSize_;
   int rank_;
   int worldSize_;

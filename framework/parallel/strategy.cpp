@@ -23,6 +23,12 @@ void ParallelStrategy::shadowBackward() {
                    name());
 }
 
+std::unique_ptr<torch::optim::Optimizer> ParallelStrategy::releaseOptimizer() {
+  fail<UsageError>("strategy {} cannot recover in place from a lost rank (its optimizer state is sharded). HINT: "
+                   "distributed.strategy=ddp with --min-ranks, or --max-restarts without it",
+                   name());
+}
+
 void ParallelStrategy::setGradientClipping(double maxNorm) {
   if (maxNorm > 0 && !supportsGradientClipping()) {
     fail<UsageError>("training.clip_grad_norm: strategy {} does not clip gradients (its step() does not call "

@@ -71,6 +71,14 @@ class ParallelStrategy {
 
   virtual void saveState(torch::serialize::OutputArchive* archive) = 0;
 
+  // Elastic recovery (launch/elastic.hpp): hands the optimizer back,
+  // whole, without a collective (the group may be broken), after which the
+  // strategy is destroyed and another built on the same model and a new
+  // group. Strategies whose optimizer holds the whole state on every rank
+  // (ddp, and one rank) can; the default is a UsageError naming the
+  // strategy.
+  virtual std::unique_ptr<torch::optim::Optimizer> releaseOptimizer();
+
   // Runs fn while every parameter of model() is whole, for code that reads
   // them outside forward and backward (the trainer's final parameters,
   // tests). Collective: every rank calls it. fsdp gathers its units for the

@@ -34,6 +34,7 @@ void BestCheckpoints::onTrainBegin(Trainer& trainer) {
   const auto& tc = trainer.config().training;
   maximize_ = tc.keepBestMaximize;
   if (!trainer.isWriter()) return;
+  restored_ = true;
   const std::string dir = trainer.options().runDir + "/checkpoints/";
   std::error_code ec;
   if (trainer.startEpoch() == 0) {
@@ -42,13 +43,21 @@ void BestCheckpoints::onTrainBegin(Trainer& trainer) {
     std::filesystem::remove_all(dir + "best", ec);
     return;
   }
-  // Resume: the kept files that index.json lists, of epochs up to the
-  // checkpoint, stay, ranked by the metric now asked for (metrics.jsonl
-  // holds every epoch's values); the rest go.
+  restore(trainer, trainer.startEpoch());
+}
+
+void BestCheckpoints::restore(Trainer& trainer, int64_t upTo) {
+  restored_ = true;
+  const auto& tc = trainer.config().training;
+  const std::string dir = trainer.options().runDir + "/checkpoints/";
+  // Resume (or a writer that took over after a rank left): the kept files
+  // that index.json lists, of epochs up to `upTo`, stay, ranked by the
+  // metric now asked for (metrics.jsonl holds every epoch's values); the
+  // rest go.
   std::set<int64_t> files, listed;
   for (const BestCheckpoint& b : listBestCheckpoints(trainer.options().runDir)) files.insert(b.epoch);
   for (const BestCheckpoint& b : indexedBestCheckpoints(trainer.options().runDir)) listed.insert(b.epoch);
-  for (const auto& [epoch, value] : pastValues(trainer.options().runDir, tc.keepBestMonitor, trainer.startEpoch())) {
+  for (const auto& [epoch, value] : pastValues(trainer.options().runDir, tc.keepBestMonitor, upTo)) {
     if (listed.count(epoch) && std::isfinite(value) && files.erase(epoch)) kept_.push_back({epoch, value});
   }
   for (int64_t abandoned : files) std::remove((dir + bestFileName(abandoned)).c_str());
@@ -66,6 +75,7 @@ void BestCheckpoints::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   if (!value) return;  // the same on every rank
   bool enters = false;
   if (trainer.isWriter()) {
+    if (!restored_) restore(trainer, end.metrics.epoch - 1);  // took over as the writer (elastic)
     enters = static_cast<int64_t>(kept_.size()) < tc.keepBest
                  ? std::isfinite(*value)
                  : improves(*value, kept_.back().value, maximize_);

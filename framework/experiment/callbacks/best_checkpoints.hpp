@@ -38,6 +38,8 @@ class BestCheckpoints : public TrainerCallback {
 
  private:
   void writeIndex(Trainer& trainer) const;
+  void restore(Trainer& trainer, int64_t upTo);
+  bool restored_ = false;
   void sortKept();
   std::vector<Entry> kept_;  // rank 0, best first
   bool maximize_ = false;

@@ -12,9 +12,16 @@ void EarlyStopping::onTrainBegin(Trainer& trainer) {
   const auto& e = *trainer.config().training.earlyStopping;
   maximize_ = e.maximize;
   minDelta_ = e.minDelta;
-  if (!trainer.isWriter() || trainer.startEpoch() == 0) return;
+  if (!trainer.isWriter()) return;
+  restore(trainer, trainer.startEpoch());
+}
+
+void EarlyStopping::restore(Trainer& trainer, int64_t upTo) {
+  restored_ = true;
+  if (upTo == 0) return;
+  const auto& e = *trainer.config().training.earlyStopping;
   const int64_t every = trainer.config().training.evalEvery;
-  for (const auto& [epoch, value] : pastValues(trainer.options().runDir, e.monitor, trainer.startEpoch())) {
+  for (const auto& [epoch, value] : pastValues(trainer.options().runDir, e.monitor, upTo)) {
     // The epochs an uninterrupted run evaluates before this one: eval_every's
     // (the last epoch of an earlier, shorter run was evaluated as its last,
     // which this run's would not have been).
@@ -40,6 +47,9 @@ void EarlyStopping::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   if (!end.evaluated || !value) return;
   bool stop = false;
   if (trainer.isWriter()) {
+    // A rank that became the writer after a rank left (elastic) takes up
+    // the state from the records.
+    if (!restored_) restore(trainer, end.metrics.epoch - 1);
     see(end.metrics.epoch, *value);
     stop = bad_ >= e.patience && !end.lastEpoch;
   }

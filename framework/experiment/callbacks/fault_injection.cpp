@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <chrono>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -16,16 +17,58 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank) {
     const char* restart = std::getenv(name);
     if (restart && *restart && std::string(restart) != "0") return nullptr;
   }
-  int faultRank = -1;
-  long long faultEpoch = -1;
-  char how[8] = "";
-  const int read = std::sscanf(fault, "%d:%lld:%7s", &faultRank, &faultEpoch, how);
-  if (read < 2 || faultRank != rank) return nullptr;
-  return std::make_shared<FaultInjection>(faultEpoch, std::string(how) == "stop" ? SIGSTOP : SIGKILL);
+  // A rank that rejoins an elastic job is a new incarnation: no fault.
+  if (const char* join = std::getenv("DDP_ELASTIC_JOIN"); join && std::string(join) == "1") return nullptr;
+  std::vector<Fault> faults;
+  std::stringstream entries(fault);
+  std::string entry;
+  while (std::getline(entries, entry, ',')) {
+    int faultRank = -1;
+    long long when = -1;
+    char how[32] = "";
+    Fault f;
+    int read = 0;
+    if (entry.find('@') != std::string::npos) {
+      read = std::sscanf(entry.c_str(), "%d@%lld:%31s", &faultRank, &when, how);
+      f.atStep = true;
+    } else {
+      read = std::sscanf(entry.c_str(), "%d:%lld:%31s", &faultRank, &when, how);
+    }
+    if (read < 2 || faultRank != rank) continue;
+    f.when = when;
+    const std::string action = how;
+    if (action == "stop") {
+      f.signal = SIGSTOP;
+    } else if (action.rfind("sleep=", 0) == 0) {
+      f.signal = 0;
+      f.sleepMs = std::atoi(action.c_str() + 6);
+    }
+    faults.push_back(f);
+  }
+  if (faults.empty()) return nullptr;
+  return std::make_shared<FaultInjection>(std::move(faults));
+}
+
+FaultInjection::FaultInjection(std::vector<Fault> faults) : faults_(std::move(faults)) {
+  for (const Fault& f : faults_) steps_ = steps_ || f.atStep;
+}
+
+void FaultInjection::act(const Fault& f) {
+  if (f.signal != 0) ::raise(f.signal);
+  if (f.sleepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.sleepMs));
 }
 
 void FaultInjection::onEpochBegin(Trainer&, int64_t epoch) {
-  if (epoch == epoch_) ::raise(signal_);
+  for (const Fault& f : faults_) {
+    if (!f.atStep && epoch == f.when) act(f);
+  }
+}
+
+void FaultInjection::onStepEnd(Trainer&, const StepEnd& step) {
+  if (!step.stepped) return;
+  for (const Fault& f : faults_) {
+    if (f.atStep && step.steps == f.when) act(f);
+  }
 }
 
 std::shared_ptr<SlowRank> SlowRank::fromEnvironment(int rank) {

@@ -1,12 +1,18 @@
 // FaultInjection: for the launcher's tests, DDP_FAULT_INJECT="RANK:EPOCH"
 // makes that rank kill itself (SIGKILL) when that epoch (0-based) begins,
 // on the first attempt only (DDP_RESTART and TORCHELASTIC_RESTART_COUNT
-// unset or 0); "RANK:EPOCH:stop" stops it instead (SIGSTOP: a hung rank).
+// unset or 0, and not a rank rejoining an elastic job); "RANK:EPOCH:stop"
+// stops it instead (SIGSTOP: a hung rank). "RANK@STEP" acts right after
+// optimizer step STEP (counted from 1) instead: mid-epoch; ":sleep=MS"
+// makes it sleep (a rank that hangs for a while, then wakes). Several
+// faults: a comma-separated list ("1@10,2@30").
 // SlowRank: for the straggler report's tests, DDP_FAULT_SLOW="RANK:MS"
 // makes that rank sleep MS milliseconds after each optimizer step.
 #pragma once
 
+#include <csignal>
 #include <memory>
+#include <vector>
 
 #include "framework/experiment/callbacks/callback.hpp"
 
@@ -16,12 +22,21 @@ class FaultInjection : public TrainerCallback {
  public:
   // The callback DDP_FAULT_INJECT asks of this rank, or null.
   static std::shared_ptr<FaultInjection> fromEnvironment(int rank);
-  FaultInjection(int64_t epoch, int signal) : epoch_(epoch), signal_(signal) {}
+  struct Fault {
+    bool atStep = false;  // when: an optimizer step (from 1), else an epoch (from 0)
+    int64_t when = 0;
+    int signal = SIGKILL;  // 0: none
+    int sleepMs = 0;
+  };
+  explicit FaultInjection(std::vector<Fault> faults);
+  bool wantsSteps() const override { return steps_; }
   void onEpochBegin(Trainer&, int64_t epoch) override;
+  void onStepEnd(Trainer&, const StepEnd& step) override;
 
  private:
-  int64_t epoch_;
-  int signal_;
+  static void act(const Fault& f);
+  std::vector<Fault> faults_;
+  bool steps_ = false;
 };
 
 class SlowRank : public TrainerCallback {

@@ -99,6 +99,10 @@ void dropMetricsAfter(const std::string& runDir, int64_t epoch, const std::strin
 void MetricsFiles::onTrainBegin(Trainer& trainer) {
   const std::string& runDir = trainer.options().runDir;
   columns_ = taskColumns(trainer.task());
+  // Elastic runs add this on every rank; the writer (rank 0 of the
+  // current membership) writes, and one that takes over appends.
+  if (!trainer.isWriter()) return;
+  opened_ = true;
   const std::string header = csvHeader(columns_);
   if (trainer.options().resume) {
     dropMetricsAfter(runDir, trainer.startEpoch(), header);
@@ -112,7 +116,13 @@ void MetricsFiles::onTrainBegin(Trainer& trainer) {
   csv_.open(runDir + "/metrics.csv");
 }
 
-void MetricsFiles::onEpochEnd(Trainer&, EpochEnd& end) {
+void MetricsFiles::onEpochEnd(Trainer& trainer, EpochEnd& end) {
+  if (!trainer.isWriter()) return;
+  if (!opened_) {  // became the writer after a rank left (elastic)
+    opened_ = true;
+    jsonl_.open(trainer.options().runDir + "/metrics.jsonl");
+    csv_.open(trainer.options().runDir + "/metrics.csv");
+  }
   const EpochMetrics& m = end.metrics;
   nlohmann::ordered_json record;
   record["epoch"] = m.epoch;

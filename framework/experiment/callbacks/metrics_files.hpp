@@ -36,6 +36,7 @@ class MetricsFiles : public TrainerCallback {
 
  private:
   AppendFile jsonl_, csv_;
+  bool opened_ = false;
   std::vector<std::string> columns_;  // after epoch, train_loss, test_loss; before seconds
 };
 

@@ -68,6 +68,7 @@ void StepMetrics::onStepEnd(Trainer& trainer, const StepEnd& step) {
   nlohmann::ordered_json record;
   record["step"] = step.steps;
   record["epoch"] = step.epoch + 1;
+  record["world_size"] = trainer.worldSize();
   record["lr"] = trainer.strategy().optimizer().param_groups().front().options().get_lr();
   record["loss"] = finiteOrNull(step.loss.item<double>());
   record["samples_per_s"] = finiteOrNull(double(samplesSinceRecord_) / elapsed);
@@ -92,6 +93,11 @@ void StepMetrics::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   slots[world + trainer.rank()] = epochWait_;
   trainer.group().allreduce(slots)->wait();
   const double* all = slots.data_ptr<double>();
+  // An elastic run's world may have grown since the first epoch.
+  if (runCompute_.size() < static_cast<size_t>(world)) {
+    runCompute_.resize(static_cast<size_t>(world), 0.0);
+    runWait_.resize(static_cast<size_t>(world), 0.0);
+  }
   for (int r = 0; r < world; ++r) {
     const double compute = all[r], wait = all[world + r];
     end.metrics.extra.emplace_back(fmt::format("rank_{}_compute_s", r), compute);

@@ -1,0 +1,187 @@
+// The Trainer's elastic recovery (trainer.hpp, launch/elastic.hpp): when a
+// collective fails because a rank is gone, or ranks wait to join, the
+// members agree on a new membership, form its group, take the state of the
+// member that got furthest (one broadcast of a serialized model and
+// optimizer, as a checkpoint holds them, without a file), build the
+// strategy again, and go on with the rest of the epoch dealt over the new
+// world.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/serialize.h>
+
+#include <cstring>
+#include <thread>
+
+#include "framework/core/errors.hpp"
+#include "framework/core/log.hpp"
+#include "framework/experiment/trainer_impl.hpp"
+
+namespace ddp {
+namespace {
+
+// A broken group is dropped off the critical path: its destructor may wait
+// for its worker to notice the failure.
+void retire(ProcessGroupPtr group) {
+  if (!group) return;
+  std::thread([g = std::move(group)]() mutable { g.reset(); }).detach();
+}
+
+std::string idsText(const std::vector<int>& ids) { return ids.empty() ? "none" : fmt::format("{}", fmt::join(ids, ",")); }
+
+}  // namespace
+
+bool Trainer::recoverable(const std::exception& e) const {
+  if (!impl_->rendezvous) return false;
+  return dynamic_cast<const UsageError*>(&e) == nullptr && dynamic_cast<const NonFiniteLossError*>(&e) == nullptr &&
+         dynamic_cast<const ElasticExcluded*>(&e) == nullptr &&
+         dynamic_cast<const ElasticBelowMinimum*>(&e) == nullptr;
+}
+
+void Trainer::recover(const std::string& why) { reconfigure(why, /*broken=*/true); }
+
+void Trainer::admitJoiners() { reconfigure("a rank asks to join", /*broken=*/false); }
+
+void Trainer::reconfigure(const std::string& why, bool broken) {
+  Impl& s = *impl_;
+  const auto start = trainer_detail::Clock::now();
+  const ElasticMembership before = s.membership;
+  if (broken) logInfo("elastic: a collective failed ({}); leaving generation {}", why, before.generation);
+  // The optimizer comes back whole; the strategy, its gradient buckets and
+  // the old group go.
+  std::unique_ptr<torch::optim::Optimizer> optimizer = s.strategy->releaseOptimizer();
+  s.strategy.reset();
+  for (auto& p : s.model->parameters()) p.mutable_grad() = at::Tensor();
+  retire(std::move(s.group));
+  for (int attempt = 1;; ++attempt) {
+    try {
+      s.membership = s.rendezvous->next(s.membership, s.steps);
+      if (s.membership.belowMinimum) {
+        // Below --min-ranks: the member with the state saves it, all stop.
+        const std::vector<int>& ids = s.membership.ids;
+        if (s.rendezvous->id() == s.membership.sourceId) {
+          s.releasedOptimizer = optimizer.get();
+          s.writesAlone = true;
+          writeCheckpoint(s.epoch, std::max<int64_t>(1, s.consumed / config_.training.batchSize), {});
+          s.log->setEnabled(true);
+          s.log->line(fmt::format("elastic: {} rank(s) left (ids {}), fewer than --min-ranks {}; saved {}/checkpoints/"
+                                  "{}; stopping",
+                                  ids.size(), idsText(ids), options_.minRanks, options_.runDir,
+                                  checkpointFileName(s.epoch, std::max<int64_t>(1, s.consumed /
+                                                                                      config_.training.batchSize))));
+        }
+        fail<ElasticBelowMinimum>(
+            "elastic: {} rank(s) left (ids {}), fewer than --min-ranks {}; the job stops with a checkpoint of step {}. "
+            "HINT: --resume continues from it",
+            ids.size(), idsText(ids), options_.minRanks, s.membership.sourceSteps);
+      }
+      s.group = dist_.backends->create(dist_.backend, s.rendezvous->groupStore(s.membership.generation),
+                                       s.membership.rankOf(s.rendezvous->id()), s.membership.world(),
+                                       dist_.groupOptions);
+      syncState(*optimizer, /*joining=*/false);
+      break;
+    } catch (const std::exception& e) {
+      if (!recoverable(e) || attempt >= 10) throw;
+      // Another rank lost while this generation formed: the next one.
+      logInfo("elastic: generation {} failed while forming ({}); trying the next", s.membership.generation,
+              errorLine(e));
+      retire(std::move(s.group));
+    }
+  }
+  makeStrategy(std::move(optimizer));
+  shardData();
+  s.log->setEnabled(isWriter());
+  ++s.recoveries;
+  std::vector<int> lost, joined;
+  for (int id : before.ids) {
+    if (s.membership.rankOf(id) < 0) lost.push_back(id);
+  }
+  for (int id : s.membership.ids) {
+    if (before.rankOf(id) < 0) joined.push_back(id);
+  }
+  const double seconds = std::chrono::duration<double>(trainer_detail::Clock::now() - start).count();
+  std::string cause = why.size() > 160 ? why.substr(0, 157) + "..." : why;
+  s.log->line(fmt::format("elastic: generation {}: {}{}world {} -> {} (rank ids {}); state of rank id {} at step {}, "
+                          "epoch {}; {} in {:.3f} s{}",
+                          s.membership.generation, lost.empty() ? "" : fmt::format("lost rank id(s) {}; ", idsText(lost)),
+                          joined.empty() ? "" : fmt::format("rank id(s) {} joined; ", idsText(joined)),
+                          before.world(), s.membership.world(), idsText(s.membership.ids), s.membership.sourceId,
+                          s.steps, s.epoch + 1, broken ? "recovered" : "reconfigured", seconds,
+                          broken ? fmt::format(" (after: {})", cause) : ""));
+}
+
+void Trainer::joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer) {
+  Impl& s = *impl_;
+  const auto start = trainer_detail::Clock::now();
+  for (int attempt = 1;; ++attempt) {
+    try {
+      s.membership = attempt == 1 ? s.rendezvous->join() : s.rendezvous->next(s.membership, s.steps);
+      if (s.membership.belowMinimum) fail<ElasticBelowMinimum>("elastic: the job went below --min-ranks while this rank joined");
+      s.group = dist_.backends->create(dist_.backend, s.rendezvous->groupStore(s.membership.generation),
+                                       s.membership.rankOf(s.rendezvous->id()), s.membership.world(),
+                                       dist_.groupOptions);
+      syncState(*optimizer, /*joining=*/true);
+      break;
+    } catch (const std::exception& e) {
+      if (!recoverable(e) || attempt >= 10) throw;
+      retire(std::move(s.group));
+    }
+  }
+  s.startEpoch = s.epoch;
+  makeStrategy(std::move(optimizer));
+  shardData();
+  s.log->setEnabled(isWriter());
+  s.log->line(fmt::format("elastic: rank id {} joined generation {} as rank {} of {} at step {}, epoch {}, in {:.3f} s",
+                          s.rendezvous->id(), s.membership.generation, rank(), worldSize(), s.steps, s.epoch + 1,
+                          std::chrono::duration<double>(trainer_detail::Clock::now() - start).count()));
+}
+
+// One broadcast of the counters (epoch, steps, samples read, payload
+// bytes), one of the payload: the model and optimizer as a checkpoint holds
+// them, and the RNG.
+void Trainer::syncState(torch::optim::Optimizer& optimizer, bool /*joining*/) {
+  Impl& s = *impl_;
+  const int source = s.membership.rankOf(s.membership.sourceId);
+  const bool mine = rank() == source;
+  std::string payload;
+  if (mine) {
+    torch::serialize::OutputArchive archive;
+    saveModelAndOptimizer(archive, *s.model, optimizer);
+    archive.write("rng", at::detail::getDefaultCPUGenerator().get_state());
+    archive.save_to([&](const void* data, size_t n) -> size_t {
+      payload.append(static_cast<const char*>(data), n);
+      return n;
+    });
+  }
+  at::Tensor header = at::zeros({4}, at::kLong);
+  if (mine) {
+    int64_t* h = header.data_ptr<int64_t>();
+    h[0] = s.epoch;
+    h[1] = s.steps;
+    h[2] = s.consumed;
+    h[3] = static_cast<int64_t>(payload.size());
+  }
+  BroadcastOptions from;
+  from.root = source;
+  if (worldSize() > 1) group().broadcast(header, from)->wait();
+  const int64_t* h = header.data_ptr<int64_t>();
+  // As int32 words (the backends reduce no bytes; a broadcast of words moves them the same).
+  const int64_t words = (h[3] + 3) / 4;
+  at::Tensor bytes = at::zeros({words}, at::kInt);
+  if (mine) std::memcpy(bytes.data_ptr(), payload.data(), payload.size());
+  if (worldSize() > 1) group().broadcast(bytes, from)->wait();
+  if (!mine) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(h[3]), s.device);
+    loadModelAndOptimizer(archive, *s.model, optimizer);
+    at::Tensor rng;
+    archive.read("rng", rng);
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(rng.to(at::kCPU));
+    s.epoch = h[0];
+    s.steps = h[1];
+    s.consumed = h[2];
+  }
+}
+
+}  // namespace ddp

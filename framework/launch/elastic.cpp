@@ -1,0 +1,179 @@
+// The elastic membership protocol (elastic.hpp) over the job's store.
+#include "framework/launch/elastic.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <thread>
+
+#include "framework/core/errors.hpp"
+#include "framework/core/log.hpp"
+#include "framework/store/prefix_store.hpp"
+
+namespace ddp {
+namespace {
+
+using ElasticClock = std::chrono::steady_clock;
+
+std::string genKey(int64_t generation, const std::string& what) {
+  return fmt::format("elastic/g{}/{}", generation, what);
+}
+std::string deadKey(int id) { return fmt::format("elastic/dead/{}", id); }
+std::string joinKey(int id) { return fmt::format("elastic/join/{}", id); }
+std::string admittedKey(int id) { return fmt::format("elastic/admitted/{}", id); }
+
+std::string encodeMembership(const ElasticMembership& m) {
+  nlohmann::json j;
+  j["generation"] = m.generation;
+  j["ids"] = m.ids;
+  j["incarnations"] = m.incarnations;
+  j["source"] = m.sourceId;
+  j["source_steps"] = m.sourceSteps;
+  j["below_minimum"] = m.belowMinimum;
+  return j.dump();
+}
+
+ElasticMembership decodeMembership(const std::string& text) {
+  const auto j = nlohmann::json::parse(text);
+  ElasticMembership m;
+  m.generation = j["generation"];
+  m.ids = j["ids"].get<std::vector<int>>();
+  m.incarnations = j["incarnations"].get<std::vector<int64_t>>();
+  m.sourceId = j["source"];
+  m.sourceSteps = j["source_steps"];
+  m.belowMinimum = j["below_minimum"];
+  return m;
+}
+
+// A counter's value without changing it (absent: 0).
+int64_t counter(Store& store, const std::string& key) { return store.add(key, 0); }
+
+}  // namespace
+
+int ElasticMembership::rankOf(int id) const {
+  const auto it = std::find(ids.begin(), ids.end(), id);
+  return it == ids.end() ? -1 : static_cast<int>(it - ids.begin());
+}
+
+ElasticRendezvous::ElasticRendezvous(std::shared_ptr<Store> store, int id, ElasticOptions options)
+    : store_(std::move(store)), id_(id), options_(options) {}
+
+ElasticMembership ElasticRendezvous::initial(int world) const {
+  ElasticMembership m;
+  for (int i = 0; i < world; ++i) m.ids.push_back(i);
+  m.incarnations.assign(static_cast<size_t>(world), 0);
+  m.sourceId = 0;
+  return m;
+}
+
+std::shared_ptr<Store> ElasticRendezvous::groupStore(int64_t generation) const {
+  if (generation == 0) return store_;
+  return std::make_shared<PrefixStore>(genKey(generation, "pg"), store_);
+}
+
+void ElasticRendezvous::markDead(Store& store, int id) { store.add(deadKey(id), 1); }
+
+bool ElasticRendezvous::joinPending() {
+  return counter(*store_, "elastic/join-requests") > counter(*store_, "elastic/join-admitted");
+}
+
+ElasticMembership ElasticRendezvous::next(const ElasticMembership& current, int64_t steps) {
+  const int64_t generation = current.generation + 1;
+  store_->setString(genKey(generation, fmt::format("id/{}", id_)), std::to_string(steps));
+  if (store_->add(genKey(generation, "arrived"), 1) == 1) return decide(generation, current);
+  return awaitDecision(generation);
+}
+
+ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMembership& previous) {
+  const auto deadline = ElasticClock::now() + options_.settle;
+  const auto arrivedKey = [&](int id) { return genKey(generation, fmt::format("id/{}", id)); };
+  std::vector<bool> arrived(previous.ids.size(), false), dead(previous.ids.size(), false);
+  for (;;) {
+    bool waiting = false;
+    for (size_t i = 0; i < previous.ids.size(); ++i) {
+      if (arrived[i] || dead[i]) continue;
+      const int id = previous.ids[i];
+      if (store_->check({arrivedKey(id)})) {
+        arrived[i] = true;
+      } else if (counter(*store_, deadKey(id)) > previous.incarnations[i]) {
+        dead[i] = true;
+      } else {
+        waiting = true;
+      }
+    }
+    if (!waiting || ElasticClock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ElasticMembership m;
+  m.generation = generation;
+  m.sourceSteps = -1;
+  std::vector<std::pair<int, int64_t>> members;  // id, incarnation
+  for (size_t i = 0; i < previous.ids.size(); ++i) {
+    const int id = previous.ids[i];
+    if (!arrived[i]) {
+      logInfo("elastic: generation {}: rank id {} {}", generation, id,
+              dead[i] ? "died" : "neither arrived nor died in time (hung?): left out");
+      continue;
+    }
+    members.emplace_back(id, previous.incarnations[i]);
+    const int64_t steps = std::stoll(store_->getString(arrivedKey(id)));
+    if (steps > m.sourceSteps || (steps == m.sourceSteps && id < m.sourceId)) {
+      m.sourceSteps = steps;
+      m.sourceId = id;
+    }
+  }
+  // Joiners: ids that asked and are not members now.
+  for (int id = 0; id < options_.maxId; ++id) {
+    if (std::any_of(members.begin(), members.end(), [&](const auto& p) { return p.first == id; })) continue;
+    if (!store_->check({joinKey(id)}) || store_->getString(joinKey(id)) != "1") continue;
+    store_->setString(joinKey(id), "0");
+    store_->add("elastic/join-admitted", 1);
+    members.emplace_back(id, counter(*store_, deadKey(id)));
+    logInfo("elastic: generation {}: rank id {} joins", generation, id);
+  }
+  std::sort(members.begin(), members.end());
+  for (const auto& [id, incarnation] : members) {
+    m.ids.push_back(id);
+    m.incarnations.push_back(incarnation);
+  }
+  m.belowMinimum = m.world() < options_.minRanks;
+  store_->setString(genKey(generation, "members"), encodeMembership(m));
+  for (const auto& [id, incarnation] : members) {
+    if (previous.rankOf(id) < 0) store_->setString(admittedKey(id), std::to_string(generation));
+  }
+  store_->setString("elastic/generation", std::to_string(generation));
+  if (m.rankOf(id_) < 0) throw ElasticExcluded("elastic: this rank is not in the new membership");
+  return m;
+}
+
+ElasticMembership ElasticRendezvous::awaitDecision(int64_t generation) {
+  store_->wait({genKey(generation, "members")}, options_.decisionTimeout);
+  ElasticMembership m = decodeMembership(store_->getString(genKey(generation, "members")));
+  if (m.rankOf(id_) < 0) {
+    throw ElasticExcluded(fmt::format(
+        "elastic: rank id {} arrived at generation {} after its membership was decided (members {}); it is left "
+        "out",
+        id_, generation, fmt::join(m.ids, ",")));
+  }
+  return m;
+}
+
+ElasticMembership ElasticRendezvous::join(int64_t /*steps*/) {
+  store_->setString(admittedKey(id_), "-1");
+  store_->setString(joinKey(id_), "1");
+  store_->add("elastic/join-requests", 1);
+  const auto deadline = ElasticClock::now() + options_.decisionTimeout;
+  for (;;) {
+    const std::string admitted = store_->getString(admittedKey(id_));
+    if (admitted != "-1") return awaitDecision(std::stoll(admitted));
+    if (ElasticClock::now() >= deadline) {
+      fail<std::runtime_error>("elastic: rank id {} asked to join but was not admitted within {} s", id_,
+                               options_.decisionTimeout.count() / 1000);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,134 @@
+// ElasticRendezvous: who trains together after a rank dies or a new one
+// joins, decided through the job's store, so that the surviving ranks carry
+// on with their weights in memory instead of a restart from a checkpoint
+// file (ddp-run --min-ranks; the trainer's recovery is in
+// experiment/trainer_recovery.cpp).
+//
+// Protocol
+// - Members have ids: the global rank each process was started as. A rank
+//   that the launcher starts again after a death keeps the id it replaces.
+//   A generation is one membership and one process group: generation 0 is
+//   ids 0..N-1 in order over the store as it is; generation G > 0 builds its
+//   group over the store prefix "elastic/g<G>/pg".
+// - Leaving generation G (a collective failed, or the ranks agreed at a step
+//   boundary that someone waits to join): every member that can, arrives
+//   at G + 1 by writing "elastic/g<G+1>/id/<id>" (its progress: optimizer
+//   steps done) and incrementing "elastic/g<G+1>/arrived". The first to
+//   arrive (the counter's 1) coordinates G + 1.
+// - The coordinator waits until every member of G has arrived or is marked
+//   dead ("elastic/dead/<id>", written by the launcher when it reaps the
+//   rank: a counter, compared with the count when that incarnation was
+//   admitted), at most `settle`; a member that neither arrives nor dies in that
+//   time (hung) is left out. It then admits every id waiting to join
+//   ("elastic/join/<id>" = 1, cleared as it is admitted), and writes
+//   "elastic/g<G+1>/members": the ids in increasing order (a member's rank in
+//   G + 1 is its position), the id whose state every member takes (the
+//   arrived one with the most steps, the smallest id among equals), and
+//   whether the generation is below the minimum (then every member stops:
+//   the one with the state saves a checkpoint). Only the coordinator
+//   writes it, once; "elastic/generation" then names G + 1.
+// - Everyone else waits for that key. A member that finds itself left out
+//   (it arrived after the decision) gets ElasticExcluded: its process ends
+//   with kExitExcluded, and the launcher may start it again as a joiner.
+// - Nothing of generation G is used in G + 1: its group is aborted and
+//   dropped, so a message of the old generation (a frame from a hung peer)
+//   reaches connections nobody reads, and a collective of G that a late
+//   rank still runs fails, which sends it to the rendezvous, where it is
+//   excluded. Keys of different generations never collide.
+// - A failure during a rendezvous or while the new group forms (another
+//   death) sends the members of G + 1 to G + 2, with G + 1's membership.
+// - Joining: a process started with DDP_ELASTIC_JOIN=1 sets
+//   "elastic/join/<id>" and increments "elastic/join-requests"; the ranks
+//   in training compare it with "elastic/join-admitted" (rank 0, throttled) and agree at a step
+//   boundary to move to the next generation; the coordinator admits the
+//   joiner, which learns its generation from "elastic/admitted/<id>".
+//
+// Checked against a simulation of random deaths, hangs and joins with
+// threads over one in-memory store (tests/test_elastic.cpp): every
+// generation's members agree on the membership, every member of a
+// generation is alive, and nobody is in two memberships of one generation.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "framework/store/store.hpp"
+
+namespace ddp {
+
+// A process left out of the job's new membership exits with this.
+constexpr int kExitExcluded = 75;
+// The job went below --min-ranks: the survivors saved a checkpoint and exit with this.
+constexpr int kExitBelowMinRanks = 4;
+
+class ElasticExcluded : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The membership fell below the minimum: the job stops (after the member
+// with the state saved a checkpoint).
+class ElasticBelowMinimum : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ElasticMembership {
+  int64_t generation = 0;
+  std::vector<int> ids;  // increasing; a member's rank is its position
+  // Per member: its id's death count when it was admitted; a higher count
+  // in "elastic/dead/<id>" means this incarnation is dead.
+  std::vector<int64_t> incarnations;
+  int sourceId = 0;      // whose state every member takes
+  int64_t sourceSteps = 0;
+  bool belowMinimum = false;
+  int rankOf(int id) const;  // -1 when id is not a member
+  int world() const { return static_cast<int>(ids.size()); }
+};
+
+struct ElasticOptions {
+  int minRanks = 1;
+  int maxId = 0;  // ids are 0..maxId-1 (the job's first world size)
+  // How long the coordinator waits for members that neither arrive nor die.
+  std::chrono::milliseconds settle{10000};
+  // How long a member waits for the coordinator's decision.
+  std::chrono::milliseconds decisionTimeout{60000};
+};
+
+class ElasticRendezvous {
+ public:
+  ElasticRendezvous(std::shared_ptr<Store> store, int id, ElasticOptions options);
+
+  // Generation 0: ids 0..world-1.
+  ElasticMembership initial(int world) const;
+  // Leaves `current` for the next generation (see the protocol), reporting
+  // `steps` done; returns it. Throws ElasticExcluded when left out.
+  ElasticMembership next(const ElasticMembership& current, int64_t steps);
+  // A joiner: asks to join, waits (up to the decision timeout, repeatedly
+  // while the job is alive) to be admitted, and returns its membership.
+  ElasticMembership join(int64_t steps = 0);
+  // Rank 0, between steps: whether someone waits to join (a store
+  // round trip; call it throttled).
+  bool joinPending();
+
+  // The store a generation's group forms over.
+  std::shared_ptr<Store> groupStore(int64_t generation) const;
+
+  // The launcher: `id`'s process ended (it will not arrive).
+  static void markDead(Store& store, int id);
+
+  int id() const { return id_; }
+
+ private:
+  ElasticMembership decide(int64_t generation, const ElasticMembership& previous);
+  ElasticMembership awaitDecision(int64_t generation);
+  std::shared_ptr<Store> store_;
+  int id_;
+  ElasticOptions options_;
+};
+
+}  // namespace ddp
