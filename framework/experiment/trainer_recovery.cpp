@@ -10,6 +10,8 @@
 #include <fmt/ranges.h>
 #include <torch/serialize.h>
 
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -56,6 +58,14 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
   for (int attempt = 1;; ++attempt) {
     try {
       s.membership = s.rendezvous->next(s.membership, s.steps);
+      // For the tests: DDP_FAULT_RECOVERY=ID kills rank id ID once its
+      // first new membership is decided, before the group forms: a failure
+      // during the recovery itself.
+      if (const char* f = std::getenv("DDP_FAULT_RECOVERY");
+          f != nullptr && std::atoi(f) == s.rendezvous->id() && s.membership.generation == 1 &&
+          std::getenv("DDP_ELASTIC_JOIN") == nullptr) {
+        ::raise(SIGKILL);
+      }
       if (s.membership.belowMinimum) {
         // Below --min-ranks: the member with the state saves it, all stop.
         const std::vector<int>& ids = s.membership.ids;
@@ -75,6 +85,7 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
             "HINT: --resume continues from it",
             ids.size(), idsText(ids), options_.minRanks, s.membership.sourceSteps);
       }
+      s.rendezvous->awaitMembers(s.membership);
       s.group = dist_.backends->create(dist_.backend, s.rendezvous->groupStore(s.membership.generation),
                                        s.membership.rankOf(s.rendezvous->id()), s.membership.world(),
                                        dist_.groupOptions);
@@ -117,6 +128,7 @@ void Trainer::joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer)
     try {
       s.membership = attempt == 1 ? s.rendezvous->join() : s.rendezvous->next(s.membership, s.steps);
       if (s.membership.belowMinimum) fail<ElasticBelowMinimum>("elastic: the job went below --min-ranks while this rank joined");
+      s.rendezvous->awaitMembers(s.membership);
       s.group = dist_.backends->create(dist_.backend, s.rendezvous->groupStore(s.membership.generation),
                                        s.membership.rankOf(s.rendezvous->id()), s.membership.world(),
                                        dist_.groupOptions);

@@ -124,13 +124,16 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
       m.sourceId = id;
     }
   }
-  // Joiners: ids that asked and are not members now.
+  // Joiners: ids that asked and are not members now (a dead member's id
+  // that comes back included).
+  std::vector<int> joiners;
   for (int id = 0; id < options_.maxId; ++id) {
     if (std::any_of(members.begin(), members.end(), [&](const auto& p) { return p.first == id; })) continue;
     if (!store_->check({joinKey(id)}) || store_->getString(joinKey(id)) != "1") continue;
     store_->setString(joinKey(id), "0");
     store_->add("elastic/join-admitted", 1);
     members.emplace_back(id, counter(*store_, deadKey(id)));
+    joiners.push_back(id);
     logInfo("elastic: generation {}: rank id {} joins", generation, id);
   }
   std::sort(members.begin(), members.end());
@@ -140,9 +143,7 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
   }
   m.belowMinimum = m.world() < options_.minRanks;
   store_->setString(genKey(generation, "members"), encodeMembership(m));
-  for (const auto& [id, incarnation] : members) {
-    if (previous.rankOf(id) < 0) store_->setString(admittedKey(id), std::to_string(generation));
-  }
+  for (int id : joiners) store_->setString(admittedKey(id), std::to_string(generation));
   store_->setString("elastic/generation", std::to_string(generation));
   if (m.rankOf(id_) < 0) throw ElasticExcluded("elastic: this rank is not in the new membership");
   return m;
@@ -158,6 +159,27 @@ ElasticMembership ElasticRendezvous::awaitDecision(int64_t generation) {
         id_, generation, fmt::join(m.ids, ",")));
   }
   return m;
+}
+
+void ElasticRendezvous::awaitMembers(const ElasticMembership& m) {
+  store_->setString(genKey(m.generation, fmt::format("ready/{}", id_)), "1");
+  const auto deadline = ElasticClock::now() + options_.settle;
+  for (;;) {
+    bool waiting = false;
+    for (size_t i = 0; i < m.ids.size(); ++i) {
+      if (store_->check({genKey(m.generation, fmt::format("ready/{}", m.ids[i]))})) continue;
+      if (counter(*store_, deadKey(m.ids[i])) > m.incarnations[i]) {
+        fail<std::runtime_error>("elastic: rank id {} died while generation {} formed", m.ids[i], m.generation);
+      }
+      waiting = true;
+    }
+    if (!waiting) return;
+    if (ElasticClock::now() >= deadline) {
+      fail<std::runtime_error>("elastic: generation {}: not every member was ready within {} s", m.generation,
+                               options_.settle.count() / 1000);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
 }
 
 ElasticMembership ElasticRendezvous::join(int64_t /*steps*/) {

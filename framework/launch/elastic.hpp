@@ -35,8 +35,11 @@
 //   reaches connections nobody reads, and a collective of G that a late
 //   rank still runs fails, which sends it to the rendezvous, where it is
 //   excluded. Keys of different generations never collide.
-// - A failure during a rendezvous or while the new group forms (another
-//   death) sends the members of G + 1 to G + 2, with G + 1's membership.
+// - Before G + 1's group forms, each member sets "elastic/g<G+1>/ready/<id>"
+//   and waits for the others' (awaitMembers): a member marked dead
+//   meanwhile sends the rest on at once. A failure during a rendezvous or
+//   while the new group forms (another death) sends the members of G + 1
+//   to G + 2, with G + 1's membership.
 // - Joining: a process started with DDP_ELASTIC_JOIN=1 sets
 //   "elastic/join/<id>" and increments "elastic/join-requests"; the ranks
 //   in training compare it with "elastic/join-admitted" (rank 0, throttled) and agree at a step
@@ -114,6 +117,12 @@ class ElasticRendezvous {
   // Rank 0, between steps: whether someone waits to join (a store
   // round trip; call it throttled).
   bool joinPending();
+
+  // After the decision, before the group forms: every member says it is
+  // ready and waits for the others, so that a member that died meanwhile
+  // (marked dead) sends the rest to the next generation at once instead of
+  // after the group's timeout. Throws std::runtime_error naming it.
+  void awaitMembers(const ElasticMembership& membership);
 
   // The store a generation's group forms over.
   std::shared_ptr<Store> groupStore(int64_t generation) const;

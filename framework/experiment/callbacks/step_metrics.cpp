@@ -67,6 +67,9 @@ void StepMetrics::onStepEnd(Trainer& trainer, const StepEnd& step) {
   const double elapsed = std::chrono::duration<double>(now - recordStart_).count();
   nlohmann::ordered_json record;
   record["step"] = step.steps;
+  // Wall-clock time (Unix seconds): steps of different processes and
+  // attempts line up (an elastic recovery, a restart).
+  record["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   record["epoch"] = step.epoch + 1;
   record["world_size"] = trainer.worldSize();
   record["lr"] = trainer.strategy().optimizer().param_groups().front().options().get_lr();

@@ -2,7 +2,7 @@
 // others up.
 //
 // - steps.jsonl (rank 0): one record every training.log_every optimizer
-//   steps (0: about four per epoch): step, epoch (1-based), world_size
+//   steps (0: about four per epoch): step, time (Unix seconds), epoch (1-based), world_size
 //   (the ranks that took the step: an elastic run's changes), lr, loss (that
 //   micro-batch's), samples_per_s (all ranks, since the last record),
 //   step_ms (mean since the last record) and comm_wait_ms (the mean time

@@ -1,0 +1,332 @@
+// Elastic training (issue 30): the membership protocol against a simulation
+// of random deaths, hangs and joins; the sampler's re-sharding; and ddp-run
+// --min-ranks end to end: a rank killed mid-epoch, two, one during the
+// recovery, a hung one, a rejoin, and a job that falls below the minimum.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "framework/experiment/run_folder.hpp"
+#include "framework/launch/elastic.hpp"
+#include "framework/parallel/sampler.hpp"
+#include "framework/store/hash_store.hpp"
+#include "tests/test_support.hpp"
+
+using namespace ddp;
+using ddp::test::metricsEpochs;
+using ddp::test::readFile;
+using ddp::test::runDdpRun;
+using ddp::test::tempDir;
+
+namespace {
+
+std::vector<nlohmann::json> records(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::string wineRun(const std::string& dir, const std::string& flags, const std::string& sets = "") {
+  return "--nproc-per-node 4 " + flags + " " + std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json --out " +
+         dir + " --set training.epochs=12 --set training.eval_every=1 --set training.log_every=1 --set training.save_every=0"
+         " --set distributed.timeout_s=20 " + sets;
+}
+
+}  // namespace
+
+TEST_CASE("elastic rendezvous: random deaths, hangs and joins never split a generation", "[elastic]") {
+  const int seed = GENERATE(range(0, 40));
+  INFO("seed " << seed);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  const int world = 2 + static_cast<int>(rng() % 5);  // 2..6
+  auto store = std::make_shared<HashStore>();
+  store->setTimeout(std::chrono::milliseconds(20000));
+  ElasticOptions options;
+  options.minRanks = 1;
+  options.maxId = world;
+  options.settle = std::chrono::milliseconds(300);
+  options.decisionTimeout = std::chrono::milliseconds(5000);
+  // Per id, what it does in this round: arrive, die (marked dead at once),
+  // or hang (neither; it arrives after the decision and must be left out).
+  enum class Fate { Arrive, Die, Hang };
+  std::vector<Fate> fate(world, Fate::Arrive);
+  int survivors = world;
+  for (int id = 0; id < world; ++id) {
+    const uint32_t draw = rng() % 10;
+    if (survivors > 1 && draw < 2) {
+      fate[id] = Fate::Die;
+      --survivors;
+    } else if (survivors > 1 && draw < 3) {
+      fate[id] = Fate::Hang;
+      --survivors;
+    }
+  }
+  const bool joiner = world > 2 && rng() % 2 == 0 && fate[0] == Fate::Die;  // id 0 comes back
+  const int64_t steps = 10;
+  std::vector<ElasticMembership> got(world);
+  std::vector<std::string> outcome(world);
+  std::vector<std::thread> threads;
+  ElasticRendezvous launcherView(store, -1, options);
+  for (int id = 0; id < world; ++id) {
+    if (fate[id] == Fate::Die) ElasticRendezvous::markDead(*store, id);
+  }
+  std::thread joinThread;
+  ElasticMembership joined;
+  std::string joinOutcome;
+  if (joiner) {
+    // id 0 comes back and asks before the survivors leave generation 0:
+    // it must be admitted into generation 1.
+    joinThread = std::thread([&] {
+      try {
+        ElasticRendezvous r(store, 0, options);
+        joined = r.join();
+        joinOutcome = "member";
+      } catch (const std::exception& e) {
+        joinOutcome = std::string("error: ") + e.what();
+      }
+    });
+    while (!launcherView.joinPending()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (int id = 0; id < world; ++id) {
+    threads.emplace_back([&, id] {
+      ElasticRendezvous r(store, id, options);
+      const ElasticMembership first = r.initial(world);
+      try {
+        if (fate[id] == Fate::Die) return;
+        if (fate[id] == Fate::Hang) std::this_thread::sleep_for(std::chrono::milliseconds(900));
+        got[id] = r.next(first, steps + id % 2);
+        outcome[id] = "member";
+      } catch (const ElasticExcluded&) {
+        outcome[id] = "excluded";
+      } catch (const std::exception& e) {
+        outcome[id] = std::string("error: ") + e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (joinThread.joinable()) joinThread.join();
+  // The decision: one membership of generation 1, agreed by every member.
+  const ElasticMembership* decided = nullptr;
+  std::set<int> members;
+  for (int id = 0; id < world; ++id) {
+    INFO("id " << id << ": " << outcome[id]);
+    if (fate[id] == Fate::Die) {
+      CHECK(outcome[id].empty());
+      continue;
+    }
+    if (fate[id] == Fate::Hang) {
+      CHECK(outcome[id] == "excluded");  // arrived after the decision
+      continue;
+    }
+    REQUIRE(outcome[id] == "member");
+    if (!decided) decided = &got[id];
+    CHECK(got[id].generation == 1);
+    CHECK(got[id].ids == decided->ids);
+    CHECK(got[id].sourceId == decided->sourceId);
+    members.insert(id);
+  }
+  REQUIRE(decided != nullptr);
+  // Exactly the ids that arrived in time (and the joiner), in order; every
+  // member's rank is its position.
+  std::set<int> expected = members;
+  if (joiner) {
+    expected.insert(0);
+    CHECK(joinOutcome == "member");
+    CHECK(joined.ids == decided->ids);
+    CHECK(joined.generation == 1);
+  }
+  CHECK(std::set<int>(decided->ids.begin(), decided->ids.end()) == expected);
+  CHECK(std::is_sorted(decided->ids.begin(), decided->ids.end()));
+  // The state comes from a member with the most steps (odd ids reported one more).
+  CHECK(members.count(decided->sourceId) == 1);
+  for (int id : members) CHECK(steps + id % 2 <= decided->sourceSteps);
+  CHECK(decided->belowMinimum == false);
+}
+
+TEST_CASE("elastic rendezvous: several generations in a row with a joiner each time, below the minimum stops",
+          "[elastic]") {
+  auto store = std::make_shared<HashStore>();
+  store->setTimeout(std::chrono::milliseconds(20000));
+  ElasticOptions options;
+  options.minRanks = 2;
+  options.maxId = 3;
+  options.settle = std::chrono::milliseconds(2000);
+  ElasticRendezvous a(store, 0, options), b(store, 1, options), c(store, 2, options);
+  ElasticMembership m = a.initial(3);
+  // Generation 1: id 2 dies.
+  ElasticRendezvous::markDead(*store, 2);
+  ElasticMembership ma, mb;
+  std::thread tb([&] { mb = b.next(m, 5); });
+  ma = a.next(m, 4);
+  tb.join();
+  CHECK(ma.ids == std::vector<int>{0, 1});
+  CHECK(mb.ids == ma.ids);
+  CHECK(ma.sourceId == 1);  // the most steps
+  // Generation 2: id 2 rejoins; the members see it pending and move on.
+  ElasticRendezvous c2(store, 2, options);
+  ElasticMembership mc;
+  std::thread tc([&] { mc = c2.join(); });
+  while (!a.joinPending()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread tb2([&] { mb = b.next(ma, 6); });
+  ma = a.next(ma, 6);
+  tb2.join();
+  tc.join();
+  CHECK(ma.generation == 2);
+  CHECK(ma.ids == std::vector<int>{0, 1, 2});
+  CHECK(mc.ids == ma.ids);
+  CHECK(ma.sourceId == 0);  // equal steps: the smallest id
+  CHECK_FALSE(a.joinPending());
+  // Generation 3: ids 1 and 2 die; one left is below the minimum of 2.
+  ElasticRendezvous::markDead(*store, 1);
+  ElasticRendezvous::markDead(*store, 2);
+  ma = a.next(ma, 7);
+  CHECK(ma.ids == std::vector<int>{0});
+  CHECK(ma.belowMinimum);
+}
+
+TEST_CASE("DistributedSampler: after a change of world mid-epoch every sample is read once", "[elastic][sampler]") {
+  const int64_t n = GENERATE(0, 1, 7, 142, 1000);
+  const int before = GENERATE(1, 3, 4);
+  const int after = GENERATE(1, 2, 5);
+  const int64_t consumed = GENERATE(0, 8, 64);
+  INFO("n " << n << ", world " << before << " -> " << after << " after " << consumed);
+  DistributedSampler first(n, 0, before, /*seed=*/3, true, false, /*pad=*/false);
+  std::multiset<int64_t> read;
+  // The first `consumed` positions, read at the old world size: each rank's
+  // first indices (dealt position by position).
+  for (int r = 0; r < before; ++r) {
+    DistributedSampler s(n, r, before, 3, true, false, false);
+    const auto mine = s.indicesForEpoch(2);
+    for (size_t j = 0; j < mine.size(); ++j) {
+      if (static_cast<int64_t>(r + j * before) < consumed) read.insert(mine[j]);
+    }
+  }
+  for (int r = 0; r < after; ++r) {
+    const auto rest = first.remainderForEpoch(2, consumed, r, after);
+    CHECK(static_cast<int64_t>(rest.size()) == DistributedSampler::remainderSamplesFor(n, consumed, r, after));
+    read.insert(rest.begin(), rest.end());
+  }
+  CHECK(static_cast<int64_t>(read.size()) == n);
+  CHECK(std::set<int64_t>(read.begin(), read.end()).size() == read.size());  // none twice
+}
+
+TEST_CASE("ddp-run --min-ranks: a rank killed mid-epoch, the others finish from memory, no step lost",
+          "[elastic][launcher]") {
+  const std::string plain = tempDir() + "/plain", failed = tempDir() + "/failed";
+  const auto reference = runDdpRun(wineRun(plain, "--min-ranks 2"));
+  REQUIRE(reference.exitCode == 0);
+  const auto outcome = runDdpRun(wineRun(failed, "--min-ranks 2"), "DDP_FAULT_INJECT=2@9");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  CHECK(metricsEpochs(failed) == metricsEpochs(plain));
+  const auto steps = records(failed + "/steps.jsonl"), referenceSteps = records(plain + "/steps.jsonl");
+  // Every step once: 142 samples over 4 ranks then 3 are 2 steps an epoch either way.
+  REQUIRE(steps.size() == referenceSteps.size());
+  for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i]["step"] == int64_t(i + 1));
+  CHECK(steps[8]["world_size"] == 4);
+  CHECK(steps[9]["world_size"] == 3);
+  CHECK(steps.back()["world_size"] == 3);
+  const std::string log = readFile(failed + "/train.log");
+  CHECK_THAT(log, Catch::Contains("elastic: generation 1: lost rank id(s) 2; world 4 -> 3"));
+  // The same training within noise: the final test accuracy of 36 samples.
+  const double a = records(failed + "/metrics.jsonl").back()["test_accuracy"];
+  const double b = records(plain + "/metrics.jsonl").back()["test_accuracy"];
+  CHECK(std::abs(a - b) <= 0.1);
+}
+
+TEST_CASE("ddp-run --min-ranks: two failures, and one during the recovery itself", "[elastic][launcher]") {
+  const std::string two = tempDir() + "/two", during = tempDir() + "/during";
+  auto outcome = runDdpRun(wineRun(two, "--min-ranks 2"), "DDP_FAULT_INJECT=1@5,3@15");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  auto steps = records(two + "/steps.jsonl");
+  REQUIRE(!steps.empty());
+  CHECK(steps.back()["world_size"] == 2);
+  CHECK(steps.back()["step"] == int64_t(steps.size()));
+  CHECK(metricsEpochs(two).size() == 12);
+  // Rank 2 dies at step 7; rank 1 dies once generation 1 is decided, before
+  // its group forms: the survivors go on to generation 2.
+  outcome = runDdpRun(wineRun(during, "--min-ranks 2"), "DDP_FAULT_INJECT=2@7 DDP_FAULT_RECOVERY=1");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  steps = records(during + "/steps.jsonl");
+  REQUIRE(!steps.empty());
+  CHECK(steps.back()["world_size"] == 2);
+  CHECK(metricsEpochs(during).size() == 12);
+  CHECK_THAT(readFile(during + "/train.log"), Catch::Contains("elastic: generation 2: lost rank id(s) 1,2; world 4 -> 2"));
+}
+
+TEST_CASE("ddp-run --min-ranks: a hung rank is left out after the timeout; a killed one rejoins", "[elastic][launcher]") {
+  const std::string hung = tempDir() + "/hung", rejoin = tempDir() + "/rejoin";
+  // Rank 1 sleeps 6 s after step 5; the others' collective times out after 2 s.
+  auto outcome = runDdpRun(wineRun(hung, "--min-ranks 2", "--set distributed.timeout_s=2"),
+                           "DDP_FAULT_INJECT=1@5:sleep=6000");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  CHECK(metricsEpochs(hung).size() == 12);
+  CHECK_THAT(readFile(hung + "/train.log"), Catch::Contains("lost rank id(s) 1; world 4 -> 3"));
+  CHECK_THAT(outcome.output, Catch::Contains("rank 1 (pid"));  // it woke, was left out, and exited (75)
+  // Slower steps (15 ms) so that the restarted rank finds the job running.
+  outcome = runDdpRun(wineRun(rejoin, "--min-ranks 2 --max-restarts 1", "--set training.epochs=30"),
+                      "DDP_FAULT_INJECT=2@7 DDP_FAULT_SLOW=0:15");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  const auto steps = records(rejoin + "/steps.jsonl");
+  REQUIRE(steps.size() == 60);
+  CHECK(steps[6]["world_size"] == 4);
+  CHECK(steps[7]["world_size"] == 3);
+  CHECK(steps.back()["world_size"] == 4);  // it rejoined
+  CHECK_THAT(readFile(rejoin + "/train.log"), Catch::Contains("rank id(s) 2 joined; world 3 -> 4"));
+}
+
+TEST_CASE("ddp-run --min-ranks: below the minimum the job stops with a checkpoint that --resume continues",
+          "[elastic][launcher][checkpoint]") {
+  const std::string dir = tempDir() + "/below";
+  auto outcome = runDdpRun(wineRun(dir, "--min-ranks 4"), "DDP_FAULT_INJECT=3@9");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == kExitBelowMinRanks);
+  CHECK_THAT(outcome.output, Catch::Contains("fewer than --min-ranks 4"));
+  const auto checkpoints = listCheckpoints(dir);
+  REQUIRE(!checkpoints.empty());
+  CHECK(checkpoints.front().batch > 0);  // mid-epoch 5, after step 9
+  outcome = runDdpRun(wineRun(dir, "--min-ranks 2 --resume"));
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  CHECK(metricsEpochs(dir).size() == 12);
+  // Mistakes: a sharded strategy, a minimum above the world size.
+  outcome = runDdpRun(wineRun(tempDir() + "/zero", "--min-ranks 2", "--set distributed.strategy=zero1"));
+  CHECK(outcome.exitCode == 2);
+  CHECK_THAT(outcome.output, Catch::Contains("--min-ranks: distributed.strategy zero1 cannot recover in place"));
+  outcome = runDdpRun(wineRun(tempDir() + "/five", "--min-ranks 5"));
+  CHECK(outcome.exitCode == 2);
+  CHECK_THAT(outcome.output, Catch::Contains("--min-ranks 5 is more than the job's 4 ranks"));
+}
+
+TEST_CASE("ddp-run --min-ranks on digits_cnn: a rank killed mid-epoch, the same accuracy within noise",
+          "[elastic][launcher]") {
+  const std::string plain = tempDir() + "/plain", failed = tempDir() + "/failed";
+  const std::string run = "--nproc-per-node 4 --min-ranks 2 " + std::string(DDP_SOURCE_DIR) +
+                          "/experiments/digits_cnn.json --set training.epochs=6 --set training.eval_every=1 "
+                          "--set training.log_every=1 --set training.save_every=0 --set distributed.timeout_s=20 --out ";
+  const auto reference = runDdpRun(run + plain);
+  REQUIRE(reference.exitCode == 0);
+  const auto outcome = runDdpRun(run + failed, "DDP_FAULT_INJECT=1@20");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  const auto steps = records(failed + "/steps.jsonl");
+  CHECK(steps.back()["world_size"] == 3);
+  for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i]["step"] == int64_t(i + 1));
+  const double a = records(failed + "/metrics.jsonl").back()["test_accuracy"];
+  const double b = records(plain + "/metrics.jsonl").back()["test_accuracy"];
+  CHECK(std::abs(a - b) <= 0.05);
+}
