@@ -61,12 +61,13 @@ void Trainer::addCallback(std::shared_ptr<TrainerCallback> callback) {
 }
 
 void Trainer::addStandardCallbacks() {
-  if (auto fault = FaultInjection::fromEnvironment(rank())) addCallback(fault);
   if (auto slow = SlowRank::fromEnvironment(rank())) addCallback(slow);
   if (ProgressLine::wanted(*this)) addCallback(std::make_shared<ProgressLine>());
   // Every rank (one collective per epoch), before the metrics files that
   // write what it adds.
   addCallback(std::make_shared<StepMetrics>());
+  // After the step's record: a rank killed after step S leaves S's record.
+  if (auto fault = FaultInjection::fromEnvironment(rank())) addCallback(fault);
   // Every rank (it gathers the ranks' spans).
   // Not in elastic runs: the ranks whose spans it gathers may change.
   if (options_.minRanks == 0 && TraceWriter::wanted(*this)) addCallback(std::make_shared<TraceWriter>());

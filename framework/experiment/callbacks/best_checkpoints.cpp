@@ -37,7 +37,7 @@ void BestCheckpoints::onTrainBegin(Trainer& trainer) {
   restored_ = true;
   const std::string dir = trainer.options().runDir + "/checkpoints/";
   std::error_code ec;
-  if (trainer.startEpoch() == 0) {
+  if (trainer.startEpoch() == 0 && !trainer.options().elasticJoin) {
     // A fresh start (a restart with nothing to resume from included): an
     // earlier attempt's best checkpoints are not this run's.
     std::filesystem::remove_all(dir + "best", ec);

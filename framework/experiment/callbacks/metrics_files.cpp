@@ -104,7 +104,9 @@ void MetricsFiles::onTrainBegin(Trainer& trainer) {
   if (!trainer.isWriter()) return;
   opened_ = true;
   const std::string header = csvHeader(columns_);
-  if (trainer.options().resume) {
+  if (trainer.options().elasticJoin) {
+    // Rejoined an elastic job as its writer: the records so far stay.
+  } else if (trainer.options().resume) {
     dropMetricsAfter(runDir, trainer.startEpoch(), header);
   } else {
     jsonl_.open(runDir + "/metrics.jsonl", /*truncate=*/true);

@@ -28,7 +28,8 @@ nlohmann::ordered_json finiteOrNull(double v) {
 void StepMetrics::onTrainBegin(Trainer& trainer) {
   runCompute_.assign(static_cast<size_t>(trainer.worldSize()), 0.0);
   runWait_.assign(static_cast<size_t>(trainer.worldSize()), 0.0);
-  if (trainer.isWriter()) path_ = trainer.options().runDir + "/steps.jsonl";
+  // Every rank knows the path: an elastic run's writer may change.
+  path_ = trainer.options().runDir + "/steps.jsonl";
 }
 
 void StepMetrics::onEpochBegin(Trainer& trainer, int64_t) {
@@ -80,7 +81,10 @@ void StepMetrics::onStepEnd(Trainer& trainer, const StepEnd& step) {
       waitMeasured_ ? finiteOrNull(waitSinceRecord_ * 1e3 / double(stepsSinceRecord_)) : nlohmann::ordered_json();
   // With training.clip_grad_norm: this step's global gradient norm before clipping.
   if (const std::optional<double> norm = trainer.strategy().lastGradNorm()) record["grad_norm"] = finiteOrNull(*norm);
-  if (!file_.isOpen()) file_.open(path_, /*truncate=*/trainer.startEpoch() == 0 && trainer.steps() <= every_);
+  if (!file_.isOpen()) {
+    file_.open(path_, /*truncate=*/trainer.startEpoch() == 0 && trainer.steps() <= every_ &&
+                          !trainer.options().elasticJoin);
+  }
   file_.append(record.dump() + "\n");
   recordStart_ = now;
   stepsSinceRecord_ = samplesSinceRecord_ = 0;
