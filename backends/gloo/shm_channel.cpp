@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -36,6 +37,7 @@ struct alignas(64) ShmChannel::RankHeader {
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory counters need lock-free atomics");
 
 namespace {
+
 
 using Clock = std::chrono::steady_clock;
 
@@ -388,16 +390,16 @@ void ShmChannel::waitFor(int peer, uint32_t target, Deadline deadline) {
     if (check()) return;
     const auto now = Clock::now();
     if (now >= deadline) failWith("did not arrive before the timeout");
-    if (now - lastLiveness > std::chrono::milliseconds(50)) {
+    if (now - lastLiveness > std::chrono::milliseconds(10)) {
       lastLiveness = now;
-      if (them.pid > 0 && ::kill(them.pid, 0) != 0 && errno == ESRCH) {
+      if (them.pid > 0 && processExiting(them.pid)) {
         failWith(fmt::format("exited (process {} is gone)", them.pid));
       }
     }
     them.waiters.fetch_add(1);  // seq_cst: pairs with the store in step()
     const uint32_t seen = them.steps.load();
     if (!reached(seen, target) && !them.failed.load()) {
-      const auto left = std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(20));
+      const auto left = std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(10));
       futexWait(&them.steps, seen, std::max<std::chrono::nanoseconds>(left, std::chrono::microseconds(50)));
     }
     them.waiters.fetch_sub(1);

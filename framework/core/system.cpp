@@ -1,5 +1,8 @@
 #include "framework/core/system.hpp"
 
+#include <cerrno>
+#include <cstdio>
+#include <csignal>
 #include <sched.h>
 #include <sys/resource.h>
 
@@ -37,6 +40,27 @@ int usableCpus() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1u, std::thread::hardware_concurrency());
+}
+
+bool processExiting(int pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  char buffer[512];
+  const size_t n = std::fread(buffer, 1, sizeof(buffer) - 1, f);
+  std::fclose(f);
+  buffer[n] = '\0';
+  const char* close = std::strrchr(buffer, ')');  // the fields follow the command name in parentheses
+  if (close == nullptr || close[1] != ' ') return false;
+  if (close[2] == 'Z' || close[2] == 'X') return true;
+  // Field 9, the kernel's task flags: PF_EXITING (0x4) is set as soon as
+  // the process starts to exit, well before its memory is torn down (a
+  // killed LibTorch process takes ~0.1 s to disappear).
+  unsigned long flags = 0;
+  if (std::sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %lu", &flags) != 1) return false;
+  return (flags & 0x4UL) != 0;
 }
 
 }  // namespace ddp

@@ -21,4 +21,9 @@ int64_t peakResidentBytes();
 // The CPUs this process may run on (its affinity mask), at least 1.
 int usableCpus();
 
+// Whether process `pid` (of this host) has exited or is exiting: gone, a
+// zombie not reaped yet, or with the kernel's PF_EXITING flag (set as soon
+// as it starts to exit, ~0.1 s before a killed LibTorch process is gone).
+bool processExiting(int pid);
+
 }  // namespace ddp

@@ -5,11 +5,15 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "framework/core/errors.hpp"
 #include "framework/core/log.hpp"
+#include "framework/core/system.hpp"
 #include "framework/store/prefix_store.hpp"
 
 namespace ddp {
@@ -23,6 +27,16 @@ std::string genKey(int64_t generation, const std::string& what) {
 std::string deadKey(int id) { return fmt::format("elastic/dead/{}", id); }
 std::string joinKey(int id) { return fmt::format("elastic/join/{}", id); }
 std::string admittedKey(int id) { return fmt::format("elastic/admitted/{}", id); }
+std::string whereKey(int id) { return fmt::format("elastic/where/{}", id); }
+
+std::string thisHost() {
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// "HOST PID" of this process, for a coordinator on the same host.
+std::string whereText() { return fmt::format("{} {}", thisHost(), static_cast<int>(::getpid())); }
 
 std::string encodeMembership(const ElasticMembership& m) {
   nlohmann::json j;
@@ -58,7 +72,19 @@ int ElasticMembership::rankOf(int id) const {
 }
 
 ElasticRendezvous::ElasticRendezvous(std::shared_ptr<Store> store, int id, ElasticOptions options)
-    : store_(std::move(store)), id_(id), options_(options) {}
+    : store_(std::move(store)), id_(id), options_(options) {
+  // Where this incarnation runs: a coordinator on the same host sees it
+  // exiting before the launcher has reaped it (processExiting).
+  if (id_ >= 0) store_->setString(whereKey(id_), whereText());
+}
+
+bool ElasticRendezvous::exiting(int id) {
+  if (!store_->check({whereKey(id)})) return false;
+  const std::string where = store_->getString(whereKey(id));
+  const auto space = where.rfind(' ');
+  if (space == std::string::npos || where.substr(0, space) != thisHost()) return false;
+  return processExiting(std::atoi(where.c_str() + space + 1));
+}
 
 ElasticMembership ElasticRendezvous::initial(int world) const {
   ElasticMembership m;
@@ -97,7 +123,7 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
       const int id = previous.ids[i];
       if (store_->check({arrivedKey(id)})) {
         arrived[i] = true;
-      } else if (counter(*store_, deadKey(id)) > previous.incarnations[i]) {
+      } else if (counter(*store_, deadKey(id)) > previous.incarnations[i] || exiting(id)) {
         dead[i] = true;
       } else {
         waiting = true;
@@ -168,7 +194,7 @@ void ElasticRendezvous::awaitMembers(const ElasticMembership& m) {
     bool waiting = false;
     for (size_t i = 0; i < m.ids.size(); ++i) {
       if (store_->check({genKey(m.generation, fmt::format("ready/{}", m.ids[i]))})) continue;
-      if (counter(*store_, deadKey(m.ids[i])) > m.incarnations[i]) {
+      if (counter(*store_, deadKey(m.ids[i])) > m.incarnations[i] || exiting(m.ids[i])) {
         fail<std::runtime_error>("elastic: rank id {} died while generation {} formed", m.ids[i], m.generation);
       }
       waiting = true;

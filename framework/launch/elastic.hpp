@@ -18,7 +18,8 @@
 // - The coordinator waits until every member of G has arrived or is marked
 //   dead ("elastic/dead/<id>", written by the launcher when it reaps the
 //   rank: a counter, compared with the count when that incarnation was
-//   admitted), at most `settle`; a member that neither arrives nor dies in that
+//   admitted; or, on the coordinator's host, seen exiting through
+//   "elastic/where/<id>" = "HOST PID"), at most `settle`; a member that neither arrives nor dies in that
 //   time (hung) is left out. It then admits every id waiting to join
 //   ("elastic/join/<id>" = 1, cleared as it is admitted), and writes
 //   "elastic/g<G+1>/members": the ids in increasing order (a member's rank in
@@ -135,6 +136,7 @@ class ElasticRendezvous {
  private:
   ElasticMembership decide(int64_t generation, const ElasticMembership& previous);
   ElasticMembership awaitDecision(int64_t generation);
+  bool exiting(int id);  // its process is on this host and exiting
   std::shared_ptr<Store> store_;
   int id_;
   ElasticOptions options_;
