@@ -266,7 +266,7 @@ TEST_CASE("ddp-run --min-ranks: two failures, and one during the recovery itself
   CHECK_THAT(readFile(during + "/train.log"), Catch::Contains("elastic: generation 2: lost rank id(s) 1,2; world 4 -> 2"));
 }
 
-TEST_CASE("ddp-run --min-ranks: a hung rank is left out after the timeout; a killed one rejoins", "[elastic][launcher]") {
+TEST_CASE("ddp-run --min-ranks: a hung rank is left out after the timeout, and a killed one rejoins", "[elastic][launcher]") {
   const std::string hung = tempDir() + "/hung", rejoin = tempDir() + "/rejoin";
   // Rank 1 sleeps 6 s after step 5; the others' collective times out after 2 s.
   auto outcome = runDdpRun(wineRun(hung, "--min-ranks 2", "--set distributed.timeout_s=2"),
@@ -310,6 +310,23 @@ TEST_CASE("ddp-run --min-ranks: below the minimum the job stops with a checkpoin
   outcome = runDdpRun(wineRun(tempDir() + "/five", "--min-ranks 5"));
   CHECK(outcome.exitCode == 2);
   CHECK_THAT(outcome.output, Catch::Contains("--min-ranks 5 is more than the job's 4 ranks"));
+}
+
+TEST_CASE("ddp-run --min-ranks: a rank lost among the epoch-end callbacks (best checkpoints, early stopping)",
+          "[elastic][launcher]") {
+  const std::string dir = tempDir() + "/callbacks";
+  const auto outcome = runDdpRun(wineRun(dir, "--min-ranks 2",
+                                         "--set training.keep_best=2 --set training.early_stopping.patience=50 "
+                                         "--set training.save_every=3"),
+                                 "DDP_FAULT_INJECT=1#4");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  CHECK(metricsEpochs(dir).size() == 12);
+  const auto steps = records(dir + "/steps.jsonl");
+  for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i]["step"] == int64_t(i + 1));
+  CHECK(steps.back()["world_size"] == 3);
+  CHECK_THAT(readFile(dir + "/train.log"), Catch::Contains("lost rank id(s) 1; world 4 -> 3"));
+  CHECK(nlohmann::json::parse(readFile(dir + "/checkpoints/best/index.json"))["best"].size() == 2);
 }
 
 TEST_CASE("ddp-run --min-ranks on digits_cnn: a rank killed mid-epoch, the same accuracy within noise",

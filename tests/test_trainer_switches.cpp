@@ -519,7 +519,7 @@ TEST_CASE("keep_best: a restart from scratch drops the earlier attempt's best ch
   CHECK_THROWS_WITH(bestCheckpoint(dir), Catch::Contains("leaves the run's checkpoints/ folder"));
 }
 
-TEST_CASE("a strategy that does not clip refuses clip_grad_norm; early stopping needs evaluations",
+TEST_CASE("a strategy that does not clip refuses clip_grad_norm, and early stopping needs evaluations",
           "[switches][clip][config]") {
   struct NoClip : LocalStrategy {
     using LocalStrategy::LocalStrategy;

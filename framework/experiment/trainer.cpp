@@ -339,8 +339,19 @@ TrainResult Trainer::runStages() {
     m.seconds = std::chrono::duration<double>(trainer_detail::Clock::now() - epochStart).count();
 
     EpochEnd end{m, evaluated, lastEpoch};
-    for (auto& callback : s.callbacks) {
-      callback->onEpochEnd(*this, end);
+    for (size_t i = 0, retries = 0; i < s.callbacks.size(); ++i) {
+      try {
+        s.callbacks[i]->onEpochEnd(*this, end);
+      } catch (const std::exception& e) {
+        // Elastic: a rank lost in a callback's collective (the straggler
+        // report, a checkpoint's barrier, early stopping's broadcast): the
+        // members recover and that callback runs again, over the new
+        // group. The callbacks before it are not repeated.
+        if (!recoverable(e) || ++retries > 10) throw;
+        recover(errorLine(e));
+        --i;
+        continue;
+      }
       if (s.stop) end.lastEpoch = true;  // requestStop(): what follows sees the run's last epoch
     }
     if (s.signal != 0) {

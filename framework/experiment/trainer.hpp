@@ -65,6 +65,15 @@
 //   the warm-up factor of the step (scheduler.warmup_steps); with
 //   training.precision "bf16" the forward (training and evaluation) runs
 //   under autocast (precision.hpp) and the loss in fp32.
+// - Elastic (RunOptions::minRanks > 0, launch/elastic.hpp,
+//   trainer_recovery.cpp): a collective that fails in a training step or in
+//   the epoch's evaluation and sums sends the members to a new membership;
+//   the strategy is rebuilt over its group from the furthest member's model
+//   and optimizer (broadcast), and the epoch goes on with what is left of
+//   it dealt over the new world. Ranks waiting to join are admitted the
+//   same way at a step boundary. group(), rank() and worldSize() are then
+//   the new group's; rank 0 writes the records (the writer may change). A
+//   failure inside the epoch-end callbacks still ends the run.
 // - Callbacks may end the run after an epoch (requestStop: early stopping)
 //   and write extra checkpoints (saveCheckpointAs: the best ones).
 // - training.checkpoint_on_signal: SIGTERM and SIGINT set a flag during

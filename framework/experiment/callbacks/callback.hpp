@@ -17,7 +17,11 @@
 //   added on every rank, in the same order.
 // - onStepEnd must not allocate or synchronise unless it needs to: it runs
 //   once per micro-batch.
-// - An exception from a callback ends the run with it.
+// - An exception from a callback ends the run with it, except in an
+//   elastic run, where a failed collective in onEpochEnd makes the members
+//   recover and calls that callback's onEpochEnd again (the ones before it
+//   are not repeated): a callback with a collective in onEpochEnd must take
+//   a second call for the same epoch (change its state once).
 #pragma once
 
 #include <ATen/core/Tensor.h>

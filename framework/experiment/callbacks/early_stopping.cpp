@@ -50,7 +50,10 @@ void EarlyStopping::onEpochEnd(Trainer& trainer, EpochEnd& end) {
     // A rank that became the writer after a rank left (elastic) takes up
     // the state from the records.
     if (!restored_) restore(trainer, end.metrics.epoch - 1);
-    see(end.metrics.epoch, *value);
+    // Once per epoch, also when an elastic run calls this again after a
+    // rank was lost in the broadcast below.
+    if (end.metrics.epoch != lastSeen_) see(end.metrics.epoch, *value);
+    lastSeen_ = end.metrics.epoch;
     stop = bad_ >= e.patience && !end.lastEpoch;
   }
   if (!decidedOnRankZero(trainer, stop)) return;

@@ -32,6 +32,7 @@ class EarlyStopping : public TrainerCallback {
   void see(int64_t epoch, double value);
   void restore(Trainer& trainer, int64_t upTo);  // from metrics.jsonl's epochs up to upTo
   bool restored_ = false;
+  int64_t lastSeen_ = 0;  // the epoch see() took last
   std::optional<double> best_;
   int64_t bestEpoch_ = 0;
   int64_t bad_ = 0;  // evaluations since the best one

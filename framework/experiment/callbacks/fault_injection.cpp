@@ -31,6 +31,9 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank) {
     if (entry.find('@') != std::string::npos) {
       read = std::sscanf(entry.c_str(), "%d@%lld:%31s", &faultRank, &when, how);
       f.atStep = true;
+    } else if (entry.find('#') != std::string::npos) {
+      read = std::sscanf(entry.c_str(), "%d#%lld:%31s", &faultRank, &when, how);
+      f.atEpochEnd = true;
     } else {
       read = std::sscanf(entry.c_str(), "%d:%lld:%31s", &faultRank, &when, how);
     }
@@ -60,7 +63,13 @@ void FaultInjection::act(const Fault& f) {
 
 void FaultInjection::onEpochBegin(Trainer&, int64_t epoch) {
   for (const Fault& f : faults_) {
-    if (!f.atStep && epoch == f.when) act(f);
+    if (!f.atStep && !f.atEpochEnd && epoch == f.when) act(f);
+  }
+}
+
+void FaultInjection::onEpochEnd(Trainer&, EpochEnd& end) {
+  for (const Fault& f : faults_) {
+    if (f.atEpochEnd && end.metrics.epoch == f.when) act(f);
   }
 }
 

@@ -3,7 +3,9 @@
 // on the first attempt only (DDP_RESTART and TORCHELASTIC_RESTART_COUNT
 // unset or 0, and not a rank rejoining an elastic job); "RANK:EPOCH:stop"
 // stops it instead (SIGSTOP: a hung rank). "RANK@STEP" acts right after
-// optimizer step STEP (counted from 1) instead: mid-epoch; ":sleep=MS"
+// optimizer step STEP (counted from 1) instead: mid-epoch; "RANK#EPOCH"
+// among the callbacks at the end of epoch EPOCH (from 1), after the
+// straggler report's collective; ":sleep=MS"
 // makes it sleep (a rank that hangs for a while, then wakes). Several
 // faults: a comma-separated list ("1@10,2@30").
 // SlowRank: for the straggler report's tests, DDP_FAULT_SLOW="RANK:MS"
@@ -24,6 +26,7 @@ class FaultInjection : public TrainerCallback {
   static std::shared_ptr<FaultInjection> fromEnvironment(int rank);
   struct Fault {
     bool atStep = false;  // when: an optimizer step (from 1), else an epoch (from 0)
+    bool atEpochEnd = false;  // when: the end of an epoch (from 1), among its callbacks
     int64_t when = 0;
     int signal = SIGKILL;  // 0: none
     int sleepMs = 0;
@@ -32,6 +35,7 @@ class FaultInjection : public TrainerCallback {
   bool wantsSteps() const override { return steps_; }
   void onEpochBegin(Trainer&, int64_t epoch) override;
   void onStepEnd(Trainer&, const StepEnd& step) override;
+  void onEpochEnd(Trainer&, EpochEnd& end) override;
 
  private:
   static void act(const Fault& f);
