@@ -8,10 +8,17 @@
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+
+#include <torch/version.h>
+#include <torch/cuda.h>
+#include <unistd.h>
+#include <sys/stat.h>
 #include <ctime>
 #include <iostream>
 #include <optional>
@@ -19,6 +26,8 @@
 #include <thread>
 
 #include "apps/sample.hpp"
+#include "ddp/config.hpp"
+#include "framework/core/system.hpp"
 #include "plugins/builtin.hpp"
 #include "backends/builtin.hpp"
 #include "framework/comm/backend_registry.hpp"
@@ -62,6 +71,7 @@ struct Args {
   std::string rdzvBackend = "static";
   std::string rdzvId;
   bool demo = false;
+  bool version = false;
   std::string demoBackend = "gloo";
   ddp::apps::SampleOptions sample;
 };
@@ -117,12 +127,46 @@ int runDemo(const ddp::RankEnv& env, const std::string& backend) {
   return ok ? 0 : 1;
 }
 
+// The default run folder, runs/<name>-<time>, made here (mkdir is atomic)
+// so that two runs started in the same second, by one launcher or two, get
+// two folders: the second takes runs/<name>-<time>-2, and so on. A folder
+// made here and still empty when ddp-run ends (a mistake stopped the run
+// before it wrote anything) is removed again (ReservedRunDir).
+std::string gReservedRunDir;
+struct ReservedRunDir {
+  ~ReservedRunDir() {
+    if (!gReservedRunDir.empty()) ::rmdir(gReservedRunDir.c_str());
+  }
+};
+
 std::string defaultRunDir(const ddp::ExperimentConfig& config) {
   char stamp[32];
   std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
   std::string name = config.name.empty() ? "run" : config.name;
-  return fmt::format("runs/{}-{}", name, stamp);
+  const std::string base = fmt::format("runs/{}-{}", name, stamp);
+  std::error_code ec;
+  std::filesystem::create_directories("runs", ec);
+  for (int k = 1; k < 10000; ++k) {
+    const std::string dir = k == 1 ? base : fmt::format("{}-{}", base, k);
+    if (::mkdir(dir.c_str(), 0755) == 0) {
+      gReservedRunDir = dir;
+      return dir;
+    }
+    if (errno != EEXIST) {
+      throw ddp::UsageError(fmt::format("cannot create run folder {}: {}. HINT: --out a folder you can write",
+                                        dir, ddp::errnoText(errno)));
+    }
+  }
+  throw ddp::UsageError(fmt::format("runs/: no free name after {}-9999. HINT: --out a folder", base));
+}
+
+// What ran, in the run's config.json: the ranks per node and the nodes
+// (--nproc-per-node and --nnodes, or the launcher's environment), so that
+// `ddp-run RUN/config.json` trains on the same world.
+void recordWorld(std::vector<std::string>& overrides, int nprocPerNode, int nnodes) {
+  overrides.push_back(fmt::format("distributed.nproc_per_node={}", nprocPerNode));
+  overrides.push_back(fmt::format("distributed.nnodes={}", nnodes));
 }
 
 // A restart by a launcher or scheduler (ddp-run --max-restarts, torchrun
@@ -162,8 +206,14 @@ void shareCoresAmongHostRanks(const ddp::RankEnv& env, int ranksOnHost) {
 // runs); read it here otherwise.
 int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::ExperimentConfig> loaded = std::nullopt) {
   auto& registry = ddp::builtinPlugins();
+  const ReservedRunDir removeIfUnused;
+  std::vector<std::string> overrides = args.overrides;
+  if (!loaded && env.worldSize > 0) {
+    const int local = std::max(1, env.localWorldSize);
+    recordWorld(overrides, local, std::max(1, env.worldSize / local));
+  }
   ddp::ExperimentConfig config =
-      loaded ? std::move(*loaded) : ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
+      loaded ? std::move(*loaded) : ddp::loadExperimentConfig(args.experiment, overrides, registry);
   // Ranks started by srun, mpirun or torchrun say who they think they are,
   // before the rendezvous, so a job that never meets shows why.
   if (env.source != "ddp-run" && env.source != "single") {
@@ -237,6 +287,8 @@ int main(int argc, char** argv) {
   app.add_option("--set", args.overrides, "override a setting, e.g. --set optimizer.lr=0.01 (repeatable)");
   app.add_option("--out", args.outDir, "run folder (default: runs/<name>-<time>)");
   app.add_flag("--resume", args.resume, "continue from the newest checkpoint in --out");
+  app.add_flag("--version", args.version,
+               "print ddp's version, the plugin API version, LibTorch's version and the backends built in");
   app.add_flag("--list-plugins", args.listPlugins, "list the plugins: datasets, models, optimizers, schedulers, losses and communication hooks");
   app.add_option("--describe", args.describe,
                  "describe one plugin's parameters (e.g. optimizer.adam), or a section: training, distributed, plugins");
@@ -293,7 +345,15 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", args.sample.temperature,
                  "with --sample: divides the logits; 0 takes the most likely token (default 1)");
   app.add_option("--top-k", args.sample.topK, "with --sample: draw among the k most likely tokens (default 0: all)");
-  app.add_option("--seed", args.sample.seed, "with --sample: seeds the draws (default 0)");
+  app.add_option("--seed", args.sample.seed, "with --sample: seeds the draws (default 0)")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            const bool digits = !value.empty() && value.size() <= 19 &&
+                                std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
+            if (digits && (value.size() < 19 || value <= "9223372036854775807")) return "";
+            return fmt::format("expected a whole number from 0 to 9223372036854775807, got '{}'", value);
+          },
+          "SEED"));
   app.add_flag("--demo", args.demo, "run a collective demo instead of an experiment");
   app.add_option("--demo-backend", args.demoBackend, "backend of the collective demo (gloo, nccl)");
   app.footer(
@@ -400,6 +460,18 @@ int main(int argc, char** argv) {
       std::cout << ddp::experimentSchema(registry).dump(2) << "\n";
       return 0;
     }
+    if (args.version) {
+      std::vector<std::string> backends;
+      for (const auto& name : ddp::builtinBackends().names()) {
+        backends.push_back(ddp::builtinBackends().compiledOut(name) ? name + " (not built)" : name);
+      }
+      std::cout << fmt::format("ddp-run {}\nplugin API version {}\nLibTorch {} ({})\nbackends: {}\n", DDP_VERSION,
+                               DDP_PLUGIN_API_VERSION, TORCH_VERSION,
+                               torch::cuda::is_available() ? fmt::format("CUDA, {} GPU(s)", torch::cuda::device_count())
+                                                           : std::string("CPU"),
+                               fmt::join(backends, ", "));
+      return 0;
+    }
     if (args.listPlugins) {
       std::cout << registry.listing();
       return 0;
@@ -411,6 +483,13 @@ int main(int argc, char** argv) {
         std::cout << registry.describe(args.describe);
       }
       return 0;
+    }
+    if (!args.sample.runDir.empty() && (!args.experiment.empty() || !args.overrides.empty())) {
+      std::cerr << fmt::format("ddp-run: --sample reads the model and its settings from {}/config.json; an experiment "
+                               "file or --set beside it would be ignored. HINT: ddp-run --sample {} (alone)",
+                               args.sample.runDir, args.sample.runDir)
+                << std::endl;
+      return 2;
     }
     if (!args.sample.runDir.empty()) {
       ddp::apps::sampleText(args.sample, registry, std::cout);
@@ -436,6 +515,18 @@ int main(int argc, char** argv) {
       }
       return runDemo(env.value_or(ddp::RankEnv{}), args.demoBackend);
     }
+    // --resume --out DIR alone: the run's own resolved experiment.
+    if (args.experiment.empty() && args.resume && !args.outDir.empty()) {
+      args.experiment = args.outDir + "/config.json";
+      std::ifstream probe(args.experiment);
+      if (!probe) {
+        std::cerr << fmt::format("ddp-run: --resume: {} holds no config.json to continue from. HINT: --out the folder "
+                                 "of a run, or give its experiment file",
+                                 args.outDir)
+                  << std::endl;
+        return 2;
+      }
+    }
     if (args.experiment.empty()) {
       std::cerr << "ddp-run: no experiment given. HINT: ddp-run experiments/wine_baseline.json "
                    "(or --list-plugins, --demo)"
@@ -452,8 +543,14 @@ int main(int argc, char** argv) {
     // Launcher: validate everything before any process or folder exists.
     ddp::ExperimentConfig config = ddp::loadExperimentConfig(args.experiment, args.overrides, registry);
     const int nproc = args.nprocPerNode > 0 ? args.nprocPerNode : static_cast<int>(config.distributed.nprocPerNode);
+    {
+      std::vector<std::string> withWorld = args.overrides;
+      recordWorld(withWorld, nproc, args.nnodes);
+      config = ddp::loadExperimentConfig(args.experiment, withWorld, registry);
+    }
+    const ReservedRunDir removeIfUnused;
+    if (!args.outDir.empty() && !args.resume && !isRestart()) ddp::checkRunFolderIsFree(args.outDir);
     std::string runDir = args.outDir.empty() ? defaultRunDir(config) : args.outDir;
-    if (!args.resume && !isRestart()) ddp::checkRunFolderIsFree(runDir);
     if (nproc == 1 && args.nnodes == 1) {
       // One rank runs without a backend compiled out of this build; one
       // that is built but cannot run here (nccl without GPUs) is named as
@@ -494,6 +591,9 @@ int main(int argc, char** argv) {
       lo.workerArgv.push_back("--set");
       lo.workerArgv.push_back(o);
     }
+    // The ranks' config.json records the world they ran in.
+    lo.workerArgv.insert(lo.workerArgv.end(), {"--set", fmt::format("distributed.nproc_per_node={}", nproc), "--set",
+                                               fmt::format("distributed.nnodes={}", args.nnodes)});
     if (args.resume) lo.workerArgv.push_back("--resume");
     return ddp::launchLocalRanks(lo);
   } catch (const ddp::UsageError& e) {

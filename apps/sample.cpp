@@ -38,7 +38,7 @@ std::string sampleText(const SampleOptions& options, PluginRegistry& registry, s
   const int64_t block = trained.context.sampleShape[0];
 
   torch::NoGradGuard noGrad;
-  at::Generator generator = at::detail::createCPUGenerator(options.seed);
+  at::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(options.seed));
   out << options.prompt << std::flush;
   std::vector<int64_t> generated;
   for (int64_t i = 0; i < options.tokens; ++i) {

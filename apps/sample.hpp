@@ -29,7 +29,7 @@ struct SampleOptions {
   int64_t tokens = 200;
   double temperature = 1.0;
   int64_t topK = 0;
-  uint64_t seed = 0;
+  int64_t seed = 0;  // >= 0 (ddp-run refuses a negative or too large one)
 };
 
 // The generated text (the prompt not included), also written to `out`.

@@ -11,7 +11,7 @@ void registerModels(PluginRegistry& registry) {
   registry.add({"mlp",
                 "multi-layer perceptron: Linear layers with an activation between them",
                 {
-                    Param("layers", ParamType::IntList, std::vector<int64_t>{13, 64, 3},
+                    Param("layers", ParamType::IntList, std::vector<int64_t>{0, 64, 0},
                           "widths: input, hidden..., output; a first or last 0 takes it from the dataset")
                         .atLeast(0),
                     Param("activation", ParamType::String, "relu", "between the layers")

@@ -126,7 +126,10 @@ const std::vector<ParamSpec>& distributedParamSpecs() {
     std::vector<ParamSpec> s = {
         stringParam("backend", "gloo", {"gloo", "nccl"}, "communication backend"),
         stringParam("device", "cpu", {"cpu", "cuda"}, "where each rank computes (cuda: cuda:LOCAL_RANK)"),
-        intParam("nproc_per_node", 1, 1, "ranks ddp-run starts when --nproc-per-node is not given"),
+        intParam("nproc_per_node", 1, 1,
+                 "ranks per node: what ddp-run starts without --nproc-per-node; a run's config.json records the "
+                 "ranks it ran with"),
+        intParam("nnodes", 1, 1, "nodes: a run's config.json records how many the job ran on (--nnodes)"),
         floatParam("timeout_s", 300, 0, true, "seconds before a collective fails"),
         boolParam("find_unused_parameters", false, "allow parameters that get no gradient"),
         floatParam("bucket_cap_mb", 25, 0, true, "gradient bucket size"),

@@ -169,6 +169,10 @@ class Validator {
   Validator(std::string sourceName, std::string configDir, std::vector<Override>& overrides)
       : sourceName_(std::move(sourceName)), configDir_(std::move(configDir)), overrides_(overrides) {}
 
+  // Where each key is declared ("lr" -> optimizer), for a key given in the
+  // wrong section (training.lr).
+  void setHomes(std::map<std::string, std::set<std::string>> homes) { homes_ = std::move(homes); }
+
   // A ConfigError "PATH: MESSAGE", the message built by fmt.
   template <typename... Args>
   [[noreturn]] void fail(const std::string& path, fmt::format_string<Args...> message, Args&&... args) const {
@@ -198,7 +202,7 @@ class Validator {
       if (reserved.count(key) || reserved.count(key.substr(0, key.find('.')))) continue;  // handled by the caller
       auto it = byName.find(key);
       if (it == byName.end()) {
-        fail("--set " + o.path, "unknown key{}{}", suggestion(key, known), hint);
+        fail("--set " + o.path, "unknown key{}{}", suggestion(key, known), elsewhere(path, key, hint));
       }
       values[key] = typedOverride(o, it->second);
       o.used = true;
@@ -210,7 +214,7 @@ class Validator {
         continue;
       }
       if (!byName.count(it.key())) {
-        fail(path + "." + it.key(), "unknown key{}{}", suggestion(it.key(), known), hint);
+        fail(path + "." + it.key(), "unknown key{}{}", suggestion(it.key(), known), elsewhere(path, it.key(), hint));
       }
     }
     for (const auto& spec : specs) {
@@ -227,6 +231,27 @@ class Validator {
   }
 
  private:
+  // The HINT for an unknown key: the section that declares it (or its
+  // usual spelling there), else `fallback`.
+  std::string elsewhere(const std::string& path, const std::string& key, const std::string& fallback) const {
+    static const std::map<std::string, std::string> spellings = {
+        {"learning_rate", "lr"},  {"num_epochs", "epochs"},          {"n_epochs", "epochs"},
+        {"batchsize", "batch_size"}, {"world_size", "nproc_per_node"}, {"nproc", "nproc_per_node"}};
+    const auto spelled = spellings.find(key);
+    const std::string name = spelled != spellings.end() ? spelled->second : key;
+    const auto it = homes_.find(name);
+    if (it == homes_.end()) return fallback;
+    std::vector<std::string> others;
+    for (const std::string& section : it->second) {
+      if (section != path) others.push_back(section);
+    }
+    if (others.empty()) {
+      return name == key ? fallback : fmt::format(". HINT: this section calls it {}: {}.{}", inQuotes(name), path, name);
+    }
+    return fmt::format(". HINT: {} belongs in {}: {}.{}", inQuotes(name), fmt::join(others, " or "), others.front(),
+                       name);
+  }
+
   std::string suggestion(const std::string& key, const std::vector<std::string>& known) const {
     const std::string close = closestName(key, known);
     return fmt::format("{} (known: {})", close.empty() ? "" : fmt::format("; did you mean {}?", inQuotes(close)),
@@ -289,6 +314,7 @@ class Validator {
   std::string sourceName_;
   std::string configDir_;
   std::vector<Override>& overrides_;
+  std::map<std::string, std::set<std::string>> homes_;
 };
 
 std::vector<Override> parseOverrides(const std::vector<std::string>& overrides) {
@@ -440,6 +466,17 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
 
   std::vector<Override> overrides = parseOverrides(overrideTexts);
   Validator v(sourceName, configDir, overrides);
+  {
+    std::map<std::string, std::set<std::string>> homes;
+    for (const ParamSpec& p : trainingParamSpecs()) homes[p.name].insert("training");
+    for (const ParamSpec& p : distributedParamSpecs()) homes[p.name].insert("distributed");
+    for (const auto& [section, kind] : kPluginSections) {
+      for (const std::string& name : registry.names(kind)) {
+        for (const ParamSpec& p : registry.get(kind, name).params) homes[p.name].insert(section);
+      }
+    }
+    v.setHomes(std::move(homes));
+  }
   for (auto it = root.begin(); it != root.end(); ++it) {
     if (std::find(kTopLevelKeys.begin(), kTopLevelKeys.end(), it.key()) == kTopLevelKeys.end()) {
       std::string close = closestName(it.key(), kTopLevelKeys);
@@ -662,6 +699,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.distributed.backend = distributed["backend"];
   config.distributed.device = distributed["device"];
   config.distributed.nprocPerNode = distributed["nproc_per_node"];
+  config.distributed.nnodes = distributed["nnodes"];
   config.distributed.timeoutSeconds = distributed["timeout_s"];
   config.distributed.findUnusedParameters = distributed["find_unused_parameters"];
   config.distributed.bucketCapMb = distributed["bucket_cap_mb"];

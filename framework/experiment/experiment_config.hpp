@@ -92,6 +92,7 @@ struct DistributedConfig {
   std::string backend = "gloo";
   std::string device = "cpu";  // "cpu" or "cuda" (rank r uses cuda:LOCAL_RANK)
   int64_t nprocPerNode = 1;    // the launcher's default when --nproc-per-node is not given
+  int64_t nnodes = 1;          // as recorded in a run's config.json
   double timeoutSeconds = 300;
   bool findUnusedParameters = false;
   double bucketCapMb = 25;

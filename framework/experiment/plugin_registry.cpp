@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -127,6 +128,14 @@ std::string closestName(const std::string& name, const std::vector<std::string>&
   const size_t limit = std::max<size_t>(2, name.size() / 3);
   std::string best;
   size_t bestDistance = limit + 1;
+  // "MLP" for "mlp": letters' case is no typo worth counting.
+  const auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  for (const auto& candidate : candidates) {
+    if (lower(candidate) == lower(name)) return candidate;
+  }
   for (const auto& candidate : candidates) {
     size_t d = editDistance(name, candidate);
     if (d < bestDistance) {
@@ -300,6 +309,26 @@ std::string PluginRegistry::describe(const std::string& kindDotName) const {
   const auto dot = kindDotName.find('.');
   std::optional<PluginKind> kind;
   if (dot != std::string::npos) kind = pluginKindFromName(kindDotName.substr(0, dot));
+  // A kind alone ("model"): the plugins of that kind, one line each.
+  if (dot == std::string::npos) {
+    if (const auto alone = pluginKindFromName(kindDotName)) {
+      std::string out = fmt::format("{}: the {} plugins (ddp-run --describe {}.NAME for one's parameters)\n",
+                                    kindDotName, kindDotName, kindDotName);
+      std::vector<std::vector<std::string>> rows{{"name", "doc"}};
+      for (const auto& n : names(*alone)) rows.push_back({n, get(*alone, n).doc});
+      return out + formatTable(rows, "  ");
+    }
+  }
+  if (kind && !has(*kind, kindDotName.substr(dot + 1))) {
+    const std::string name = kindDotName.substr(dot + 1);
+    const auto known = names(*kind);
+    const std::string close = closestName(name, known);
+    fail<UsageError>("cannot describe '{}': no {} plugin '{}'{}; known {}: {}. HINT: a plugin from a shared library "
+                     "needs ddp-run --plugin-lib LIBRARY --describe {}",
+                     kindDotName, pluginKindName(*kind), name,
+                     close.empty() ? "" : fmt::format(" (did you mean '{}'?)", close), pluralKindName(*kind),
+                     namesOrNone(known), kindDotName);
+  }
   if (!kind) {
     const auto all = everything();
     // A bare name ("adam") is most likely meant as the plugin of that name.

@@ -55,6 +55,7 @@ const Rule kRules[] = {
     {"distributed.backend", true, "the checkpoint does not depend on the backend"},
     {"distributed.device", true, "the checkpoint is loaded onto the new device"},
     {"distributed.nproc_per_node", true, "checkpoints hold the consolidated model and optimizer, whatever the world size"},
+    {"distributed.nnodes", true, "the world may change: checkpoints hold the consolidated model and optimizer"},
     {"distributed.timeout_s", true, "applies at once"},
     {"distributed.find_unused_parameters", true, "applies at once"},
     {"distributed.bucket_cap_mb", true, "applies at once"},

@@ -245,6 +245,15 @@ TrainResult Trainer::runStages() {
   build();
   Impl& s = *impl_;
   const auto& tc = config_.training;
+  if (options_.resume && s.startEpoch >= tc.epochs) {
+    s.log->line(fmt::format("resume: the run in {} has finished its {} epoch(s); nothing to train. HINT: --set "
+                            "training.epochs={} (or more) trains it further",
+                            options_.runDir, tc.epochs, tc.epochs + 1));
+  } else if (options_.resume && tc.maxSteps > 0 && s.steps >= tc.maxSteps) {
+    s.log->line(fmt::format("resume: the run in {} has reached training.max_steps {}; nothing to train. HINT: raise "
+                            "training.max_steps to train it further",
+                            options_.runDir, tc.maxSteps));
+  }
   s.log->line(fmt::format("experiment {}: {} train / {} test samples, {} rank(s) x batch {}, {} epochs",
                           config_.name.empty() ? std::string("(unnamed)") : config_.name, s.data.train->size(),
                           s.data.test->size(), worldSize(), tc.batchSize, tc.epochs));

@@ -1,0 +1,139 @@
+// A new user's first hour (issue 32): default run folders that never
+// collide, a config.json that reproduces the run's world, refused bad
+// seeds, --version, hints where users go wrong, resume that says what it
+// did, and models that size themselves from the data.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "tests/test_support.hpp"
+
+using namespace ddp;
+using ddp::test::readFile;
+using ddp::test::runDdpRun;
+using ddp::test::tempDir;
+using Catch::Contains;
+using ddp::test::ddpRunPath;
+
+namespace {
+
+const std::string kWine = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
+
+nlohmann::json configOf(const std::string& runDir) { return nlohmann::json::parse(readFile(runDir + "/config.json")); }
+
+}  // namespace
+
+TEST_CASE("default run folders: runs started in the same second get folders of their own", "[first-hour]") {
+  const std::string dir = tempDir();
+  // Three at once, two launchers of one rank and one of two ranks, each
+  // shorter than a second; no --out.
+  const std::string run = "'" + ddpRunPath() + "' '" + kWine + "' --set training.epochs=2";
+  const std::string command = "cd '" + dir + "' && (" + run + " > a.log 2>&1 & " + run +
+                              " --set optimizer.lr=0.01 > b.log 2>&1 & " + "'" + ddpRunPath() +
+                              "' --nproc-per-node 2 '" + kWine + "' --set training.epochs=2 > c.log 2>&1 & wait)";
+  REQUIRE(std::system(command.c_str()) == 0);
+  std::vector<std::string> folders;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/runs")) folders.push_back(entry.path());
+  REQUIRE(folders.size() == 3);
+  for (const char* log : {"a.log", "b.log", "c.log"}) {
+    INFO(readFile(dir + "/" + log));
+    CHECK(readFile(dir + "/" + log).find("done: ") != std::string::npos);
+  }
+  for (const auto& folder : folders) CHECK(std::filesystem::exists(folder + "/metrics.jsonl"));
+  // A mistake found before training leaves no empty folder behind.
+  const std::string bad = "cd '" + dir + "' && '" + ddpRunPath() + "' '" + kWine +
+                          "' --set model.layers=[5,3] > d.log 2>&1";
+  CHECK(std::system(bad.c_str()) != 0);
+  size_t after = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/runs")) after += entry.is_directory();
+  CHECK(after == 3);
+}
+
+TEST_CASE("config.json records the world the run had, and reproduces it", "[first-hour]") {
+  const std::string run = tempDir() + "/two", again = tempDir() + "/again";
+  auto outcome = runDdpRun("--nproc-per-node 2 " + kWine + " --out " + run + " --set training.epochs=1");
+  REQUIRE(outcome.exitCode == 0);
+  CHECK(configOf(run)["distributed"]["nproc_per_node"] == 2);
+  CHECK(configOf(run)["distributed"]["nnodes"] == 1);
+  outcome = runDdpRun(run + "/config.json --out " + again);
+  INFO(outcome.output);
+  REQUIRE(outcome.exitCode == 0);
+  CHECK_THAT(outcome.output, Contains("2 rank(s) x batch 32"));
+  // The same results: the same world, seed and data.
+  const auto first = nlohmann::json::parse(readFile(run + "/metrics.jsonl"));
+  const auto second = nlohmann::json::parse(readFile(again + "/metrics.jsonl"));
+  for (const char* key : {"train_loss", "test_loss", "test_accuracy"}) CHECK(first[key] == second[key]);
+  // One rank records 1, whatever the file said.
+  const std::string one = tempDir() + "/one";
+  outcome = runDdpRun("--nproc-per-node 1 " + std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json --out " + one +
+                      " --set training.epochs=1");
+  REQUIRE(outcome.exitCode == 0);
+  CHECK(configOf(one)["distributed"]["nproc_per_node"] == 1);
+}
+
+TEST_CASE("--resume says a finished run is finished, and --resume --out DIR needs no experiment file",
+          "[first-hour][checkpoint]") {
+  const std::string run = tempDir() + "/done";
+  auto outcome = runDdpRun(kWine + " --out " + run + " --set training.epochs=2 --set training.save_every=1");
+  REQUIRE(outcome.exitCode == 0);
+  outcome = runDdpRun("--resume --out " + run);
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  CHECK_THAT(outcome.output, Contains("has finished its 2 epoch(s); nothing to train. HINT: --set training.epochs=3"));
+  outcome = runDdpRun("--resume --out " + run + " --set training.epochs=3");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  CHECK_THAT(outcome.output, Contains("epoch 3/3"));
+  outcome = runDdpRun("--resume --out " + tempDir() + "/nothing");
+  CHECK(outcome.exitCode == 2);
+  CHECK_THAT(outcome.output, Contains("holds no config.json to continue from"));
+}
+
+TEST_CASE("first-hour mistakes get one line and a hint", "[first-hour][config]") {
+  auto outcome = runDdpRun("--sample x --seed -1");
+  CHECK(outcome.exitCode == 2);
+  CHECK_THAT(outcome.output, Contains("--seed: expected a whole number from 0 to 9223372036854775807, got '-1'"));
+  outcome = runDdpRun("--sample x --seed 18446744073709551616");
+  CHECK(outcome.exitCode == 2);
+  outcome = runDdpRun("--sample x " + kWine);
+  CHECK(outcome.exitCode == 2);
+  CHECK_THAT(outcome.output, Contains("--sample reads the model and its settings from x/config.json"));
+  outcome = runDdpRun(kWine + " --set training.lr=0.1");
+  CHECK(outcome.exitCode == 2);
+  CHECK_THAT(outcome.output, Contains("HINT: \"lr\" belongs in optimizer: optimizer.lr"));
+  outcome = runDdpRun(kWine + " --set optimizer.learning_rate=0.1");
+  CHECK_THAT(outcome.output, Contains("HINT: this section calls it \"lr\": optimizer.lr"));
+  outcome = runDdpRun(kWine + " --set training.nproc_per_node=2");
+  CHECK_THAT(outcome.output, Contains("belongs in distributed: distributed.nproc_per_node"));
+  outcome = runDdpRun(kWine + " --set model.name=MLP");
+  CHECK_THAT(outcome.output, Contains("did you mean \"mlp\"?"));
+  outcome = runDdpRun("--describe model");
+  CHECK(outcome.exitCode == 0);
+  CHECK_THAT(outcome.output, Contains("mlp") && Contains("cnn") && Contains("gpt"));
+  outcome = runDdpRun("--describe model.transformer");
+  CHECK(outcome.exitCode == 2);
+  CHECK_THAT(outcome.output, Contains("--plugin-lib LIBRARY --describe model.transformer"));
+  outcome = runDdpRun("--version");
+  CHECK(outcome.exitCode == 0);
+  CHECK_THAT(outcome.output, Contains("ddp-run ") && Contains("plugin API version") && Contains("LibTorch ") &&
+                                 Contains("backends: gloo"));
+}
+
+TEST_CASE("mlp sizes its first and last layers from the data by default", "[first-hour][models]") {
+  const std::string dir = tempDir();
+  const std::string exp = ddp::test::writeFileIn(dir, "blobs.json", R"({
+    "name": "blobs",
+    "dataset": {"name": "synthetic", "features": 5, "classes": 3, "samples": 200},
+    "model": "mlp",
+    "optimizer": {"name": "adam", "lr": 0.01},
+    "loss": "cross_entropy",
+    "training": {"epochs": 2}
+  })");
+  const auto outcome = runDdpRun(exp + " --out " + dir + "/run");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  CHECK(configOf(dir + "/run")["model"]["layers"] == nlohmann::json::array({0, 64, 0}));
+}
