@@ -255,6 +255,7 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
     const auto& last = result.history.back();
     std::cout << "done: " << result.steps << " steps; final train_loss " << last.trainLoss;
     if (last.testAccuracy) std::cout << ", test_accuracy " << *last.testAccuracy;
+    if (last.testRmse) std::cout << ", test_rmse " << *last.testRmse;
     std::cout << "; run folder " << runDir << std::endl;
   }
   if (result.group) result.group->barrier()->wait();
@@ -563,6 +564,12 @@ int main(int argc, char** argv) {
       return runRank(single, ddp::RankEnv{}, std::move(config));
     }
     checkBackendUsable("distributed.backend", config.distributed.backend);
+    if (config.distributed.device == "cuda" && !torch::cuda::is_available()) {
+      throw ddp::UsageError(fmt::format(
+          "distributed.device: \"cuda\" needs a CUDA build of LibTorch and a GPU; found {} device(s). HINT: --set "
+          "distributed.device=cpu",
+          torch::cuda::device_count()));
+    }
     // What only the built plugins can tell, once here rather than once per rank.
     ddp::checkExperimentBuilds(config, registry);
     ddp::LaunchOptions lo;

@@ -11,6 +11,26 @@
 #include "plugins/datasets/text.hpp"
 
 namespace ddp::apps {
+// The length of the longest prefix of `text` that ends on a character
+// boundary: an incomplete UTF-8 sequence at the end is left out (invalid
+// bytes elsewhere pass as they are).
+size_t completeUtf8(const std::string& text) {
+  size_t n = text.size();
+  // Back over up to three continuation bytes to the sequence's lead byte.
+  size_t lead = n;
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(text[n - back]);
+    if ((c & 0xC0) != 0x80) {
+      lead = n - back;
+      break;
+    }
+  }
+  if (lead == n) return n;
+  const auto c = static_cast<unsigned char>(text[lead]);
+  const size_t need = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+  return n - lead >= need ? n : lead;
+}
+
 
 std::string sampleText(const SampleOptions& options, PluginRegistry& registry, std::ostream& out) {
   if (options.tokens < 0) fail<UsageError>("--tokens {}: expected 0 or more", options.tokens);
@@ -41,6 +61,7 @@ std::string sampleText(const SampleOptions& options, PluginRegistry& registry, s
   at::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(options.seed));
   out << options.prompt << std::flush;
   std::vector<int64_t> generated;
+  std::string pending;  // bytes of a character not yet complete
   for (int64_t i = 0; i < options.tokens; ++i) {
     const auto start = static_cast<int64_t>(ids.size()) > block ? static_cast<int64_t>(ids.size()) - block : 0;
     const std::vector<int64_t> window(ids.begin() + start, ids.end());
@@ -59,10 +80,17 @@ std::string sampleText(const SampleOptions& options, PluginRegistry& registry, s
     }
     ids.push_back(next);
     generated.push_back(next);
-    out << vocab.decode({next}) << std::flush;
+    // Byte tokens: print whole UTF-8 characters only, so the output never
+    // holds half of one.
+    pending += vocab.decode({next});
+    const size_t whole = completeUtf8(pending);
+    out << pending.substr(0, whole) << std::flush;
+    pending.erase(0, whole);
   }
+  // A character the tokens left unfinished is dropped.
   out << "\n";
-  return vocab.decode(generated);
+  std::string text = vocab.decode(generated);
+  return text.substr(0, completeUtf8(text));
 }
 
 }  // namespace ddp::apps

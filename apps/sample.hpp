@@ -35,4 +35,8 @@ struct SampleOptions {
 // The generated text (the prompt not included), also written to `out`.
 std::string sampleText(const SampleOptions& options, PluginRegistry& registry, std::ostream& out);
 
+// The length of the longest prefix of `text` that does not end inside a
+// UTF-8 character (what --sample prints of byte tokens).
+size_t completeUtf8(const std::string& text);
+
 }  // namespace ddp::apps

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "apps/sample.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
@@ -136,4 +137,41 @@ TEST_CASE("mlp sizes its first and last layers from the data by default", "[firs
   INFO(outcome.output);
   CHECK(outcome.exitCode == 0);
   CHECK(configOf(dir + "/run")["model"]["layers"] == nlohmann::json::array({0, 64, 0}));
+}
+
+TEST_CASE("--sample never ends inside a UTF-8 character", "[first-hour]") {
+  using ddp::apps::completeUtf8;
+  CHECK(completeUtf8("") == 0);
+  CHECK(completeUtf8("abc") == 3);
+  CHECK(completeUtf8("caf\xc3\xa9") == 5);   // é whole
+  CHECK(completeUtf8("caf\xc3") == 3);       // é cut after its first byte
+  CHECK(completeUtf8("\xe2\x82\xac") == 3);  // €
+  CHECK(completeUtf8("x\xe2\x82") == 1);
+  CHECK(completeUtf8("\xf0\x9f\x98\x80") == 4);  // an emoji
+  CHECK(completeUtf8("\xf0\x9f\x98") == 0);
+  CHECK(completeUtf8("\x80\x80") == 2);  // stray continuation bytes pass
+}
+
+TEST_CASE("first-hour output: one rank prefix, short runs logged, huge losses readable, cuda refused early",
+          "[first-hour][launcher]") {
+  auto outcome = runDdpRun("--nproc-per-node 2 " + kWine + " --out " + tempDir() + "/pfx --set training.epochs=1",
+                           "GLOO_SOCKET_IFNAME=eth9");
+  CHECK(outcome.exitCode != 0);
+  CHECK_THAT(outcome.output, Contains("cannot open a TCP device on interface eth9"));
+  CHECK(outcome.output.find("[rank 1] [rank 1]") == std::string::npos);
+  CHECK(outcome.output.find("last lines of rank") == std::string::npos);  // shown above already
+  const std::string shortRun = tempDir() + "/short";
+  outcome = runDdpRun(kWine + " --out " + shortRun + " --set training.max_steps=3 --set training.epochs=5");
+  REQUIRE(outcome.exitCode == 0);
+  CHECK_THAT(outcome.output, Contains("5 epochs (at most 3 steps: training.max_steps)"));
+  CHECK(ddp::test::splitWords(readFile(shortRun + "/steps.jsonl")).size() >= 3);  // a record per step
+  outcome = runDdpRun(kWine + " --out " + tempDir() + "/big --set optimizer.lr=1e9 --set training.epochs=1 "
+                      "--set training.on_nonfinite_loss=continue");
+  CHECK_THAT(outcome.output, Contains("train_loss ") && Contains("e+"));
+  outcome = runDdpRun("--nproc-per-node 2 " + kWine + " --out " + tempDir() + "/cuda --set distributed.device=cuda");
+  if (ddp::test::cudaDevices() == 0) {
+    CHECK(outcome.exitCode == 2);
+    CHECK_THAT(outcome.output, Contains("distributed.device: \"cuda\" needs a CUDA build"));
+    CHECK(outcome.output.find("world size 2") == std::string::npos);  // before any rank starts
+  }
 }

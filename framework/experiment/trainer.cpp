@@ -254,9 +254,11 @@ TrainResult Trainer::runStages() {
                             "training.max_steps to train it further",
                             options_.runDir, tc.maxSteps));
   }
-  s.log->line(fmt::format("experiment {}: {} train / {} test samples, {} rank(s) x batch {}, {} epochs",
+  s.log->line(fmt::format("experiment {}: {} train / {} test samples, {} rank(s) x batch {}, {} epochs{}",
                           config_.name.empty() ? std::string("(unnamed)") : config_.name, s.data.train->size(),
-                          s.data.test->size(), worldSize(), tc.batchSize, tc.epochs));
+                          s.data.test->size(), worldSize(), tc.batchSize, tc.epochs,
+                          tc.maxSteps > 0 ? fmt::format(" (at most {} steps: training.max_steps)", tc.maxSteps)
+                                          : std::string()));
   for (auto& callback : s.callbacks) callback->onTrainBegin(*this);
 
   TrainResult result;

@@ -172,7 +172,10 @@ void writeLogText(int fd, const std::string& text) {
 void forwardLine(RankProcess& p, const std::string& line, size_t keep) {
   if (p.logFd >= 0) writeLogText(p.logFd, line + "\n");
   if (p.toConsole) {
-    if (p.prefixed) {
+    // A line that names its rank already ("[rank 1] gloo: ...") is not
+    // prefixed twice.
+    const std::string own = fmt::format("[rank {}]", p.rank);
+    if (p.prefixed && line.compare(0, own.size(), own) != 0) {
       std::cout << fmt::format("[rank {}] {}\n", p.rank, line) << std::flush;
     } else {
       std::cout << line << '\n' << std::flush;
@@ -428,10 +431,11 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
     const RankProcess& f = procs[firstFailure];
     std::string report = fmt::format("ddp-run: rank {} (pid {}) failed first: {}; stopped the other ranks.\n", f.rank,
                                      f.pid, describeExitStatus(f.status));
-    // A mistake in the input (code 2) that the console showed already is
-    // not repeated.
-    const bool shown = f.toConsole && WIFEXITED(f.status) && WEXITSTATUS(f.status) == 2;
-    if (!shown) {
+    // Lines the console showed already are not repeated; a rank whose
+    // lines went elsewhere (--local-ranks-filter, --log-dir) has its last
+    // ones shown here.
+    const bool shown = f.toConsole;
+    if (!shown && !f.lastLines.empty()) {
       report += fmt::format("ddp-run: last lines of rank {}:\n", f.rank);
       for (const auto& line : f.lastLines) report += fmt::format("  | {}\n", line);
     }

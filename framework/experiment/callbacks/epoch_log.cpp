@@ -14,13 +14,21 @@ namespace {
 // As the JSON record has it: %.8g, or null when not finite.
 std::string numberText(double v) { return std::isfinite(v) ? fmt::format("{:.8g}", v) : "null"; }
 
+// A loss with four decimals, or in scientific notation when that would be
+// a wall of digits (a diverging run) or all zeros.
+std::string lossText(double v) {
+  if (!std::isfinite(v)) return numberText(v);
+  const double a = std::abs(v);
+  return (a >= 1e6 || (a > 0 && a < 1e-4)) ? fmt::format("{:.4e}", v) : fmt::format("{:.4f}", v);
+}
+
 }  // namespace
 
 void EpochLog::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   const int64_t epochs = trainer.config().training.epochs;
   if (!(epochs <= 20 || end.evaluated || end.lastEpoch)) return;
   const EpochMetrics& m = end.metrics;
-  std::string line = fmt::format("epoch {}/{}  train_loss {:.4f}", m.epoch, epochs, m.trainLoss);
+  std::string line = fmt::format("epoch {}/{}  train_loss {}", m.epoch, epochs, lossText(m.trainLoss));
   if (m.testLoss) line += "  test_loss " + numberText(*m.testLoss);
   if (m.testPerplexity) line += "  test_perplexity " + numberText(*m.testPerplexity);
   if (m.testAccuracy) line += "  test_accuracy " + numberText(*m.testAccuracy);

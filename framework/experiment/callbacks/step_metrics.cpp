@@ -41,6 +41,8 @@ void StepMetrics::onEpochBegin(Trainer& trainer, int64_t) {
       const int64_t samples = trainer.trainSamples() / std::max(1, trainer.worldSize());
       const int64_t steps = std::max<int64_t>(1, samples / (tc.batchSize * tc.accumulateGradBatches));
       every_ = std::max<int64_t>(1, steps / 4);
+      // A run shorter than an epoch (max_steps) still gets about four.
+      if (tc.maxSteps > 0) every_ = std::min(every_, std::max<int64_t>(1, tc.maxSteps / 4));
     }
   }
   epochCompute_ = epochWait_ = 0;
