@@ -28,13 +28,7 @@ using ddp::test::tempDir;
 
 namespace {
 
-std::vector<nlohmann::json> records(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+std::vector<nlohmann::json> records(const std::string& path) { return ddp::test::jsonLines(path); }
 
 std::string wineRun(const std::string& dir, const std::string& flags, const std::string& sets = "") {
   return "--nproc-per-node 4 " + flags + " " + std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json --out " +

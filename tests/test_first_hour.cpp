@@ -75,7 +75,7 @@ TEST_CASE("config.json records the world the run had, and reproduces it", "[firs
   CHECK(configOf(one)["distributed"]["nproc_per_node"] == 1);
 }
 
-TEST_CASE("--resume says a finished run is finished, and --resume --out DIR needs no experiment file",
+TEST_CASE("resume says a finished run is finished, and resume with --out DIR alone needs no experiment file",
           "[first-hour][checkpoint]") {
   const std::string run = tempDir() + "/done";
   auto outcome = runDdpRun(kWine + " --out " + run + " --set training.epochs=2 --set training.save_every=1");
@@ -139,7 +139,7 @@ TEST_CASE("mlp sizes its first and last layers from the data by default", "[firs
   CHECK(configOf(dir + "/run")["model"]["layers"] == nlohmann::json::array({0, 64, 0}));
 }
 
-TEST_CASE("--sample never ends inside a UTF-8 character", "[first-hour]") {
+TEST_CASE("sampling never ends inside a UTF-8 character", "[first-hour]") {
   using ddp::apps::completeUtf8;
   CHECK(completeUtf8("") == 0);
   CHECK(completeUtf8("abc") == 3);

@@ -190,6 +190,16 @@ inline std::string readFile(const std::string& path) {
   return text.str();
 }
 
+// The records of a JSON-lines file (metrics.jsonl, steps.jsonl), in order.
+inline std::vector<nlohmann::json> jsonLines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> records;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) records.push_back(nlohmann::json::parse(line));
+  }
+  return records;
+}
+
 // The epoch of every record in a run folder's metrics.jsonl, in file order.
 inline std::vector<int64_t> metricsEpochs(const std::string& runDir) {
   std::ifstream in(runDir + "/metrics.jsonl");

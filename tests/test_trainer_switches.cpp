@@ -116,21 +116,9 @@ std::pair<std::vector<at::Tensor>, std::vector<std::vector<double>>> clipRun(con
   return {params, norms};
 }
 
-// The records of a run's steps.jsonl.
-std::vector<nlohmann::json> stepRecords(const std::string& runDir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(runDir + "/steps.jsonl");
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
+std::vector<nlohmann::json> stepRecords(const std::string& runDir) { return ddp::test::jsonLines(runDir + "/steps.jsonl"); }
 std::vector<nlohmann::json> metricRecords(const std::string& runDir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(runDir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
+  return ddp::test::jsonLines(runDir + "/metrics.jsonl");
 }
 
 TrainResult train(const ExperimentConfig& config, const std::string& runDir) {

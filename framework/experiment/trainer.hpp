@@ -233,7 +233,8 @@ class Trainer {
   void admitJoiners();                    // agreed at a step boundary
   void reconfigure(const std::string& why, bool broken);
   void joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer);
-  void syncState(torch::optim::Optimizer& optimizer, bool joining);
+  void formGroup(torch::optim::Optimizer& optimizer);  // the decided membership's group, and the state
+  void syncState(torch::optim::Optimizer& optimizer);
   bool elasticAgreement();  // per step: signals and joins, agreed; true when joiners wait
   struct Impl;
   const ExperimentConfig& config_;

@@ -85,11 +85,7 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
             "HINT: --resume continues from it",
             ids.size(), idsText(ids), options_.minRanks, s.membership.sourceSteps);
       }
-      s.rendezvous->awaitMembers(s.membership);
-      s.group = dist_.backends->create(dist_.backend, s.rendezvous->groupStore(s.membership.generation),
-                                       s.membership.rankOf(s.rendezvous->id()), s.membership.world(),
-                                       dist_.groupOptions);
-      syncState(*optimizer, /*joining=*/false);
+      formGroup(*optimizer);
       break;
     } catch (const std::exception& e) {
       if (!recoverable(e) || attempt >= 10) throw;
@@ -128,11 +124,7 @@ void Trainer::joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer)
     try {
       s.membership = attempt == 1 ? s.rendezvous->join() : s.rendezvous->next(s.membership, s.steps);
       if (s.membership.belowMinimum) fail<ElasticBelowMinimum>("elastic: the job went below --min-ranks while this rank joined");
-      s.rendezvous->awaitMembers(s.membership);
-      s.group = dist_.backends->create(dist_.backend, s.rendezvous->groupStore(s.membership.generation),
-                                       s.membership.rankOf(s.rendezvous->id()), s.membership.world(),
-                                       dist_.groupOptions);
-      syncState(*optimizer, /*joining=*/true);
+      formGroup(*optimizer);
       break;
     } catch (const std::exception& e) {
       if (!recoverable(e) || attempt >= 10) throw;
@@ -148,10 +140,20 @@ void Trainer::joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer)
                           std::chrono::duration<double>(trainer_detail::Clock::now() - start).count()));
 }
 
+// Once every member of the decided membership is ready: its group, over
+// the generation's store, then the state of the member it names.
+void Trainer::formGroup(torch::optim::Optimizer& optimizer) {
+  Impl& s = *impl_;
+  s.rendezvous->awaitMembers(s.membership);
+  s.group = dist_.backends->create(dist_.backend, s.rendezvous->groupStore(s.membership.generation),
+                                   s.membership.rankOf(s.rendezvous->id()), s.membership.world(), dist_.groupOptions);
+  syncState(optimizer);
+}
+
 // One broadcast of the counters (epoch, steps, samples read, payload
 // bytes), one of the payload: the model and optimizer as a checkpoint holds
 // them, and the RNG.
-void Trainer::syncState(torch::optim::Optimizer& optimizer, bool /*joining*/) {
+void Trainer::syncState(torch::optim::Optimizer& optimizer) {
   Impl& s = *impl_;
   const int source = s.membership.rankOf(s.membership.sourceId);
   const bool mine = rank() == source;

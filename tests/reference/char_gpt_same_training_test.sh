@@ -8,15 +8,8 @@
 set -euo pipefail
 ddp_run=$(realpath "${1:?usage: $0 path/to/ddp-run}")
 src=$(cd "$(dirname "$0")/../.." && pwd)
-if [ ! -f /usr/share/games/fortunes/computers ]; then
-  echo "SKIPPED: /usr/share/games/fortunes/computers is absent (scripts/setup.sh installs fortunes)"; exit 0
-fi
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  echo "SKIPPED: /usr/bin/python3 cannot import torch (scripts/setup.sh installs python3-torch)"; exit 0
-fi
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DDP_STORE_TOKEN
+# shellcheck source=reference_preamble.sh
+. "$(dirname "$0")/reference_preamble.sh"
 timeout -k 5 120 "$ddp_run" --nproc-per-node 2 "$src/experiments/char_gpt.json" --out "$out/run" \
   --set training.max_steps=8 --set training.epochs=1 --set training.seed=3 >"$out/ours.log" 2>&1 ||
   { cat "$out/ours.log"; echo "FAILED: ddp-run"; exit 1; }
