@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -174,4 +176,15 @@ TEST_CASE("first-hour output: one rank prefix, short runs logged, huge losses re
     CHECK_THAT(outcome.output, Contains("distributed.device: \"cuda\" needs a CUDA build"));
     CHECK(outcome.output.find("world size 2") == std::string::npos);  // before any rank starts
   }
+}
+
+TEST_CASE("Ctrl-C on a one-rank run stops at a step, says so, and train.log keeps it", "[first-hour][launcher]") {
+  const std::string dir = tempDir() + "/int";
+  const std::string command = "timeout --preserve-status -s INT 2 '" + ddpRunPath() + "' '" + kWine + "' --out " + dir +
+                              " --set training.epochs=1000000 --set training.eval_every=0 > " + dir + ".log 2>&1";
+  const int status = std::system(command.c_str());
+  CHECK(WEXITSTATUS(status) == 130);
+  INFO(readFile(dir + ".log"));
+  CHECK_THAT(readFile(dir + ".log"), Contains("interrupted by SIGINT at step"));
+  CHECK_THAT(readFile(dir + "/train.log"), Contains("interrupted by SIGINT at step") && Contains("no checkpoint saved"));
 }

@@ -20,6 +20,7 @@
 #include "framework/experiment/callbacks/step_metrics.hpp"
 #include "framework/experiment/callbacks/trace_writer.hpp"
 #include "framework/experiment/trainer_impl.hpp"
+#include "framework/launch/stop_signals.hpp"
 
 namespace ddp {
 
@@ -262,8 +263,12 @@ TrainResult Trainer::runStages() {
   for (auto& callback : s.callbacks) callback->onTrainBegin(*this);
 
   TrainResult result;
-  const trainer_detail::StopSignals signals(tc.checkpointOnSignal);
-  s.watchSignals = tc.checkpointOnSignal;
+  // One rank stops at a step boundary on SIGINT or SIGTERM whatever the
+  // setting, to say so in train.log; several ranks only with
+  // checkpoint_on_signal (they agree on the step: one allreduce per step).
+  const bool interruptible = tc.checkpointOnSignal || (worldSize() == 1 && options_.minRanks == 0);
+  const trainer_detail::StopSignals signals(interruptible);
+  s.watchSignals = interruptible;
   const auto trainStart = trainer_detail::Clock::now();
   s.stop = tc.maxSteps > 0 && s.steps >= tc.maxSteps;
   for (int64_t epoch = s.startEpoch; epoch < tc.epochs && !s.stop; ++epoch) {
@@ -271,6 +276,12 @@ TrainResult Trainer::runStages() {
     const auto epochStart = trainer_detail::Clock::now();
     s.dataSeconds = 0;
     const auto [lossSum, seen] = trainEpoch(epoch);
+    if (s.signal != 0 && !tc.checkpointOnSignal) {
+      s.log->line(fmt::format("interrupted by {} at step {} (epoch {}); no checkpoint saved. HINT: "
+                              "training.checkpoint_on_signal=true saves one to --resume from",
+                              signalName(s.signal), s.steps, epoch + 1));
+      break;
+    }
     if (s.partialEpoch) {
       // Stopped by a signal mid-epoch: the epoch's sums so far, over all
       // ranks, go into a checkpoint of this step; its record comes on resume.
