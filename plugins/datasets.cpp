@@ -3,6 +3,7 @@
 // the same seeded shuffle, so every rank (and every machine) that uses the
 // same seed sees the same split.
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -224,6 +225,18 @@ DatasetSplits loadCsv(const Params& params, const DatasetContext& context) {
   }
   int64_t target = params.getInt("target_column");
   const auto signedColumns = static_cast<int64_t>(numColumns);
+  // The target by its name in the header, as pandas users write it.
+  if (const std::string name = params.getString("target"); !name.empty()) {
+    if (!header) paramError(kDataset, "target", "names a column, but header is false: there are no names");
+    const auto& names = rows[0].fields;
+    const auto it = std::find(names.begin(), names.end(), name);
+    if (it == names.end()) {
+      const std::string close = closestName(name, names);
+      paramError(kDataset, "target", "no column \"{}\" in {}'s header{} (columns: {})", name, path,
+                 close.empty() ? "" : fmt::format("; did you mean \"{}\"?", close), joinNames(names));
+    }
+    target = static_cast<int64_t>(it - names.begin());
+  }
   if (target < -signedColumns || target >= signedColumns) {
     paramError(kDataset, "target_column", "{} is out of range for {} columns (0..{}, or negative from the end)", target,
                numColumns, numColumns - 1);
@@ -315,6 +328,8 @@ void registerDatasets(PluginRegistry& registry) {
                         .file(),
                     Param("target_column", ParamType::Int, -1,
                           "0-based column of the target; negative counts from the end"),
+                    Param("target", ParamType::String, "",
+                          "the target column by its name in the header (instead of target_column)"),
                     Param("header", ParamType::Bool, true, "the first line names the columns"),
                     standardizeParam(),
                     Param("task", ParamType::String, "classification",

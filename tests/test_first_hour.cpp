@@ -188,3 +188,21 @@ TEST_CASE("Ctrl-C on a one-rank run stops at a step, says so, and train.log keep
   CHECK_THAT(readFile(dir + ".log"), Contains("interrupted by SIGINT at step"));
   CHECK_THAT(readFile(dir + "/train.log"), Contains("interrupted by SIGINT at step") && Contains("no checkpoint saved"));
 }
+
+TEST_CASE("a CSV's target is named by its header, as pandas users write it", "[first-hour][datasets]") {
+  const std::string dir = tempDir();
+  std::string csv = "alcohol,quality,acidity\n";
+  for (int i = 0; i < 40; ++i) csv += fmt::format("{},{},{}\n", i % 7, i % 2, (i * 3) % 5);
+  ddp::test::writeFileIn(dir, "table.csv", csv);
+  const std::string exp = ddp::test::writeFileIn(dir, "table.json", R"({
+    "dataset": {"name": "csv", "path": "table.csv", "target": "quality"},
+    "model": "mlp", "optimizer": "adam", "loss": "cross_entropy", "training": {"epochs": 1}})");
+  auto outcome = runDdpRun(exp + " --out " + dir + "/run");
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  CHECK(nlohmann::json::parse(readFile(dir + "/run/model_context.json"))["sample_shape"] ==
+        nlohmann::json::array({2}));  // alcohol and acidity
+  outcome = runDdpRun(exp + " --out " + dir + "/typo --set dataset.target=qualty");
+  CHECK(outcome.exitCode == 2);
+  CHECK_THAT(outcome.output, Contains("no column \"qualty\"") && Contains("did you mean \"quality\"?"));
+}
