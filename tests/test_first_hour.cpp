@@ -206,3 +206,11 @@ TEST_CASE("a CSV's target is named by its header, as pandas users write it", "[f
   CHECK(outcome.exitCode == 2);
   CHECK_THAT(outcome.output, Contains("no column \"qualty\"") && Contains("did you mean \"quality\"?"));
 }
+
+TEST_CASE("progress inside an epoch reaches a pipe as plain lines", "[first-hour]") {
+  const auto outcome = runDdpRun(kWine + " --out " + tempDir() + "/progress --set training.epochs=2",
+                                 "DDP_PROGRESS_SECONDS=0");
+  REQUIRE(outcome.exitCode == 0);
+  CHECK_THAT(outcome.output, Contains("  epoch 1/2  batch 1/5  loss ") && Contains("samples/s  ETA"));
+  CHECK(outcome.output.find('\r') == std::string::npos);  // no terminal rewriting in a pipe
+}

@@ -63,7 +63,7 @@ void Trainer::addCallback(std::shared_ptr<TrainerCallback> callback) {
 
 void Trainer::addStandardCallbacks() {
   if (auto slow = SlowRank::fromEnvironment(rank())) addCallback(slow);
-  if (ProgressLine::wanted(*this)) addCallback(std::make_shared<ProgressLine>());
+  if (ProgressLine::wanted(*this)) addCallback(std::make_shared<ProgressLine>(ProgressLine::terminal()));
   // Every rank (one collective per epoch), before the metrics files that
   // write what it adds.
   addCallback(std::make_shared<StepMetrics>());
