@@ -506,6 +506,19 @@ TEST_CASE("TCPStore: an unreachable master fails after connectTimeout, naming ho
   CHECK_THAT(message, Contains("docs/clusters.md#diagnosing-a-rendezvous-that-does-not-complete"));
 }
 
+TEST_CASE("TCPStore: a client without a token is told that the store requires one", "[store][tcp]") {
+  TCPStore server(serverOptions());
+  TCPStoreOptions options = clientOptions(server.port());
+  options.token = "";
+  options.tokenFromEnvironment = false;
+  auto [took, message] = expectStoreError([&] { TCPStore client(options); });
+  CHECK(took < milliseconds(2000));
+  CHECK_THAT(message, Contains("this process has no DDP_STORE_TOKEN and the store server at 127.0.0.1:" +
+                               std::to_string(server.port()) + " requires one") &&
+                          Contains("HINT: export DDP_STORE_TOKEN"));
+  CHECK_FALSE(Contains("another job's store").match(message));
+}
+
 TEST_CASE("TCPStore: a client with the wrong token is refused with a hint", "[store][tcp]") {
   TCPStore server(serverOptions());
   TCPStoreOptions options = clientOptions(server.port());

@@ -101,6 +101,14 @@ Client::Connected Client::connect() {
         ::close(fd);
         continue;
       }
+      if (!serverKnowsToken && token_.empty()) {
+        ::close(fd);
+        // This node has no token and the store asks for one.
+        fail<StoreError>(
+            "TCPStore: this process has no {} and the store server at {} requires one. HINT: export {} (or {}_FILE) "
+            "on this node with the job's token, as on the node that serves the store",
+            kStoreTokenEnv, hostPort(), kStoreTokenEnv, kStoreTokenEnv);
+      }
       if (!serverKnowsToken) {
         ::close(fd);
         // Final: another job's store, or a process that took the port.
