@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "apps/sample.hpp"
 #include "tests/test_support.hpp"
@@ -213,4 +214,17 @@ TEST_CASE("progress inside an epoch reaches a pipe as plain lines", "[first-hour
   REQUIRE(outcome.exitCode == 0);
   CHECK_THAT(outcome.output, Contains("  epoch 1/2  batch 1/5  loss ") && Contains("samples/s  ETA"));
   CHECK(outcome.output.find('\r') == std::string::npos);  // no terminal rewriting in a pipe
+}
+
+TEST_CASE("more ranks than cores gets a note", "[first-hour][launcher]") {
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores == 0 || cores > 8) {
+    WARN("SKIPPED: this machine has " << cores << " cores; the test starts cores + 1 ranks only on small machines");
+    return;
+  }
+  const auto outcome = runDdpRun("--nproc-per-node " + std::to_string(cores + 1) + " " + kWine + " --out " + tempDir() +
+                                 "/many --set training.epochs=1");
+  CHECK(outcome.exitCode == 0);
+  CHECK_THAT(outcome.output, Contains(fmt::format("{} ranks on this node (--nproc-per-node) for {} cores", cores + 1,
+                                                  cores)));
 }

@@ -40,7 +40,8 @@
 //   are removed.
 // - Everything it writes to stdout is flushed line by line, so a redirected
 //   output keeps what the ranks printed even if the launcher is killed.
-// - More than twice as many local ranks as cores: a warning, not an error.
+// - More local ranks than cores: a note (testing a world size on a small
+//   machine is legitimate), not an error.
 #pragma once
 
 #include <chrono>
