@@ -73,7 +73,8 @@
 //   it dealt over the new world. Ranks waiting to join are admitted the
 //   same way at a step boundary. group(), rank() and worldSize() are then
 //   the new group's; rank 0 writes the records (the writer may change). A
-//   failure inside the epoch-end callbacks still ends the run.
+//   failure in an epoch-end callback's collective recovers too, and that
+//   callback runs again (callback.hpp).
 // - Callbacks may end the run after an epoch (requestStop: early stopping)
 //   and write extra checkpoints (saveCheckpointAs: the best ones).
 // - training.checkpoint_on_signal: SIGTERM and SIGINT set a flag during
