@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -37,7 +36,6 @@ struct alignas(64) ShmChannel::RankHeader {
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory counters need lock-free atomics");
 
 namespace {
-
 
 using Clock = std::chrono::steady_clock;
 

@@ -70,15 +70,15 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
         // Below --min-ranks: the member with the state saves it, all stop.
         const std::vector<int>& ids = s.membership.ids;
         if (s.rendezvous->id() == s.membership.sourceId) {
+          const int64_t batch = std::max<int64_t>(1, s.consumed / config_.training.batchSize);
           s.releasedOptimizer = optimizer.get();
           s.writesAlone = true;
-          writeCheckpoint(s.epoch, std::max<int64_t>(1, s.consumed / config_.training.batchSize), {});
+          writeCheckpoint(s.epoch, batch, {});
           s.log->setEnabled(true);
           s.log->line(fmt::format("elastic: {} rank(s) left (ids {}), fewer than --min-ranks {}; saved {}/checkpoints/"
                                   "{}; stopping",
                                   ids.size(), idsText(ids), options_.minRanks, options_.runDir,
-                                  checkpointFileName(s.epoch, std::max<int64_t>(1, s.consumed /
-                                                                                      config_.training.batchSize))));
+                                  checkpointFileName(s.epoch, batch)));
         }
         fail<ElasticBelowMinimum>(
             "elastic: {} rank(s) left (ids {}), fewer than --min-ranks {}; the job stops with a checkpoint of step {}. "

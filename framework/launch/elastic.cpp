@@ -208,7 +208,7 @@ void ElasticRendezvous::awaitMembers(const ElasticMembership& m) {
   }
 }
 
-ElasticMembership ElasticRendezvous::join(int64_t /*steps*/) {
+ElasticMembership ElasticRendezvous::join() {
   store_->setString(admittedKey(id_), "-1");
   store_->setString(joinKey(id_), "1");
   store_->add("elastic/join-requests", 1);

@@ -114,7 +114,7 @@ class ElasticRendezvous {
   ElasticMembership next(const ElasticMembership& current, int64_t steps);
   // A joiner: asks to join, waits (up to the decision timeout, repeatedly
   // while the job is alive) to be admitted, and returns its membership.
-  ElasticMembership join(int64_t steps = 0);
+  ElasticMembership join();
   // Rank 0, between steps: whether someone waits to join (a store
   // round trip; call it throttled).
   bool joinPending();

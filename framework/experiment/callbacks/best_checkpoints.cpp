@@ -34,13 +34,13 @@ void BestCheckpoints::onTrainBegin(Trainer& trainer) {
   const auto& tc = trainer.config().training;
   maximize_ = tc.keepBestMaximize;
   if (!trainer.isWriter()) return;
-  restored_ = true;
   const std::string dir = trainer.options().runDir + "/checkpoints/";
   std::error_code ec;
   if (trainer.startEpoch() == 0 && !trainer.options().elasticJoin) {
     // A fresh start (a restart with nothing to resume from included): an
     // earlier attempt's best checkpoints are not this run's.
     std::filesystem::remove_all(dir + "best", ec);
+    restored_ = true;  // nothing to take up
     return;
   }
   restore(trainer, trainer.startEpoch());
@@ -61,8 +61,13 @@ void BestCheckpoints::restore(Trainer& trainer, int64_t upTo) {
     if (listed.count(epoch) && std::isfinite(value) && files.erase(epoch)) kept_.push_back({epoch, value});
   }
   for (int64_t abandoned : files) std::remove((dir + bestFileName(abandoned)).c_str());
+  keepTheBest(trainer);
+}
+
+void BestCheckpoints::keepTheBest(Trainer& trainer) {
   sortKept();
-  while (static_cast<int64_t>(kept_.size()) > tc.keepBest) {
+  const std::string dir = trainer.options().runDir + "/checkpoints/";
+  while (static_cast<int64_t>(kept_.size()) > trainer.config().training.keepBest) {
     std::remove((dir + bestFileName(kept_.back().epoch)).c_str());
     kept_.pop_back();
   }
@@ -84,13 +89,7 @@ void BestCheckpoints::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   trainer.saveCheckpointAs(bestFileName(end.metrics.epoch), end.metrics.epoch);
   if (!trainer.isWriter()) return;
   kept_.push_back({end.metrics.epoch, *value});
-  sortKept();
-  const std::string dir = trainer.options().runDir + "/checkpoints/";
-  while (static_cast<int64_t>(kept_.size()) > tc.keepBest) {
-    std::remove((dir + bestFileName(kept_.back().epoch)).c_str());
-    kept_.pop_back();
-  }
-  writeIndex(trainer);
+  keepTheBest(trainer);
 }
 
 void BestCheckpoints::writeIndex(Trainer& trainer) const {

@@ -38,6 +38,8 @@ class BestCheckpoints : public TrainerCallback {
 
  private:
   void writeIndex(Trainer& trainer) const;
+  // Ranks kept_, drops (and deletes) those beyond keep_best, rewrites index.json.
+  void keepTheBest(Trainer& trainer);
   void restore(Trainer& trainer, int64_t upTo);
   bool restored_ = false;
   void sortKept();
