@@ -181,8 +181,12 @@ TEST_CASE("first-hour output: one rank prefix, short runs logged, huge losses re
 
 TEST_CASE("Ctrl-C on a one-rank run stops at a step, says so, and train.log keeps it", "[first-hour][launcher]") {
   const std::string dir = tempDir() + "/int";
-  const std::string command = "timeout --preserve-status -s INT 2 '" + ddpRunPath() + "' '" + kWine + "' --out " + dir +
-                              " --set training.epochs=1000000 --set training.eval_every=0 > " + dir + ".log 2>&1";
+  // SIGINT once training runs (steps.jsonl has a record), not after a
+  // fixed delay that a loaded machine may not reach training in.
+  const std::string command = "'" + ddpRunPath() + "' '" + kWine + "' --out " + dir +
+                              " --set training.epochs=1000000 --set training.eval_every=0 --set training.log_every=1 > " +
+                              dir + ".log 2>&1 & pid=$!; for i in $(seq 600); do [ -s " + dir +
+                              "/steps.jsonl ] && break; sleep 0.05; done; kill -INT $pid; wait $pid";
   const int status = std::system(command.c_str());
   CHECK(WEXITSTATUS(status) == 130);
   INFO(readFile(dir + ".log"));
