@@ -96,6 +96,27 @@ TEST_CASE("resume says a finished run is finished, and resume with --out DIR alo
   CHECK_THAT(outcome.output, Contains("holds no config.json to continue from"));
 }
 
+TEST_CASE("a resume of a run killed inside its first epoch starts over with its steps.jsonl set aside",
+          "[first-hour][checkpoint]") {
+  const std::string run = tempDir() + "/killed";
+  // Rank 0 dies at step 3 of epoch 1: steps.jsonl has 3 records, metrics.jsonl none.
+  auto outcome = runDdpRun(kWine + " --out " + run + " --set training.epochs=2", "DDP_FAULT_INJECT=0@3");
+  REQUIRE(outcome.exitCode != 0);
+  REQUIRE(ddp::test::jsonLines(run + "/steps.jsonl").size() == 3);
+  outcome = runDdpRun("--resume --out " + run);
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  CHECK_THAT(outcome.output, Contains("resume: no checkpoint to continue from, so training starts over; the earlier "
+                                      "records are kept as "));
+  CHECK_THAT(outcome.output, Contains("steps.before-restart-1.jsonl in " + run));
+  const auto kept = ddp::test::jsonLines(run + "/steps.before-restart-1.jsonl");
+  CHECK(kept.size() == 3);
+  // The new steps.jsonl holds this attempt's steps alone, from step 1, once each.
+  const auto steps = ddp::test::jsonLines(run + "/steps.jsonl");
+  REQUIRE(!steps.empty());
+  for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i]["step"].get<int64_t>() == int64_t(i) + 1);
+}
+
 TEST_CASE("first-hour mistakes get one line and a hint", "[first-hour][config]") {
   auto outcome = runDdpRun("--sample x --seed -1");
   CHECK(outcome.exitCode == 2);

@@ -247,6 +247,47 @@ TEST_CASE("a rendezvous that waits for a rank says which, every interval", "[mul
   CHECK(error.find("1 of 3 ranks arrived within 1.8 s; still missing ranks 1,2 (nodes 1,2)") != std::string::npos);
 }
 
+TEST_CASE("a rendezvous names the client its store refused for the token, and says the fix",
+          "[multiprocess][errors][rendezvous][token]") {
+  const int port = pickFreePort("127.0.0.1");
+  DistributedOptions options;
+  options.timeout = std::chrono::milliseconds(2500);
+  options.progressEvery = std::chrono::milliseconds(1000);
+  std::string error, clientError;
+  test::CapturedStderr captured;
+  // A "node" without the token knocks while rank 0 waits for it.
+  std::thread stray([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(port);
+    so.tokenFromEnvironment = false;
+    so.connectTimeout = std::chrono::milliseconds(1500);
+    try {
+      TCPStore client(so);
+    } catch (const std::exception& e) {
+      clientError = e.what();
+    }
+  });
+  {
+    test::ScopedEnv token(kStoreTokenEnv, "the-job-token");
+    try {
+      initDistributed(threadRank(0, 2, port), options, builtinBackends());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  stray.join();
+  const std::string log = captured.restore();
+  INFO("error: " << error << "\nclient: " << clientError << "\nstderr: " << log);
+  CHECK(clientError.find("this process has no DDP_STORE_TOKEN and the store server at") != std::string::npos);
+  // The progress line names the refused client once it was refused, and so does the error.
+  CHECK(log.find("waiting for rank 1 (node 1); the store refused a client (127.0.0.1:") != std::string::npos);
+  CHECK(error.find("still missing rank 1 (node 1); the store refused a client (127.0.0.1:") != std::string::npos);
+  CHECK(error.find("wrong job token") != std::string::npos);
+  CHECK(error.find("HINT: export the same DDP_STORE_TOKEN (or DDP_STORE_TOKEN_FILE) on every node") !=
+        std::string::npos);
+}
+
 TEST_CASE("the store token comes from DDP_STORE_TOKEN, else from a private file", "[multiprocess][errors][token]") {
   const std::string dir = test::tempDir();
   const std::string file = dir + "/token";

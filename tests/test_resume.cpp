@@ -215,10 +215,13 @@ TEST_CASE("the newest checkpoint is chosen by epoch number, not by name", "[resu
   CHECK(newestCheckpoint(tmp.path()) == tmp.path() + "/checkpoints/epoch_1000000.pt");
   std::vector<std::string> order;
   for (const auto& file : listCheckpoints(tmp.path())) order.push_back(file.path.substr(file.path.rfind('/') + 1));
-  CHECK(order == std::vector<std::string>{"epoch_1000000.pt", "epoch_999999.pt", "epoch_000003_batch_000002.pt",
-                                          "epoch_000003.pt"});
+  // epoch_000003_batch_000002: 2 batches into epoch 3, after epoch_000002.pt and before epoch_000003.pt.
+  CHECK(order == std::vector<std::string>{"epoch_1000000.pt", "epoch_999999.pt", "epoch_000003.pt",
+                                          "epoch_000003_batch_000002.pt"});
   CHECK(checkpointFileName(1000000) == "epoch_1000000.pt");
-  CHECK(checkpointFileName(3, 2) == "epoch_000003_batch_000002.pt");
+  CHECK(checkpointFileName(2, 2) == "epoch_000003_batch_000002.pt");
+  std::ofstream(tmp.path() + "/checkpoints/epoch_000000_batch_000002.pt") << "x";
+  CHECK(listCheckpoints(tmp.path()).size() == 4);
 }
 
 TEST_CASE("a run folder is locked while a job owns it", "[resume]") {
@@ -319,9 +322,9 @@ TEST_CASE("SIGTERM with checkpoint_on_signal saves the step, and resume ends lik
     CHECK(stopped.steps == 7);
     CHECK(stopped.history.size() == 1);
   }
-  CHECK(newestCheckpoint(parts.path()) == parts.path() + "/checkpoints/epoch_000001_batch_000002.pt");
+  CHECK(newestCheckpoint(parts.path()) == parts.path() + "/checkpoints/epoch_000002_batch_000002.pt");
   CHECK(readFile(parts.path() + "/train.log").find("signal 15: saved " + parts.path() +
-                                                 "/checkpoints/epoch_000001_batch_000002.pt (step 7, 2 batches "
+                                                 "/checkpoints/epoch_000002_batch_000002.pt (step 7, 2 batches "
                                                  "into epoch 2); stopping") != std::string::npos);
   ro.resume = true;
   const auto resumed = runTraining(wine(onSignal), ctx, ro, builtinPlugins());

@@ -39,7 +39,10 @@ bool parseCheckpointName(const std::string& name, CheckpointFile* out) {
   out->batch = 0;
   if (name.compare(pos, batchPrefix.size(), batchPrefix) == 0) {
     pos += batchPrefix.size();
-    if (!readNumber(name, &pos, &out->batch)) return false;
+    // epoch_E_batch_B: B batches into epoch E (1-based, as the messages
+    // count), so E - 1 epochs finished.
+    if (!readNumber(name, &pos, &out->batch) || out->epoch < 1 || out->batch < 1) return false;
+    out->epoch -= 1;
   }
   return name.compare(pos, std::string::npos, suffix) == 0;
 }
@@ -128,7 +131,8 @@ std::string bestCheckpoint(const std::string& runDir) {
 }
 
 std::string checkpointFileName(int64_t epoch, int64_t batch) {
-  return batch > 0 ? fmt::format("epoch_{:06}_batch_{:06}.pt", epoch, batch) : fmt::format("epoch_{:06}.pt", epoch);
+  return batch > 0 ? fmt::format("epoch_{:06}_batch_{:06}.pt", epoch + 1, batch)
+                   : fmt::format("epoch_{:06}.pt", epoch);
 }
 
 RunFolderLock::RunFolderLock(const std::string& runDir) {

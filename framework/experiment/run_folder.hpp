@@ -4,8 +4,9 @@
 //
 // Contract
 // - Checkpoints are checkpoints/epoch_NNNNNN.pt (after epoch N) and
-//   checkpoints/epoch_NNNNNN_batch_MMMMMM.pt (M batches into epoch N+1, from
-//   training.checkpoint_on_signal). Order is by (N, M) as numbers, so
+//   checkpoints/epoch_NNNNNN_batch_MMMMMM.pt (M batches into epoch N, from
+//   training.checkpoint_on_signal or an elastic job's stop): epochs count
+//   from 1 in names as in every message. Order is by (epochs finished, M) as numbers, so
 //   epoch_1000000.pt is newer than epoch_999999.pt; other names (a left-over
 //   .tmp) are not checkpoints.
 // - RunFolderLock: an flock(2) on RUN_DIR/.lock held for the lock's life
@@ -48,7 +49,8 @@ std::string bestCheckpoint(const std::string& runDir);
 // an index). An entry whose file would leave checkpoints/ is a UsageError.
 std::vector<BestCheckpoint> indexedBestCheckpoints(const std::string& runDir);
 
-// The file name of a checkpoint after `epoch` epochs and `batch` batches.
+// The file name of a checkpoint after `epoch` epochs finished and `batch`
+// batches of the next one (named by that next epoch, 1-based).
 std::string checkpointFileName(int64_t epoch, int64_t batch = 0);
 
 class RunFolderLock {

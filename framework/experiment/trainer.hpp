@@ -80,7 +80,8 @@
 // - training.checkpoint_on_signal: SIGTERM and SIGINT set a flag during
 //   run(); after each optimizer step the ranks agree on it (one allreduce of
 //   one number, only with this setting), stop after the same step, and rank
-//   0 saves checkpoints/epoch_E_batch_B.pt (with that epoch's loss sums so
+//   0 saves checkpoints/epoch_E_batch_B.pt (B batches into epoch E, counted
+//   from 1; with that epoch's loss sums so
 //   far) or, at an epoch's end, epoch_E.pt; run() returns with
 //   TrainResult::signal set. A second signal takes the default action. The
 //   previous handlers are restored when run() returns.

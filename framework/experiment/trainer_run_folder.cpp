@@ -2,11 +2,13 @@
 // the checkpoint a run resumes from.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "framework/core/append_file.hpp"
 #include "framework/core/errors.hpp"
@@ -20,7 +22,7 @@ namespace {
 
 // Renames metrics.jsonl, metrics.csv and steps.jsonl of `runDir` to
 // NAME.before-restart-K.EXT with the first K that none of them has; returns
-// what the new names look like, for the log.
+// the new names, for the log.
 std::string keepRecordsAside(const std::string& runDir) {
   std::error_code ec;
   const std::filesystem::path dir(runDir);
@@ -33,6 +35,7 @@ std::string keepRecordsAside(const std::string& runDir) {
                      [&](const auto& name) { return std::filesystem::exists(kept(name, k), ec); })) {
     ++k;
   }
+  std::vector<std::string> moved;
   for (const auto& name : records) {
     if (!std::filesystem::exists(dir / name, ec)) continue;
     std::filesystem::rename(dir / name, kept(name, k), ec);
@@ -40,8 +43,9 @@ std::string keepRecordsAside(const std::string& runDir) {
       fail<std::runtime_error>("restart: cannot keep {} as {}: {}", (dir / name).string(), kept(name, k).string(),
                                ec.message());
     }
+    moved.push_back(kept(name, k).filename().string());
   }
-  return fmt::format("{}/metrics.before-restart-{}.{{jsonl,csv}}", runDir, k);
+  return fmt::format("{} in {}", fmt::join(moved, ", "), runDir);
 }
 
 void makeRunFolder(const std::string& runDir) {
@@ -165,14 +169,16 @@ std::string prepareRunFolder(const ExperimentConfig& config, const RunOptions& o
     }
     std::error_code stepsEc;
     const auto stepsBytes = std::filesystem::file_size(runDir + "/steps.jsonl", stepsEc);
-    if (chosen.empty() && options.restart && ((!ec && metricsBytes > 0) || (!stepsEc && stepsBytes > 0))) {
-      // A restart with nothing to resume from starts over; the records of
-      // the attempt before are kept beside the new ones, not overwritten.
+    const bool hasSteps = !stepsEc && stepsBytes > 0;
+    if (chosen.empty() && ((options.restart && !ec && metricsBytes > 0) || hasSteps)) {
+      // A restart, or a --resume of a run stopped inside its first epoch,
+      // with nothing to resume from starts over; the records of the attempt
+      // before are kept beside the new ones, not overwritten or mixed in.
       const std::string kept = keepRecordsAside(runDir);
       notes->push_back(fmt::format(
-          "restart: no checkpoint to continue from, so training starts over; the earlier records are kept as {}. "
-          "HINT: training.save_every > 0 lets a restart resume instead",
-          kept));
+          "{}: no checkpoint to continue from, so training starts over; the earlier records are kept as {}. "
+          "HINT: training.save_every > 0 lets a {} continue instead",
+          options.restart ? "restart" : "resume", kept, options.restart ? "restart" : "resume"));
     }
   } else {
     makeRunFolder(runDir);

@@ -14,6 +14,8 @@
 #include "framework/core/errors.hpp"
 #include "framework/core/help_links.hpp"
 #include "framework/core/strings.hpp"
+#include "framework/store/tcp/server.hpp"
+#include "framework/store/tcp_store.hpp"
 
 namespace ddp {
 namespace {
@@ -34,6 +36,24 @@ std::string hostName() {
   char host[256] = {0};
   if (::gethostname(host, sizeof host - 1) != 0) return "?";
   return host;
+}
+
+// The store server's last refused handshake (tcp/server.hpp), or "": with
+// ranks missing, most likely a node of this job without its token.
+std::string lastRefusal(Store& store) {
+  try {
+    if (!store.check({tcpstore::kLastRefusalKey})) return "";
+    return store.getString(tcpstore::kLastRefusalKey);
+  } catch (const StoreError&) {
+    return "";
+  }
+}
+
+std::string refusalNote(const std::string& refusal) {
+  if (refusal.empty()) return "";
+  return fmt::format("; the store refused a client ({}): a node of this job started without this job's {} cannot "
+                     "join. HINT: export the same {} (or {}_FILE) on every node",
+                     refusal, kStoreTokenEnv, kStoreTokenEnv, kStoreTokenEnv);
 }
 
 std::string encode(const Record& r) { return fmt::format("{} {} {} {}", r.rank, r.worldSize, r.nodeRank, r.host); }
@@ -115,6 +135,13 @@ Arrival awaitArrival(Store& store, const RankEnv& env, const ArrivalOptions& opt
     while (true) {
       const auto now = Clock::now();
       if (now >= deadline) {
+        const std::string refusal = lastRefusal(store);
+        if (!refusal.empty()) {
+          fail<StoreTimeout>("rendezvous through {}: {} of {} ranks arrived within {:g} s; still missing {}{}",
+                             store.describe(), arrived.size(), env.worldSize,
+                             std::chrono::duration<double>(options.timeout).count(), missingRanks(env, arrived),
+                             refusalNote(refusal));
+        }
         fail<StoreTimeout>(
             "rendezvous through {}: {} of {} ranks arrived within {:g} s; still missing {}. HINT: start every node of "
             "the job (same --nnodes, --master-addr, --master-port); {}",
@@ -132,10 +159,10 @@ Arrival awaitArrival(Store& store, const RankEnv& env, const ArrivalOptions& opt
       if (Clock::now() >= nextProgress) {
         if (env.localRank == 0) {
           // One write: lines of ranks sharing a terminal stay whole.
-          std::cerr << fmt::format("rendezvous: {} of {} ranks arrived after {} s; waiting for {}\n", arrived.size(),
+          std::cerr << fmt::format("rendezvous: {} of {} ranks arrived after {} s; waiting for {}{}\n", arrived.size(),
                                    env.worldSize,
                                    std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count(),
-                                   missingRanks(env, arrived))
+                                   missingRanks(env, arrived), refusalNote(lastRefusal(store)))
                     << std::flush;
         }
         nextProgress += options.progressEvery;

@@ -6,11 +6,14 @@
 //   and host name) and reads the records of the others as they come.
 // - While ranks are missing, the first rank of each node (local rank 0)
 //   prints one line every `progressEvery` to stderr: how many ranks have
-//   arrived and which ranks (and nodes) are awaited.
+//   arrived and which ranks (and nodes) are awaited, and the client the
+//   store server last refused at its handshake (tcp/server.hpp), if any:
+//   a node of this job without the job's token.
 // - A record whose world size differs from this rank's fails at once with
 //   UsageError naming both sizes, ranks, nodes and hosts; so does a rank
 //   number claimed twice. Nobody waits for the timeout first.
-// - Ranks still missing after `timeout` fail with StoreTimeout naming them.
+// - Ranks still missing after `timeout` fail with StoreTimeout naming them
+//   (and the refused client, with the fix, when there was one).
 // - The result says how many ranks of the job share this rank's host, so
 //   that the threads per rank can account for launchers the local one does
 //   not know about (several launchers on one host).

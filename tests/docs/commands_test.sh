@@ -1,31 +1,91 @@
 #!/usr/bin/env bash
-# Keeps the docs true (issue 32): runs every `build/ddp-run ...` command of
-# README.md and docs/*.md, in the order each file gives them, in a scratch
-# folder (experiments/ linked in), with the built ddp-run. Training commands
-# are shortened with --set training.epochs=1 --set training.max_steps=4
-# (which changes nothing else they show); each must exit with 0. Commands
-# that need what this test cannot give are skipped with the reason printed:
-# several nodes (--nnodes), a GPU (nccl, cuda) where there is none, a
-# placeholder file the text invents, a command shown failing on purpose.
+# Keeps the docs true (issue 32): runs every command example of README.md
+# and docs/*.md that uses this project's programs (build/ddp-run,
+# build/benchmarks/ddp-bench, scripts/ddp-plot), in the order each file
+# gives them, in a scratch folder per file (experiments/ and scripts/
+# linked in), with the built programs. Commands are shortened where that
+# changes nothing else they show: training to one epoch of at most 4 steps,
+# benchmarks to a few small iterations (see `shorten` below). Each must exit
+# with 0. Commands that need what this test cannot give are skipped with the
+# reason printed: several nodes, a GPU where there is none, root (network
+# namespaces), matplotlib where it is absent, a placeholder file the text
+# invents, a command shown failing on purpose. The set-up scripts
+# (scripts/setup.sh, run.sh, test.sh, package.sh) are what runs this test,
+# and the installed-package steps are ctest's install.* tests: they are
+# listed as skipped with that reason.
 #
-#   tests/docs/commands_test.sh path/to/ddp-run
+#   tests/docs/commands_test.sh path/to/ddp-run [path/to/ddp-bench]
 set -euo pipefail
-ddp_run=$(realpath "${1:?usage: commands_test.sh path/to/ddp-run}")
+ddp_run=$(realpath "${1:?usage: commands_test.sh path/to/ddp-run [path/to/ddp-bench]}")
+ddp_bench=$(realpath "${2:-$(dirname "$ddp_run")/benchmarks/ddp-bench}" 2>/dev/null || true)
 src=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DDP_STORE_TOKEN
-/usr/bin/python3 - "$src" "$ddp_run" "$work" <<'PY'
-import os, re, shlex, subprocess, sys
-src, ddp_run, work = sys.argv[1], sys.argv[2], sys.argv[3]
+/usr/bin/python3 - "$src" "$ddp_run" "$work" "$ddp_bench" <<'PY'
+import importlib.util, os, re, shlex, subprocess, sys, time
+src, ddp_run, work, ddp_bench = sys.argv[1:5]
 docs = [os.path.join(src, "README.md")] + sorted(
     os.path.join(src, "docs", f) for f in os.listdir(os.path.join(src, "docs")) if f.endswith(".md"))
 gpu = "(CUDA" in subprocess.run([ddp_run, "--version"], stdout=subprocess.PIPE, text=True).stdout
 skips = [("--nnodes", "needs a second node"), ("exp.json", "a placeholder experiment file"),
-         ("typo_train.json", "shown failing on purpose"), ("$PREFIX", "needs an installed package")]
+         ("typo_train.json", "shown failing on purpose"), ("$PREFIX", "needs an installed package"),
+         ("sudo ", "needs root (network namespaces); ctest cluster.* runs it where it may"),
+         ("--hosts", "needs root (network namespaces); ctest cluster.* runs it where it may")]
 if not gpu:
     skips += [("device=cuda", "needs a GPU; ddp-run --version says this build has none"),
-              ("backend=nccl", "needs a GPU; ddp-run --version says this build has none")]
+              ("backend=nccl", "needs a GPU; ddp-run --version says this build has none"),
+              ("--device cuda", "needs a GPU; ddp-run --version says this build has none")]
+if importlib.util.find_spec("matplotlib") is None:
+    skips += [("ddp-plot", "needs matplotlib (python3-matplotlib)"), ("--plot", "needs matplotlib (python3-matplotlib)")]
+if not os.access(ddp_bench or "/nonexistent", os.X_OK):
+    skips += [("ddp-bench", "ddp-bench is not built (scripts/test.sh builds it)")]
+# Programs of this project a documented command may start with, and where
+# they are here. The set-up scripts run this very test, and the install steps
+# are ctest's install.* tests.
+programs = {"build/ddp-run": ddp_run, "build/benchmarks/ddp-bench": ddp_bench,
+            "scripts/ddp-plot": os.path.join(src, "scripts", "ddp-plot")}
+elsewhere = {"./scripts/run.sh": "runs ddp-run as set-up does; scripts/test.sh runs this test",
+             "./scripts/test.sh": "runs this very test", "./scripts/setup.sh": "set-up, which ran before this test",
+             "./scripts/package.sh": "builds the Debian package (minutes of packaging); ctest install.find_package_consumer checks the installed tree it packs"}
+
+# What each ddp-bench subcommand's options become: fewer and smaller
+# iterations, the same code paths. A value the command gives is replaced.
+bench_short = {
+    "collectives": {"--max-bytes": "64K", "--warmup": "1", "--iters": "2"},
+    "wine": {"--repeats": "1"},
+    "train-step": {"--steps": "2", "--warmup": "1", "--repeats": "1"},
+    "lm": {"--seeds": "0", "--tolerance": "100"},
+    "strategies": {"--steps": "1", "--warmup": "1"},
+}
+
+def with_options(words, options):
+    words = list(words)
+    for name, value in options.items():
+        if name in words:
+            words[words.index(name) + 1] = value
+        else:
+            words += [name, value]
+    return words
+
+def shorten(words):
+    program = words[0]
+    if program == "build/ddp-run":
+        informational = any(w in words for w in ("--describe", "--list-plugins", "--schema", "--version", "--sample",
+                                                 "--demo", "--help"))
+        if informational:
+            return words
+        return words + ["--set", "training.epochs=1", "--set", "training.max_steps=4", "--set", "training.save_every=1"]
+    if program == "build/benchmarks/ddp-bench":
+        sub = words[1] if len(words) > 1 else ""
+        if "--plan" in words or "--help" in words:
+            return words
+        words = with_options(words, bench_short.get(sub, {}))
+        if sub == "lm":
+            words += ["--set", "training.max_steps=4"]
+        return words
+    return words
+
 ran = skipped = failed = 0
 for doc in docs:
     folder = os.path.join(work, os.path.basename(doc))
@@ -38,7 +98,12 @@ for doc in docs:
         i += 1
         if line.startswith("$ "):
             line = line[2:]
-        if not line.startswith("build/ddp-run "):
+        bare = line[5:] if line.startswith("sudo ") else line
+        if bare.split(" ")[0] in elsewhere:
+            print(f"SKIPPED ({elsewhere[bare.split(' ')[0]]}): {os.path.relpath(doc, src)}: {line}")
+            skipped += 1
+            continue
+        if not any(bare.startswith(p + " ") for p in programs):
             continue
         while line.endswith("\\") and i < len(lines):
             line = line[:-1] + " " + lines[i].strip()
@@ -50,25 +115,29 @@ for doc in docs:
             print(f"SKIPPED ({reason}): {where}")
             skipped += 1
             continue
-        words = shlex.split(command.split(">")[0])
-        informational = any(w in words for w in ("--describe", "--list-plugins", "--schema", "--version", "--sample",
-                                                 "--demo", "--help"))
-        run = command.replace("build/ddp-run", shlex.quote(ddp_run), 1)
-        if not informational:
-            redirect = ""
-            if ">" in run:
-                run, redirect = run.split(">", 1)
-                redirect = " >" + redirect
-            run = run.rstrip() + " --set training.epochs=1 --set training.max_steps=4 --set training.save_every=1" + redirect
+        redirect = ""
+        if ">" in command:
+            command, redirect = command.split(">", 1)
+            redirect = " >" + redirect
+        words = shorten(shlex.split(command))
+        # Files the command writes (--json, --plot, -o) go where it says, below the scratch folder.
+        for flag in ("--json", "--plot", "-o", "--out"):
+            if flag in words and words.index(flag) + 1 < len(words):
+                parent = os.path.dirname(words[words.index(flag) + 1])
+                if parent and not os.path.isabs(parent):
+                    os.makedirs(os.path.join(folder, parent), exist_ok=True)
+        run = " ".join([shlex.quote(programs[words[0]])] + [shlex.quote(w) for w in words[1:]]) + redirect
+        started = time.monotonic()
         result = subprocess.run(["bash", "-c", run], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, timeout=300)
+        took = time.monotonic() - started
         ran += 1
         if result.returncode != 0:
             failed += 1
             print(f"FAILED (exit code {result.returncode}): {where}")
             print("\n".join("    | " + l for l in result.stdout.splitlines()[-15:]))
         else:
-            print(f"ok: {where}")
+            print(f"ok ({took:.1f} s): {where}")
 print(f"docs commands: {ran} run, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed else 0)
 PY

@@ -81,7 +81,9 @@ class Server::Impl {
   void handleRequest(uint64_t id, Connection& c, const std::string& payload);
   void keyStored(const std::string& key);
   void completeWaiter(uint64_t waiterId);
-  void refuse(Connection& c, const std::string& reason);
+  // `handshake`: a client that may belong to this job was refused (no or
+  // another token); kLastRefusalKey records it.
+  void refuse(Connection& c, const std::string& reason, bool handshake = false);
   void drop(Connection& c);
   void send(Connection& c, const std::string& bytes);
   void loopTurn(std::vector<pollfd>& fds, std::vector<uint64_t>& ids, bool* stop);
@@ -383,7 +385,7 @@ void Server::Impl::handleHandshake(Connection& c, const std::string& payload) {
   if (!c.helloSeen) {
     const std::string refusal = checkHello(payload, &c.clientNonce);
     if (!refusal.empty()) {
-      refuse(c, refusal);
+      refuse(c, refusal, /*handshake=*/true);
       return;
     }
     c.helloSeen = true;
@@ -392,11 +394,11 @@ void Server::Impl::handleHandshake(Connection& c, const std::string& payload) {
     return;
   }
   if (payload.empty()) {
-    refuse(c, "wrong job token (the client found that this server does not know its token)");
+    refuse(c, "wrong job token (the client found that this server does not know its token)", /*handshake=*/true);
     return;
   }
   if (!sameBytes(payload, clientProof(token_, c.clientNonce, c.serverNonce))) {
-    refuse(c, "wrong job token");
+    refuse(c, "wrong job token", /*handshake=*/true);
     return;
   }
   c.authenticated = true;
@@ -490,8 +492,13 @@ void Server::Impl::completeWaiter(uint64_t waiterId) {
   runnable_.push_back(waiter.connection);  // frames it sent meanwhile may now run
 }
 
-void Server::Impl::refuse(Connection& c, const std::string& reason) {
+void Server::Impl::refuse(Connection& c, const std::string& reason, bool handshake) {
   refused_.fetch_add(1);
+  if (handshake) {
+    const std::string text = fmt::format("{}: {}", c.peer, reason);
+    data_[kLastRefusalKey] = Bytes(text.begin(), text.end());
+    keyStored(kLastRefusalKey);
+  }
   // Rate-limited: a flood of rogue connections must not flood the log.
   if (refusalsLogged_ < kRefusalsLoggedInFull) {
     ++refusalsLogged_;

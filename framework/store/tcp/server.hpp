@@ -17,7 +17,10 @@
 //   kMaxFrame after it), or that sends no handshake within 5 s is refused
 //   (the peer gets the reason, the refusal is counted); the other
 //   connections are served on. The first 5 refusals are logged one warning
-//   each, later ones as one summary line per 10 s.
+//   each, later ones as one summary line per 10 s. A refused handshake (no
+//   token, another token, another protocol) is also stored under
+//   kLastRefusalKey as "PEER: reason", so the job's ranks waiting in the
+//   rendezvous can name it (launch/arrival.hpp).
 // - At most 64 connections await their handshake at a time; another one
 //   closes the oldest of them, so idle or rogue connections hold a bounded
 //   number of file descriptors.
@@ -31,6 +34,8 @@
 #include <string>
 
 namespace ddp::tcpstore {
+
+inline constexpr const char* kLastRefusalKey = "ddp/store/last_refusal";
 
 class Server {
  public:
