@@ -25,6 +25,7 @@
 #include <sstream>
 #include <thread>
 
+#include "apps/export_weights.hpp"
 #include "apps/sample.hpp"
 #include "ddp/config.hpp"
 #include "framework/core/system.hpp"
@@ -74,6 +75,7 @@ struct Args {
   bool version = false;
   std::string demoBackend = "gloo";
   ddp::apps::SampleOptions sample;
+  ddp::apps::ExportOptions exportWeights;
 };
 
 void shareCoresAmongHostRanks(const ddp::RankEnv& env, int ranksOnHost);
@@ -341,7 +343,14 @@ int main(int argc, char** argv) {
                  "--top-k, --seed)");
   app.add_option("--prompt", args.sample.prompt, "with --sample: the text to continue (default: a line break)");
   app.add_option("--checkpoint", args.sample.checkpoint,
-                 "with --sample: latest (default), best (the best of training.keep_best) or a checkpoint file");
+                 "with --sample or --export: latest (default), best (the best of training.keep_best) or a checkpoint "
+                 "file");
+  app.add_option("--export", args.exportWeights.runDir,
+                 "write the weights of the model trained in RUN_DIR for PyTorch: --format safetensors (default) or "
+                 "torch (torch.load reads it as a dict), -o FILE (default RUN_DIR/model.safetensors or model.pt)");
+  app.add_option("--format", args.exportWeights.format, "with --export: safetensors (default) or torch")
+      ->check(CLI::IsMember({"safetensors", "torch"}));
+  app.add_option("-o,--output", args.exportWeights.output, "with --export: the file to write");
   app.add_option("--tokens", args.sample.tokens, "with --sample: tokens to generate (default 200)");
   app.add_option("--temperature", args.sample.temperature,
                  "with --sample: divides the logits; 0 takes the most likely token (default 1)");
@@ -495,6 +504,23 @@ int main(int argc, char** argv) {
     if (!args.sample.runDir.empty()) {
       ddp::apps::sampleText(args.sample, registry, std::cout);
       return 0;
+    }
+    if (!args.exportWeights.runDir.empty()) {
+      if (!args.experiment.empty() || !args.overrides.empty()) {
+        std::cerr << fmt::format("ddp-run: --export reads the model and its settings from {}/config.json; an "
+                                 "experiment file or --set beside it would be ignored. HINT: ddp-run --export {} "
+                                 "[--format safetensors|torch] [-o FILE]",
+                                 args.exportWeights.runDir, args.exportWeights.runDir)
+                  << std::endl;
+        return 2;
+      }
+      args.exportWeights.checkpoint = args.sample.checkpoint;
+      ddp::apps::exportWeights(args.exportWeights, registry, std::cout);
+      return 0;
+    }
+    if (!args.exportWeights.output.empty()) {
+      std::cerr << "ddp-run: -o names the file of --export. HINT: ddp-run --export RUN_DIR -o FILE" << std::endl;
+      return 2;
     }
     const auto env = ddp::rankEnvFromEnvironment(ddp::currentEnvironment());
     const bool isRank = env.has_value() && (env->source == "ddp-run" || args.nprocPerNode == 0);

@@ -252,6 +252,14 @@ void PluginRegistry::add(PluginSpec spec) {
                                 "min(1, (s + 1) / warmup_steps) (0: none)")
                               .atLeast(0));
   }
+  if (spec.kind() == PluginKind::Model &&
+      std::none_of(spec.params.begin(), spec.params.end(), [](const ParamSpec& p) { return p.name == "init_from"; })) {
+    spec.params.push_back(Param("init_from", ParamType::String, "",
+                                "start from these weights: a .safetensors file, or a .pt of Python's "
+                                "torch.save(model.state_dict()) (names as python/ddp_models.py's; \"\": the "
+                                "model's own initialisation). Read at a run's first start only")
+                              .file());
+  }
   std::string name = spec.name;
   ofKind.emplace(std::move(name), std::move(spec));
 }

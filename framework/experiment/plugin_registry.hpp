@@ -142,6 +142,9 @@ inline double warmupFactor(int64_t step, int64_t warmupSteps) {
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
 
 using DatasetFactory = std::function<DatasetSplits(const Params&, const DatasetContext&)>;
+// Every model also takes "init_from" (PluginRegistry::add declares it; ""
+// by default): the Trainer loads those weights into the built model at a
+// run's first start (framework/interop/weights_file.hpp). Factories ignore it.
 using ModelFactory = std::function<ModelPtr(const Params&, const ModelContext&)>;
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor> parameters, const Params&)>;

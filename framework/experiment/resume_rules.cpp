@@ -24,6 +24,7 @@ const Rule kRules[] = {
     {"$schema", true, "a hint for editors"},
     {"plugins", true, "where plugins are loaded from; the plugins used are compared by name"},
     {"dataset", false, "the checkpoint was trained on the old data and split"},
+    {"model.init_from", true, "only a run's first start reads it; a resume continues from the checkpoint"},
     {"model", false, "the checkpoint holds the old model's weights"},
     {"loss", false, "the checkpoint was trained for the old loss"},
     {"optimizer.name", false, "the checkpoint holds the old optimizer's state"},

@@ -20,6 +20,7 @@
 #include "framework/experiment/callbacks/step_metrics.hpp"
 #include "framework/experiment/callbacks/trace_writer.hpp"
 #include "framework/experiment/trainer_impl.hpp"
+#include "framework/interop/weights_file.hpp"
 #include "framework/launch/stop_signals.hpp"
 
 namespace ddp {
@@ -136,6 +137,17 @@ void Trainer::build() {
     return;
   }
 
+  // model.init_from: every rank reads the same weights (a file that does
+  // not fit fails on every rank, before a run folder exists); a checkpoint
+  // to resume from replaces them below.
+  const std::string initFrom = config.model.params.json().value("init_from", std::string());
+  size_t initTensors = 0;
+  if (!initFrom.empty()) {
+    const NamedTensors weights = readWeightsFile(initFrom).tensors;
+    loadModuleState(*model, weights, fmt::format("model.init_from {}", initFrom));
+    initTensors = weights.size();
+  }
+
   // Rank 0 takes the run folder and decides what every rank resumes from;
   // the others learn it through the store, or that rank 0 refused.
   std::vector<std::string> notes;  // for train.log, once it is open
@@ -175,6 +187,9 @@ void Trainer::build() {
                                 : fmt::format("resumed from {} after epoch {}", resumeFrom, state.epoch));
   } else if (options_.resume) {
     s.log->line(fmt::format("resume: no checkpoint in {}/checkpoints; starting from scratch", options_.runDir));
+  }
+  if (resumeFrom.empty() && !initFrom.empty()) {
+    s.log->line(fmt::format("model: started from the {} tensors of {} (model.init_from)", initTensors, initFrom));
   }
 
   makeStrategy(std::move(optimizer));

@@ -1,0 +1,240 @@
+// safetensors files (safetensors.hpp).
+#include "framework/interop/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+#include "framework/core/errors.hpp"
+#include "framework/core/system.hpp"
+
+namespace ddp {
+namespace {
+
+// The format's own limit on the header, which keeps a hostile length from
+// allocating gigabytes.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+struct DtypeName {
+  const char* name;
+  at::ScalarType type;
+};
+constexpr DtypeName kDtypes[] = {
+    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16}, {"I64", at::kLong},
+    {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},   {"U8", at::kByte},       {"BOOL", at::kBool},
+};
+
+std::string dtypeName(at::ScalarType type, const std::string& tensor) {
+  for (const auto& d : kDtypes) {
+    if (d.type == type) return d.name;
+  }
+  fail<UsageError>("safetensors: tensor {} has dtype {}, which this writer does not handle", tensor,
+                   c10::toString(type));
+}
+
+// A file descriptor closed on scope exit.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void writeAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) fail<std::runtime_error>("{}: cannot write: {}", path, errnoText(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// Reads exactly n bytes at `offset`; false at the end of the file.
+bool readAt(int fd, void* data, size_t n, uint64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail<UsageError>("{}: cannot read: {}", path, errnoText(errno));
+    if (r == 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+uint64_t littleEndian64(const unsigned char* b) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | b[i];
+  return v;
+}
+
+}  // namespace
+
+void writeSafetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) meta[key] = value;
+    header["__metadata__"] = meta;
+  }
+  std::vector<at::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name == "__metadata__" || header.contains(name)) {
+      fail<UsageError>("safetensors: tensor name {} is {}", name,
+                       name == "__metadata__" ? "reserved for the header's metadata" : "given twice");
+    }
+    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    header[name] = {{"dtype", dtypeName(t.scalar_type(), name)},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(std::move(t));
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  unsigned char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
+
+  const std::string tmp = path + ".tmp";
+  Fd out{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (out.fd < 0) fail<UsageError>("{}: cannot create: {}", tmp, errnoText(errno));
+  writeAll(out.fd, length, sizeof length, tmp);
+  writeAll(out.fd, text.data(), text.size(), tmp);
+  for (const at::Tensor& t : data) writeAll(out.fd, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), tmp);
+  if (::fsync(out.fd) != 0 || ::close(out.fd) != 0) {
+    out.fd = -1;
+    fail<std::runtime_error>("{}: cannot write: {}", tmp, errnoText(errno));
+  }
+  out.fd = -1;
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    fail<UsageError>("{}: cannot rename {} to it: {}", path, tmp, errnoText(errno));
+  }
+}
+
+bool looksLikeSafetensors(const std::string& path) {
+  Fd in{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (in.fd < 0) return false;
+  unsigned char head[9];
+  if (!readAt(in.fd, head, sizeof head, 0, path)) return false;
+  const uint64_t n = littleEndian64(head);
+  return n >= 2 && n <= kMaxHeaderBytes && head[8] == '{';
+}
+
+WeightsFile readSafetensors(const std::string& path) {
+  Fd in{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (in.fd < 0) fail<UsageError>("{}: cannot open: {}", path, errnoText(errno));
+  struct stat st {};
+  if (::fstat(in.fd, &st) != 0) fail<UsageError>("{}: cannot read: {}", path, errnoText(errno));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const auto bad = [&](const std::string& what) {
+    fail<UsageError>("{}: not a valid safetensors file: {}", path, what);
+  };
+  unsigned char length[8];
+  if (size < 8 || !readAt(in.fd, length, 8, 0, path)) bad(fmt::format("{} bytes, fewer than the 8 of a header length", size));
+  const uint64_t headerBytes = littleEndian64(length);
+  if (headerBytes > kMaxHeaderBytes) {
+    bad(fmt::format("the header claims {} bytes, above the format's limit of {}", headerBytes, kMaxHeaderBytes));
+  }
+  if (headerBytes > size - 8) {
+    bad(fmt::format("the header claims {} bytes, but the file has {} after the length", headerBytes, size - 8));
+  }
+  std::string text(static_cast<size_t>(headerBytes), '\0');
+  if (!readAt(in.fd, text.data(), text.size(), 8, path)) bad("the file ends inside the header");
+  const nlohmann::json header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!header.is_object()) bad("the header is not a JSON object");
+  const uint64_t dataStart = 8 + headerBytes, dataBytes = size - dataStart;
+
+  WeightsFile out;
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+    at::ScalarType type;
+    std::vector<int64_t> sizes;
+  };
+  std::vector<Span> spans;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) bad("__metadata__ is not an object");
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) bad(fmt::format("__metadata__.{} is not a string", key));
+        out.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets")) {
+      bad(fmt::format("tensor {} lacks dtype, shape or data_offsets", name));
+    }
+    const auto& dtype = entry["dtype"];
+    const DtypeName* found = nullptr;
+    for (const auto& d : kDtypes) {
+      if (dtype.is_string() && dtype.get<std::string>() == d.name) found = &d;
+    }
+    if (!found) {
+      bad(fmt::format("tensor {} has dtype {}; handled: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL", name,
+                      dtype.dump()));
+    }
+    const auto& shape = entry["shape"];
+    const auto& offsets = entry["data_offsets"];
+    if (!shape.is_array() || !offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned()) {
+      bad(fmt::format("tensor {}: shape must be a list and data_offsets two numbers", name));
+    }
+    std::vector<int64_t> sizes;
+    uint64_t numel = 1;
+    for (const auto& d : shape) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
+        bad(fmt::format("tensor {}: shape {} holds something other than sizes", name, shape.dump()));
+      }
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim != 0 && numel > dataBytes / dim) numel = dataBytes + 1;  // more than the file can hold
+      else numel *= dim;
+      sizes.push_back(static_cast<int64_t>(dim));
+    }
+    const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+    const uint64_t itemSize = c10::elementSize(found->type);
+    if (begin > end || end > dataBytes) {
+      bad(fmt::format("tensor {}: data_offsets [{}, {}] lie outside the {} bytes of data", name, begin, end,
+                      dataBytes));
+    }
+    if (numel > dataBytes || numel * itemSize != end - begin) {
+      bad(fmt::format("tensor {}: shape {} of {} needs {} bytes, data_offsets give {}", name, shape.dump(),
+                      found->name, numel > dataBytes ? std::string("more than the file's") : std::to_string(numel * itemSize),
+                      end - begin));
+    }
+    spans.push_back({begin, end, name, found->type, std::move(sizes)});
+  }
+  // Everything checked before anything is read; tensors in file order.
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].begin < spans[i - 1].end) {
+      bad(fmt::format("tensors {} and {} overlap", spans[i - 1].name, spans[i].name));
+    }
+  }
+  for (Span& span : spans) {
+    at::Tensor t = at::empty(span.sizes, at::TensorOptions().dtype(span.type));
+    if (span.end > span.begin &&
+        !readAt(in.fd, t.data_ptr(), static_cast<size_t>(span.end - span.begin), dataStart + span.begin, path)) {
+      bad(fmt::format("the file ends inside tensor {}", span.name));
+    }
+    out.tensors.emplace_back(std::move(span.name), std::move(t));
+  }
+  return out;
+}
+
+}  // namespace ddp
