@@ -21,6 +21,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -254,4 +256,61 @@ TEST_CASE("TensorBoard event writer: a file of its own per writer, a missing fol
   CHECK(std::filesystem::file_size(a.path()) == sizeBefore);
   a.addScalar("still/ok/λ", 1.0, 1, 1e9);
   CHECK(std::filesystem::file_size(a.path()) > sizeBefore);
+}
+
+TEST_CASE("training.tensorboard: every number of metrics.jsonl and steps.jsonl is in the run's event file",
+          "[tensorboard][launcher]") {
+  if (skipWithoutPython()) return;
+  const std::string run = ddp::test::tempDir() + "/run";
+  const auto trained = ddp::test::runDdpRun(
+      "--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
+      "/experiments/wine_baseline.json --set training.epochs=4 --set training.eval_every=2 --set training.tensorboard=true "
+      "--set training.clip_grad_norm=1 --set training.log_every=2 --out " + run);
+  INFO(trained.output);
+  REQUIRE(trained.exitCode == 0);
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(run)) {
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) files.push_back(entry.path().string());
+  }
+  REQUIRE(files.size() == 1);  // rank 0's alone
+  const Decoded d = decode(files[0]);
+  INFO(d.output.substr(0, 2000));
+  REQUIRE(d.exitCode == 0);
+  // tag -> (step -> value as float32)
+  std::map<std::string, std::map<int64_t, nlohmann::json>> seen;
+  std::string config;
+  for (const auto& line : d.lines) {
+    if (line.contains("text")) {
+      config = line["text"].get<std::string>();
+    } else {
+      seen[line["tag"].get<std::string>()][line["step"].get<int64_t>()] = line["value"];
+    }
+  }
+  CHECK_THAT(config, Contains("\"tensorboard\": true"));
+  int checked = 0;
+  const auto steps = ddp::test::jsonLines(run + "/steps.jsonl");
+  REQUIRE(steps.size() >= 4);
+  for (const auto& record : steps) {
+    for (const auto& [key, value] : record.items()) {
+      if (key == "step" || key == "epoch" || key == "time" || !value.is_number()) continue;
+      INFO("step/" << key << " at step " << record["step"]);
+      CHECK(seen["step/" + key][record["step"].get<int64_t>()] == asFloat32(value.get<double>()));
+      ++checked;
+    }
+  }
+  CHECK(seen.count("step/grad_norm") == 1);
+  const auto metrics = ddp::test::jsonLines(run + "/metrics.jsonl");
+  REQUIRE(metrics.size() == 4);
+  for (const auto& record : metrics) {
+    for (const auto& [key, value] : record.items()) {
+      if (key == "epoch" || !value.is_number()) continue;
+      INFO("epoch/" << key << " of epoch " << record["epoch"]);
+      const auto& values = seen["epoch/" + key];
+      CHECK(std::any_of(values.begin(), values.end(),
+                        [&](const auto& entry) { return entry.second == asFloat32(value.get<double>()); }));
+      ++checked;
+    }
+  }
+  CHECK(seen["epoch/test_accuracy"].size() == 2);  // evaluated epochs only
+  CHECK(checked > 60);
 }

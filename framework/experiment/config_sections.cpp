@@ -79,6 +79,9 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
                   "a NaN or infinite training loss: stop the run (exit code 3) or continue"),
       boolParam("checkpoint_on_signal", false,
                 "on SIGTERM or SIGINT, finish the step and save a checkpoint of it before exiting"),
+      boolParam("tensorboard", false,
+                "also write every scalar of metrics.jsonl and steps.jsonl, and the resolved experiment as text, to "
+                "events.out.tfevents.* in the run folder (tensorboard --logdir runs/)"),
       boolParam("trace", false,
                 "record a timeline of a few steps (data, forward, backward, each bucket's collective, optimizer) "
                 "into trace.json, for Perfetto or chrome://tracing (also: environment DDP_TRACE=1)"),

@@ -680,6 +680,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.training.join = training["join"];
   config.training.stopOnNonfiniteLoss = training["on_nonfinite_loss"] == "stop";
   config.training.checkpointOnSignal = training["checkpoint_on_signal"];
+  config.training.tensorboard = training["tensorboard"];
   config.training.trace = training["trace"];
   config.training.traceStart = training["trace_start"];
   config.training.traceSteps = training["trace_steps"];

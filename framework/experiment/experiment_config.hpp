@@ -55,6 +55,8 @@ struct TrainingConfig {
   // SIGTERM or SIGINT mid-training: finish the step, save a checkpoint of
   // that point on rank 0, exit 128+signal (trainer.hpp).
   bool checkpointOnSignal = false;
+  // TensorBoard event files beside metrics.jsonl (callbacks/tensorboard_log.hpp).
+  bool tensorboard = false;
   // A timeline of optimizer steps traceStart .. traceStart + traceSteps - 1
   // in trace.json (callbacks/trace_writer.hpp); DDP_TRACE=1 turns it on too.
   bool trace = false;

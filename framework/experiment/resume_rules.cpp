@@ -39,6 +39,7 @@ const Rule kRules[] = {
     {"training.threads", true, "applies at once"},
     {"training.checkpoint_on_signal", true, "applies at once"},
     {"training.trace", true, "applies at once"},
+    {"training.tensorboard", true, "applies at once (each start writes an event file of its own)"},
     {"training.trace_start", true, "applies at once"},
     {"training.trace_steps", true, "applies at once"},
     {"training.on_nonfinite_loss", true, "applies from the next step"},

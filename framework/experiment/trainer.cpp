@@ -18,6 +18,7 @@
 #include "framework/experiment/callbacks/metrics_files.hpp"
 #include "framework/experiment/callbacks/progress_line.hpp"
 #include "framework/experiment/callbacks/step_metrics.hpp"
+#include "framework/experiment/callbacks/tensorboard_log.hpp"
 #include "framework/experiment/callbacks/trace_writer.hpp"
 #include "framework/experiment/trainer_impl.hpp"
 #include "framework/interop/weights_file.hpp"
@@ -67,7 +68,13 @@ void Trainer::addStandardCallbacks() {
   if (ProgressLine::wanted(*this)) addCallback(std::make_shared<ProgressLine>(ProgressLine::terminal()));
   // Every rank (one collective per epoch), before the metrics files that
   // write what it adds.
-  addCallback(std::make_shared<StepMetrics>());
+  // training.tensorboard: the records below also go to an event file.
+  std::shared_ptr<TensorBoardLog> tensorboard;
+  if (config_.training.tensorboard && (isWriter() || options_.minRanks > 0)) {
+    tensorboard = std::make_shared<TensorBoardLog>();
+    addCallback(tensorboard);
+  }
+  addCallback(std::make_shared<StepMetrics>(tensorboard));
   // After the step's record: a rank killed after step S leaves S's record.
   if (auto fault = FaultInjection::fromEnvironment(rank())) addCallback(fault);
   // Every rank (it gathers the ranks' spans).
@@ -76,7 +83,7 @@ void Trainer::addStandardCallbacks() {
   // Elastic runs add them on every rank: rank 0 of the current membership
   // writes, and the writer may change when a rank leaves.
   if (isWriter() || options_.minRanks > 0) {
-    addCallback(std::make_shared<MetricsFiles>());
+    addCallback(std::make_shared<MetricsFiles>(tensorboard));
     addCallback(std::make_shared<EpochLog>());
   }
   // Every rank (rank 0 decides, the others follow), after the epoch's log

@@ -10,9 +10,9 @@
 # reason printed: several nodes, a GPU where there is none, root (network
 # namespaces), matplotlib where it is absent, a placeholder file the text
 # invents, a command shown failing on purpose. The set-up scripts
-# (scripts/setup.sh, run.sh, test.sh, package.sh) are what runs this test,
-# and the installed-package steps are ctest's install.* tests: they are
-# listed as skipped with that reason.
+# (scripts/setup.sh, run.sh, test.sh) set up and run this test, package.sh
+# builds the Debian package, and the installed-package steps are ctest's
+# install.* tests: they are listed as skipped with that reason.
 #
 #   tests/docs/commands_test.sh path/to/ddp-run [path/to/ddp-bench]
 set -euo pipefail
@@ -30,6 +30,7 @@ docs = [os.path.join(src, "README.md")] + sorted(
 gpu = "(CUDA" in subprocess.run([ddp_run, "--version"], stdout=subprocess.PIPE, text=True).stdout
 skips = [("--nnodes", "needs a second node"), ("exp.json", "a placeholder experiment file"),
          ("typo_train.json", "shown failing on purpose"), ("$PREFIX", "needs an installed package"),
+         ("init_from=start.pt", "needs the file the Python lines beside it write"),
          ("sudo ", "needs root (network namespaces); ctest cluster.* runs it where it may"),
          ("--hosts", "needs root (network namespaces); ctest cluster.* runs it where it may")]
 if not gpu:
@@ -72,7 +73,7 @@ def shorten(words):
     program = words[0]
     if program == "build/ddp-run":
         informational = any(w in words for w in ("--describe", "--list-plugins", "--schema", "--version", "--sample",
-                                                 "--demo", "--help"))
+                                                 "--export", "--demo", "--help"))
         if informational:
             return words
         return words + ["--set", "training.epochs=1", "--set", "training.max_steps=4", "--set", "training.save_every=1"]

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "framework/core/append_file.hpp"
+#include "framework/experiment/callbacks/tensorboard_log.hpp"
 #include "framework/experiment/trainer.hpp"
 
 namespace ddp {
@@ -143,6 +144,7 @@ void MetricsFiles::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   record["peak_rss_bytes"] = m.peakRssBytes;
   for (const auto& [name, value] : m.extra) record[name] = jsonNumber(value);
   jsonl_.append(record.dump() + "\n");
+  if (tensorboard_) tensorboard_->record(trainer, "epoch", record, trainer.steps());
   csv_.append(row + "," + csvNumber(m.seconds) + "," + csvNumber(m.dataSeconds) +
               fmt::format(",{},{},{},{}\n", m.parameterBytes, m.gradientBytes, m.optimizerBytes, m.peakRssBytes));
 }

@@ -19,6 +19,7 @@
 // whole records.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,8 +30,13 @@
 
 namespace ddp {
 
+class TensorBoardLog;
+
 class MetricsFiles : public TrainerCallback {
  public:
+  // `tensorboard` (may be null) also receives each record.
+  explicit MetricsFiles(std::shared_ptr<TensorBoardLog> tensorboard = nullptr)
+      : tensorboard_(std::move(tensorboard)) {}
   void onTrainBegin(Trainer& trainer) override;
   void onEpochEnd(Trainer& trainer, EpochEnd& end) override;
 
@@ -38,6 +44,7 @@ class MetricsFiles : public TrainerCallback {
   AppendFile jsonl_, csv_;
   bool opened_ = false;
   std::vector<std::string> columns_;  // after epoch, train_loss, test_loss; before seconds
+  std::shared_ptr<TensorBoardLog> tensorboard_;
 };
 
 }  // namespace ddp

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "framework/experiment/run_log.hpp"
+#include "framework/experiment/callbacks/tensorboard_log.hpp"
 #include "framework/experiment/trainer.hpp"
 #include "framework/parallel/strategy.hpp"
 
@@ -88,6 +89,7 @@ void StepMetrics::onStepEnd(Trainer& trainer, const StepEnd& step) {
                           !trainer.options().elasticJoin);
   }
   file_.append(record.dump() + "\n");
+  if (tensorboard_) tensorboard_->record(trainer, "step", record, step.steps);
   recordStart_ = now;
   stepsSinceRecord_ = samplesSinceRecord_ = 0;
   waitSinceRecord_ = 0;

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,8 +30,12 @@
 
 namespace ddp {
 
+class TensorBoardLog;
+
 class StepMetrics : public TrainerCallback {
  public:
+  // `tensorboard` (may be null) also receives each record.
+  explicit StepMetrics(std::shared_ptr<TensorBoardLog> tensorboard = nullptr) : tensorboard_(std::move(tensorboard)) {}
   bool wantsSteps() const override { return true; }
   void onTrainBegin(Trainer& trainer) override;
   void onEpochBegin(Trainer& trainer, int64_t epoch) override;
@@ -49,6 +54,7 @@ class StepMetrics : public TrainerCallback {
   std::vector<double> runCompute_, runWait_;        // every rank, summed over the run
   std::string path_;
   AppendFile file_;
+  std::shared_ptr<TensorBoardLog> tensorboard_;
 };
 
 }  // namespace ddp
