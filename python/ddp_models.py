@@ -319,6 +319,6 @@ def from_run(run_dir, weights=None):
     path = weights or os.path.join(run_dir, "model.safetensors")
     with open(path, "rb") as f:
         is_zip = f.read(4) == b"PK\x03\x04"
-    state = torch.load(path) if is_zip else load_safetensors(path)[0]
+    state = torch.load(path, weights_only=True) if is_zip else load_safetensors(path)[0]
     model.load_state_dict(state, strict=True)
     return model.eval()

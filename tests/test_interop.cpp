@@ -155,6 +155,9 @@ TEST_CASE("safetensors: broken files are refused with one line naming what is wr
   tenGigabytes[4] = 0x02;  // 2^33 + ...: about 8.6 GB
   tenGigabytes[3] = 0x80;
   const std::string valid = rawSafetensors(f32x2, std::string(8, '\x01'));
+  std::string manyDims = "[1";
+  for (int i = 1; i < 100; ++i) manyDims += ",1";
+  manyDims += "]";
   struct Case {
     const char* label;
     std::string bytes;
@@ -172,7 +175,18 @@ TEST_CASE("safetensors: broken files are refused with one line naming what is wr
        "shape [3] of F32 needs 12 bytes, data_offsets give 8"},
       {"a huge shape", rawSafetensors(R"({"a":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,8]}})",
                                       std::string(8, '\0')),
-       "needs more than the file's bytes"},
+       "a shape whose size overflows"},
+      {"an empty shape whose other sizes overflow",
+       rawSafetensors(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904,0],"data_offsets":[0,0]}})", ""),
+       "a shape whose size overflows"},
+      {"a shape of many dimensions",
+       rawSafetensors(R"({"a":{"dtype":"F32","data_offsets":[0,4],"shape":)" + manyDims + "}}", std::string(4, '\0')),
+       "a shape of 100 dimensions"},
+      {"a name with a line break", rawSafetensors(R"({"a\nFAKE":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", ""),
+       "tensor a\\x0aFAKE: data_offsets [0, 8] lie outside"},
+      {"a deeply nested shape", rawSafetensors(R"({"a":{"dtype":"F32","data_offsets":[0,4],"shape":)" + std::string(100000, '[') +
+                                                   std::string(100000, ']') + "}}", ""),
+       "a shape that holds something other than sizes"},
       {"an unknown dtype", rawSafetensors(R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", std::string(2, '\0')),
        "has dtype \"F8_E4M3\"; handled: F64"},
       {"overlapping tensors",
@@ -217,9 +231,19 @@ plain = {"a": t, "b": t, "c": t.t(), "h": torch.randn(5).half(), "bf": torch.ran
          "i": torch.arange(-3, 3), "flag": torch.tensor([True, False]), "s": torch.tensor(1.5), "e": torch.zeros(0, 2)}
 torch.save(plain, d + "/plain.pt")
 ddp_models.save_safetensors(d + "/plain.safetensors", {k: v.contiguous() for k, v in plain.items()})
-torch.save({"model": m.state_dict(), "epoch": 3}, d + "/ckpt.pt")
+opt = torch.optim.Adam(m.parameters())
+torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": 3}, d + "/ckpt.pt")
 torch.save(m, d + "/module.pt")
 torch.save(m.state_dict(), d + "/legacy.pt", _use_new_zipfile_serialization=False)
+torch.save(m.state_dict(), d + "/legacy4.pt", _use_new_zipfile_serialization=False, pickle_protocol=4)
+import zipfile
+def archive(name, pickle, version=b"3\n", method=zipfile.ZIP_STORED):
+    with zipfile.ZipFile(d + "/" + name, "w", compression=method) as z:
+        z.writestr("archive/data.pkl", pickle)
+        z.writestr("archive/version", version)
+archive("deep.pt", b"\x80\x02" + b"(" * 300000 + b"t" * 300000 + b".")
+archive("bomb.pt", b"\x80\x02}." + b"\0" * 50_000_000, method=zipfile.ZIP_DEFLATED)
+archive("version.pt", b"\x80\x02}.", version=b"99999999999999999999999\n")
 )PY",
                                  kSource + "/python", dir});
   INFO(made.output);
@@ -248,8 +272,15 @@ torch.save(m.state_dict(), d + "/legacy.pt", _use_new_zipfile_serialization=Fals
   CHECK(named(plain.tensors, "c").stride(0) == 1);  // the transposed view of the same storage
 
   CHECK_THAT(usageError([&] { readWeightsFile(dir + "/ckpt.pt"); }),
-             Contains("not a state_dict: entries that are not tensors: model (a dict), epoch (an int). HINT: save the "
-                      "model's weights alone, as torch.save(model.state_dict(), PATH)"));
+             Contains("not a state_dict: entries that are not tensors: model (a dict), optimizer (a dict), epoch (an "
+                      "int). HINT: save the model's weights alone, as torch.save(model.state_dict(), PATH)"));
+  CHECK_THAT(usageError([&] { readWeightsFile(dir + "/legacy4.pt"); }), Contains("legacy format"));
+  // Hostile archives: nesting that would exhaust the stack, a record that
+  // inflates to 50 MB (a zip bomb's shape), a version that is no number.
+  CHECK_THAT(usageError([&] { readWeightsFile(dir + "/deep.pt"); }), Contains("the pickle nests too deeply"));
+  CHECK_THAT(usageError([&] { readWeightsFile(dir + "/bomb.pt"); }),
+             Contains("record archive/data.pkl is compressed (method 8), which torch.save never does"));
+  CHECK_THAT(usageError([&] { readWeightsFile(dir + "/version.pt"); }), Contains("not a readable torch.save archive"));
   CHECK_THAT(usageError([&] { readWeightsFile(dir + "/module.pt"); }), Contains("not a state_dict"));
   CHECK_THAT(usageError([&] { readWeightsFile(dir + "/legacy.pt"); }),
              Contains("legacy format") && Contains("HINT: convert it in Python: torch.save(torch.load("));
@@ -344,6 +375,11 @@ TEST_CASE("models trained here, exported, give PyTorch the same logits (wine, di
     CHECK_THAT(exported.output, Contains("to " + run + "/model.safetensors (safetensors)"));
     exported = runDdpRun("--export " + run + " --format torch -o " + run + "/weights.pt");
     REQUIRE(exported.exitCode == 0);
+    // Our own reader takes both files back, tensor for tensor.
+    const WeightsFile fromTorch = readWeightsFile(run + "/weights.pt");
+    const WeightsFile fromSafetensors = readWeightsFile(run + "/model.safetensors");
+    REQUIRE(fromTorch.tensors.size() == fromSafetensors.tensors.size());
+    for (const auto& [name, tensor] : fromSafetensors.tensors) CHECK(at::equal(named(fromTorch.tensors, name), tensor));
 
     TrainedModel model = loadTrainedModel(run, registry);
     torch::manual_seed(11);

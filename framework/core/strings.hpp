@@ -11,6 +11,8 @@
 // - formatBytes: exact binary units for labels: 4096 -> "4 KiB",
 //   1536 -> "1536 B" (a unit is used only where it divides exactly).
 // - formatSeconds: a duration for progress lines: "4.2s", "3m05s", "1h02m".
+// - printable: text read from a file, fit for a one-line message: control
+//   characters as \xNN, cut at `limit` characters with "...".
 #pragma once
 
 #include <fmt/format.h>
@@ -35,6 +37,21 @@ std::string joinNames(const Names& names, const char* separator = ", ") {
 }
 
 inline std::string showNumber(double value) { return fmt::format("{:.10g}", value); }
+
+// Text from a file (a tensor's name, a key) as one line of a message shows
+// it: control characters as \xNN, at most `limit` characters, then "...".
+inline std::string printable(const std::string& text, size_t limit = 120) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (out.size() >= limit) return out + "...";
+    if (c < 0x20 || c == 0x7f) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
 
 inline std::string formatFixed(double value, int decimals) {
   if (std::isnan(value)) return "n/a";

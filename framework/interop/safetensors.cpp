@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <limits>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 #include "framework/core/system.hpp"
 
 namespace ddp {
@@ -23,6 +25,9 @@ namespace {
 // The format's own limit on the header, which keeps a hostile length from
 // allocating gigabytes.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// More dimensions than any tensor has; a longer shape is a hostile header.
+constexpr size_t kMaxDims = 64;
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian; so must the host be");
 
 struct DtypeName {
   const char* name;
@@ -172,13 +177,14 @@ WeightsFile readSafetensors(const std::string& path) {
     if (name == "__metadata__") {
       if (!entry.is_object()) bad("__metadata__ is not an object");
       for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) bad(fmt::format("__metadata__.{} is not a string", key));
+        if (!value.is_string()) bad(fmt::format("__metadata__.{} is not a string", printable(key)));
         out.metadata[key] = value.get<std::string>();
       }
       continue;
     }
+    const std::string shownName = printable(name);
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets")) {
-      bad(fmt::format("tensor {} lacks dtype, shape or data_offsets", name));
+      bad(fmt::format("tensor {} lacks dtype, shape or data_offsets", shownName));
     }
     const auto& dtype = entry["dtype"];
     const DtypeName* found = nullptr;
@@ -186,35 +192,38 @@ WeightsFile readSafetensors(const std::string& path) {
       if (dtype.is_string() && dtype.get<std::string>() == d.name) found = &d;
     }
     if (!found) {
-      bad(fmt::format("tensor {} has dtype {}; handled: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL", name,
-                      dtype.dump()));
+      bad(fmt::format("tensor {} has dtype {}; handled: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL", shownName,
+                      dtype.is_string() ? "\"" + printable(dtype.get<std::string>()) + "\"" : std::string("of JSON type ") + dtype.type_name()));
     }
     const auto& shape = entry["shape"];
     const auto& offsets = entry["data_offsets"];
     if (!shape.is_array() || !offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned()) {
-      bad(fmt::format("tensor {}: shape must be a list and data_offsets two numbers", name));
+      bad(fmt::format("tensor {}: shape must be a list and data_offsets two numbers", shownName));
     }
+    if (shape.size() > kMaxDims) bad(fmt::format("tensor {}: a shape of {} dimensions", shownName, shape.size()));
     std::vector<int64_t> sizes;
-    uint64_t numel = 1;
+    uint64_t numel = 1, nonzero = 1;  // nonzero: the product of the other sizes, which must not overflow either
     for (const auto& d : shape) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
-        bad(fmt::format("tensor {}: shape {} holds something other than sizes", name, shape.dump()));
+        bad(fmt::format("tensor {}: a shape that holds something other than sizes", shownName));
       }
       const uint64_t dim = d.get<uint64_t>();
       if (dim != 0 && numel > dataBytes / dim) numel = dataBytes + 1;  // more than the file can hold
       else numel *= dim;
+      if (dim != 0 && nonzero > (uint64_t(1) << 62) / dim) bad(fmt::format("tensor {}: a shape whose size overflows", shownName));
+      if (dim != 0) nonzero *= dim;
       sizes.push_back(static_cast<int64_t>(dim));
     }
     const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
     const uint64_t itemSize = c10::elementSize(found->type);
     if (begin > end || end > dataBytes) {
-      bad(fmt::format("tensor {}: data_offsets [{}, {}] lie outside the {} bytes of data", name, begin, end,
+      bad(fmt::format("tensor {}: data_offsets [{}, {}] lie outside the {} bytes of data", shownName, begin, end,
                       dataBytes));
     }
     if (numel > dataBytes || numel * itemSize != end - begin) {
-      bad(fmt::format("tensor {}: shape {} of {} needs {} bytes, data_offsets give {}", name, shape.dump(),
-                      found->name, numel > dataBytes ? std::string("more than the file's") : std::to_string(numel * itemSize),
+      bad(fmt::format("tensor {}: shape [{}] of {} needs {} bytes, data_offsets give {}", shownName,
+                      fmt::join(sizes, ","), found->name, numel > dataBytes ? std::string("more than the file's") : std::to_string(numel * itemSize),
                       end - begin));
     }
     spans.push_back({begin, end, name, found->type, std::move(sizes)});
@@ -223,14 +232,14 @@ WeightsFile readSafetensors(const std::string& path) {
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i) {
     if (spans[i].begin < spans[i - 1].end) {
-      bad(fmt::format("tensors {} and {} overlap", spans[i - 1].name, spans[i].name));
+      bad(fmt::format("tensors {} and {} overlap", printable(spans[i - 1].name), printable(spans[i].name)));
     }
   }
   for (Span& span : spans) {
     at::Tensor t = at::empty(span.sizes, at::TensorOptions().dtype(span.type));
     if (span.end > span.begin &&
         !readAt(in.fd, t.data_ptr(), static_cast<size_t>(span.end - span.begin), dataStart + span.begin, path)) {
-      bad(fmt::format("the file ends inside tensor {}", span.name));
+      bad(fmt::format("the file ends inside tensor {}", printable(span.name)));
     }
     out.tensors.emplace_back(std::move(span.name), std::move(t));
   }

@@ -7,11 +7,13 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <unordered_map>
 #include <variant>
 #include <vector>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 
 namespace ddp {
 namespace {
@@ -39,9 +41,16 @@ struct None {};
 
 struct Value {
   std::variant<None, bool, int64_t, double, std::string, Tuple, List, Dict, Global, at::Tensor, Object> v;
+  int depth = 0;  // containers nested inside it (destroying deep chains recurses)
 };
 
-ValuePtr make(decltype(Value::v) v) { return std::make_shared<Value>(Value{std::move(v)}); }
+ValuePtr make(decltype(Value::v) v, int depth = 0) { return std::make_shared<Value>(Value{std::move(v), depth}); }
+
+int depthOf(const std::vector<ValuePtr>& items) {
+  int depth = 0;
+  for (const auto& item : items) depth = std::max(depth, item->depth + 1);
+  return depth;
+}
 
 const std::map<std::string, at::ScalarType>& storageTypes() {
   static const std::map<std::string, at::ScalarType> types = {
@@ -63,9 +72,9 @@ std::string describe(const ValuePtr& v) {
     std::string operator()(const Tuple&) const { return "a tuple"; }
     std::string operator()(const List&) const { return "a list"; }
     std::string operator()(const Dict&) const { return "a dict"; }
-    std::string operator()(const Global& g) const { return g.full(); }
+    std::string operator()(const Global& g) const { return printable(g.full()); }
     std::string operator()(const at::Tensor&) const { return "a tensor"; }
-    std::string operator()(const Object& o) const { return "a " + o.type + " object"; }
+    std::string operator()(const Object& o) const { return "a " + printable(o.type) + " object"; }
   } visitor;
   return std::visit(visitor, v->v);
 }
@@ -83,15 +92,32 @@ class Machine {
         case 0x80: u8(); break;                   // PROTO
         case 0x95: take(8); break;                // FRAME
         case '.': return stopped();               // STOP
-        case '(': marks_.push_back(stack_.size()); break;
+        case '(':
+          if (marks_.size() >= kMaxDepth) failHere("the pickle nests too deeply");
+          marks_.push_back(stack_.size());
+          break;
         case ')': push(make(Tuple{})); break;
-        case 't': push(make(Tuple{popToMark()})); break;
+        case 't': {
+          auto items = popToMark();
+          const int depth = checkedDepth(items);
+          push(make(Tuple{std::move(items)}, depth));
+          break;
+        }
         case 0x85: tupleOf(1); break;
         case 0x86: tupleOf(2); break;
         case 0x87: tupleOf(3); break;
         case ']': push(make(List{})); break;
-        case 'l': push(make(List{popToMark()})); break;
-        case 'a': appendTo(top(1), {pop()}); break;
+        case 'l': {
+          auto items = popToMark();
+          const int depth = checkedDepth(items);
+          push(make(List{std::move(items)}, depth));
+          break;
+        }
+        case 'a': {
+          ValuePtr item = pop();
+          appendTo(top(0), {std::move(item)});
+          break;
+        }
         case 'e': {
           auto items = popToMark();
           appendTo(top(0), std::move(items));
@@ -233,7 +259,16 @@ class Machine {
   void tupleOf(size_t n) {
     std::vector<ValuePtr> items(n);
     for (size_t i = n; i-- > 0;) items[i] = pop();
-    push(make(Tuple{std::move(items)}));
+    const int depth = checkedDepth(items);
+    push(make(Tuple{std::move(items)}, depth));
+  }
+  int checkedDepth(const std::vector<ValuePtr>& items) {
+    const int depth = depthOf(items);
+    if (depth > static_cast<int>(kMaxDepth)) failHere("the pickle nests too deeply");
+    return depth;
+  }
+  void grow(const ValuePtr& container, const std::vector<ValuePtr>& items) {
+    container->depth = std::max(container->depth, checkedDepth(items));
   }
   ValuePtr recall(uint64_t index) {
     const auto it = memo_.find(index);
@@ -243,12 +278,14 @@ class Machine {
   void appendTo(const ValuePtr& list, std::vector<ValuePtr> items) {
     auto* l = std::get_if<List>(&list->v);
     if (!l) failHere("append to " + describe(list));
+    grow(list, items);
     for (auto& item : items) l->items.push_back(std::move(item));
   }
   void setItems(const ValuePtr& dict, const std::vector<ValuePtr>& items) {
     auto* d = std::get_if<Dict>(&dict->v);
     if (!d) failHere("setitem on " + describe(dict));
     if (items.size() % 2 != 0) failHere("an odd number of dict items");
+    grow(dict, items);
     for (size_t i = 0; i < items.size(); i += 2) d->items.emplace_back(items[i], items[i + 1]);
   }
   std::string stringOf(const ValuePtr& v, const char* what) {
@@ -283,10 +320,13 @@ class Machine {
     if (name == "collections.OrderedDict" && a.empty()) return make(Dict{});
     if (name == "torch._utils._rebuild_tensor_v2" && a.size() >= 4) {
       const at::Tensor storage = tensorOf(a[0], "a tensor's storage");
+      if (!loadedStorages_.count(storage.unsafeGetTensorImpl())) failHere("a tensor built on something other than a storage");
       const int64_t offset = intOf(a[1], "a tensor's storage offset");
+      if (offset < 0) failHere("a negative storage offset");
       const std::vector<int64_t> sizes = intsOf(a[2], "a tensor's size");
       const std::vector<int64_t> strides = intsOf(a[3], "a tensor's stride");
       if (sizes.size() != strides.size()) failHere("a tensor whose size and stride differ in length");
+      if (sizes.size() > kMaxDims) failHere(fmt::format("a tensor of {} dimensions", sizes.size()));
       // The furthest element the view reaches must lie inside its storage.
       int64_t last = offset;
       bool empty = false;
@@ -296,7 +336,7 @@ class Machine {
         else if (sizes[i] - 1 > (INT64_MAX - last) / std::max<int64_t>(strides[i], 1)) failHere("a view too large");
         else last += (sizes[i] - 1) * strides[i];
       }
-      if (offset < 0 || (!empty && last >= storage.numel())) {
+      if (!empty && last >= storage.numel()) {
         failHere(fmt::format("a tensor of size {} reaches element {} of a storage of {}", fmt::join(sizes, "x"), last,
                              storage.numel()));
       }
@@ -306,6 +346,8 @@ class Machine {
         !a.empty()) {
       return make(tensorOf(a[0], "a parameter's data"));
     }
+    // LibTorch's pickler tags dicts and lists with their type.
+    if (name == "torch.jit._pickle.restore_type_tag" && a.size() == 2) return a[0];
     return make(Object{name});
   }
 
@@ -323,9 +365,16 @@ class Machine {
     const int64_t numel = intOf(pid->items[4], "a storage's size");
     if (numel < 0) failHere("a storage of negative size");
     const auto cached = storages_.find(key);
-    if (cached != storages_.end()) return make(cached->second);
+    if (cached != storages_.end()) {
+      if (cached->second.scalar_type() != found->second || cached->second.numel() != numel) {
+        failHere(fmt::format("storage {} is named again with another type or size", printable(key)));
+      }
+      return make(cached->second);
+    }
     at::Tensor storage = storage_(key, found->second, numel);
+    if (storage.scalar_type() == at::kBool) storage = storage.view(at::kByte).ne(0);  // any byte but 0 is true
     storages_[key] = storage;
+    loadedStorages_.insert(storage.unsafeGetTensorImpl());
     return make(storage);
   }
 
@@ -335,6 +384,9 @@ class Machine {
   }
 
   static constexpr size_t kMaxStack = 1 << 20;
+  // Deeper than any state_dict; destroying deeper chains would recurse.
+  static constexpr size_t kMaxDepth = 1000;
+  static constexpr size_t kMaxDims = 64;
   const std::string& b_;
   const StorageLoader& storage_;
   const std::string& where_;
@@ -343,6 +395,7 @@ class Machine {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, ValuePtr> memo_;
   std::unordered_map<std::string, at::Tensor> storages_;
+  std::set<const void*> loadedStorages_;
 };
 
 }  // namespace
@@ -362,7 +415,7 @@ NamedTensors unpickleStateDict(const std::string& pickle, const StorageLoader& s
     if (name && tensor) {
       out.emplace_back(*name, *tensor);
     } else {
-      notTensors.push_back(fmt::format("{} ({})", name ? *name : describe(key), describe(value)));
+      notTensors.push_back(fmt::format("{} ({})", name ? printable(*name) : describe(key), describe(value)));
     }
   }
   if (!notTensors.empty()) {

@@ -1,10 +1,14 @@
 // torch.save-compatible weights files (torch_file.hpp).
 #include "framework/interop/torch_file.hpp"
 
-#include <caffe2/serialize/inline_container.h>
-#include <c10/util/Exception.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <ATen/core/Dict.h>
+#include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -13,6 +17,7 @@
 #include <fstream>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 #include "framework/core/system.hpp"
 #include "framework/interop/state_dict_unpickler.hpp"
 
@@ -33,6 +38,81 @@ std::string firstLine(const c10::Error& e) {
   return what.substr(0, what.find('\n'));
 }
 
+uint64_t littleEndian(const std::string& bytes, size_t at, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = n; i-- > 0;) v = (v << 8) | uint8_t(bytes[at + i]);
+  return v;
+}
+
+// torch.save stores every record uncompressed. The zip reader would inflate
+// a compressed one into memory whatever its size (a small file could claim
+// gigabytes), so the central directory is read first and any record that
+// is compressed, or larger than the file, refuses the file.
+void checkZipRecords(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  const auto size = static_cast<uint64_t>(std::max<std::streamoff>(0, in.tellg()));
+  const uint64_t tailBytes = std::min<uint64_t>(size, 22 + 65535);
+  std::string tail(static_cast<size_t>(tailBytes), '\0');
+  in.seekg(static_cast<std::streamoff>(size - tailBytes));
+  in.read(tail.data(), static_cast<std::streamsize>(tailBytes));
+  const auto bad = [&](const std::string& what) {
+    fail<UsageError>("{}: not a readable torch.save archive: {}", path, what);
+  };
+  size_t eocd = std::string::npos;
+  for (size_t i = tail.size() >= 22 ? tail.size() - 22 + 1 : 0; i-- > 0;) {
+    if (tail.compare(i, 4, std::string("PK\x05\x06", 4)) == 0) {
+      eocd = i;
+      break;
+    }
+  }
+  if (eocd == std::string::npos) bad("no zip end-of-directory record (a truncated file?)");
+  uint64_t entries = littleEndian(tail, eocd + 10, 2);
+  uint64_t dirBytes = littleEndian(tail, eocd + 12, 4);
+  uint64_t dirOffset = littleEndian(tail, eocd + 16, 4);
+  if (entries == 0xFFFF || dirBytes == 0xFFFFFFFF || dirOffset == 0xFFFFFFFF) {
+    // Zip64: its end-of-directory record, found through the locator just before.
+    if (eocd < 20 || tail.compare(eocd - 20, 4, std::string("PK\x06\x07", 4)) != 0) bad("a damaged zip64 directory");
+    const uint64_t at = littleEndian(tail, eocd - 20 + 8, 8);
+    if (at + 56 > size) bad("a damaged zip64 directory");
+    std::string record(56, '\0');
+    in.seekg(static_cast<std::streamoff>(at));
+    in.read(record.data(), 56);
+    if (!in || record.compare(0, 4, std::string("PK\x06\x06", 4)) != 0) bad("a damaged zip64 directory");
+    entries = littleEndian(record, 32, 8);
+    dirBytes = littleEndian(record, 40, 8);
+    dirOffset = littleEndian(record, 48, 8);
+  }
+  if (dirOffset > size || dirBytes > size - dirOffset) bad("a zip directory outside the file");
+  std::string dir(static_cast<size_t>(dirBytes), '\0');
+  in.clear();
+  in.seekg(static_cast<std::streamoff>(dirOffset));
+  in.read(dir.data(), static_cast<std::streamsize>(dirBytes));
+  if (!in) bad("the zip directory cannot be read");
+  size_t pos = 0;
+  for (uint64_t e = 0; e < entries; ++e) {
+    if (pos + 46 > dir.size() || dir.compare(pos, 4, std::string("PK\x01\x02", 4)) != 0) bad("a damaged zip directory");
+    const uint64_t method = littleEndian(dir, pos + 10, 2);
+    uint64_t uncompressed = littleEndian(dir, pos + 24, 4);
+    const size_t nameBytes = littleEndian(dir, pos + 28, 2), extraBytes = littleEndian(dir, pos + 30, 2),
+                 commentBytes = littleEndian(dir, pos + 32, 2);
+    if (pos + 46 + nameBytes + extraBytes + commentBytes > dir.size()) bad("a damaged zip directory");
+    const std::string name = dir.substr(pos + 46, nameBytes);
+    if (uncompressed == 0xFFFFFFFF) {
+      // The zip64 extra field (id 1) holds the real size first.
+      for (size_t x = pos + 46 + nameBytes; x + 4 <= pos + 46 + nameBytes + extraBytes;) {
+        const uint64_t id = littleEndian(dir, x, 2), len = littleEndian(dir, x + 2, 2);
+        if (id == 1 && len >= 8 && x + 4 + 8 <= dir.size()) uncompressed = littleEndian(dir, x + 4, 8);
+        x += 4 + len;
+      }
+    }
+    if (method != 0) {
+      bad(fmt::format("record {} is compressed (method {}), which torch.save never does", printable(name), method));
+    }
+    if (uncompressed > size) bad(fmt::format("record {} claims {} bytes in a file of {}", printable(name), uncompressed, size));
+    pos += 46 + nameBytes + extraBytes + commentBytes;
+  }
+}
+
 }  // namespace
 
 bool looksLikeZip(const std::string& path) { return firstBytes(path, 4) == std::string("PK\x03\x04", 4); }
@@ -43,23 +123,55 @@ void writeTorchStateDict(const std::string& path, const NamedTensors& tensors) {
     if (dict.contains(name)) fail<UsageError>("{}: tensor name {} given twice", path, name);
     dict.insert(name, tensor.detach().to(at::kCPU).contiguous());
   }
-  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
+  // What torch::pickle_save does, without tagging the dict with its type
+  // (torch.jit._pickle.restore_type_tag), which torch.load(weights_only=True)
+  // refuses: a plain dict, as Python's torch.save writes one.
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* data, size_t n) { pickle.insert(pickle.end(), data, data + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
   const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail<UsageError>("{}: cannot create: {}", tmp, errnoText(errno));
+  std::string failure;
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail<UsageError>("{}: cannot create: {}", tmp, errnoText(errno));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) fail<std::runtime_error>("{}: cannot write: {}", tmp, errnoText(errno));
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
+      const char* p = static_cast<const char*>(data);
+      size_t left = n;
+      while (left > 0 && failure.empty()) {
+        const ssize_t w = ::write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) failure = errnoText(errno);
+        else p += w, left -= static_cast<size_t>(w);
+      }
+      return failure.empty() ? n : 0;
+    });
+    try {
+      torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+      writer.writeEndOfFile();
+    } catch (const c10::Error& e) {
+      if (failure.empty()) failure = firstLine(e);
+    }
+  }
+  if (failure.empty() && ::fsync(fd) != 0) failure = errnoText(errno);
+  if (::close(fd) != 0 && failure.empty()) failure = errnoText(errno);
+  if (!failure.empty()) {
+    ::unlink(tmp.c_str());
+    fail<std::runtime_error>("{}: cannot write: {}", tmp, failure);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    fail<UsageError>("{}: cannot rename {} to it: {}", path, tmp, errnoText(errno));
+    const std::string why = errnoText(errno);
+    ::unlink(tmp.c_str());
+    fail<UsageError>("{}: cannot rename {} to it: {}", path, tmp, why);
   }
 }
 
 WeightsFile readTorchStateDict(const std::string& path) {
   const std::string head = firstBytes(path, 4);
-  if (head.size() >= 2 && uint8_t(head[0]) == 0x80 && uint8_t(head[1]) == 0x02) {
+  if (head.size() >= 2 && uint8_t(head[0]) == 0x80 && uint8_t(head[1]) >= 2 && uint8_t(head[1]) <= 5) {
     fail<UsageError>("{}: a torch.save file of the legacy format (before PyTorch 1.6, or "
                      "_use_new_zipfile_serialization=False), which is not read here. HINT: convert it in Python: "
                      "torch.save(torch.load(\"{}\"), \"new.pt\")",
@@ -70,6 +182,7 @@ WeightsFile readTorchStateDict(const std::string& path) {
                      "Python with torch.save(model.state_dict(), PATH)",
                      path);
   }
+  checkZipRecords(path);
   WeightsFile out;
   try {
     caffe2::serialize::PyTorchStreamReader reader(path);
@@ -98,6 +211,13 @@ WeightsFile readTorchStateDict(const std::string& path) {
     out.tensors = unpickleStateDict(pickle, loadStorage, path);
   } catch (const c10::Error& e) {
     fail<UsageError>("{}: not a readable torch.save archive: {}", path, firstLine(e));
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    fail<UsageError>("{}: not a readable torch.save archive: it asks for more memory than there is", path);
+  } catch (const std::exception& e) {
+    // The zip reader's own failures (a version record that is no number: std::out_of_range).
+    fail<UsageError>("{}: not a readable torch.save archive: {}", path, e.what());
   }
   return out;
 }

@@ -9,15 +9,24 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <string_view>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/strings.hpp"
 #include "framework/interop/safetensors.hpp"
 #include "framework/interop/torch_file.hpp"
 
 namespace ddp {
 namespace {
 
-std::string shapeText(const at::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
+std::string shapeText(const at::Tensor& t) {
+  if (t.dim() > 8) return fmt::format("[{} dimensions]", t.dim());
+  return fmt::format("[{}]", fmt::join(t.sizes(), ", "));
+}
+
+// Names longer than this take no part in the prefix hint (a hostile file's
+// megabyte names would make it slow), and are cut in messages.
+constexpr size_t kLongName = 1024;
 
 // At most `keep` items, then how many more.
 std::string someOf(const std::vector<std::string>& items, size_t keep = 6) {
@@ -28,12 +37,14 @@ std::string someOf(const std::vector<std::string>& items, size_t keep = 6) {
 
 // The prefix that, taken off the file's names (or put in front of them),
 // makes most of them the module's: "" when there is none.
-std::pair<std::string, bool> prefixDifference(const std::set<std::string>& expected,
+std::pair<std::string, bool> prefixDifference(const std::set<std::string, std::less<>>& expected,
                                               const std::vector<std::string>& unexpected) {
   std::map<std::string, int> votes;  // prefix -> names it fixes; bool: the file has it
   for (const std::string& name : unexpected) {
+    if (name.size() > kLongName) continue;
+    const std::string_view view(name);
     for (size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', dot + 1)) {
-      if (expected.count(name.substr(dot + 1))) ++votes["-" + name.substr(0, dot + 1)];
+      if (expected.count(view.substr(dot + 1))) ++votes["-" + name.substr(0, dot + 1)];
     }
     for (const std::string& want : expected) {
       if (want.size() > name.size() && want.compare(want.size() - name.size(), name.size(), name) == 0 &&
@@ -94,12 +105,12 @@ NamedTensors moduleState(const torch::nn::Module& module) {
 void loadModuleState(torch::nn::Module& module, const NamedTensors& tensors, const std::string& where) {
   std::map<std::string, at::Tensor> targets;
   for (auto& [name, tensor] : moduleState(module)) targets.emplace(name, tensor);
-  std::set<std::string> expected;
+  std::set<std::string, std::less<>> expected;
   for (const auto& entry : targets) expected.insert(entry.first);
   std::map<std::string, at::Tensor> given;
   std::vector<std::string> unexpected, wrongShape, duplicated;
   for (const auto& [name, tensor] : tensors) {
-    if (!given.emplace(name, tensor).second) duplicated.push_back(name);
+    if (!given.emplace(name, tensor).second) duplicated.push_back(printable(name));
     const auto it = targets.find(name);
     if (it == targets.end()) {
       unexpected.push_back(name);
@@ -118,7 +129,12 @@ void loadModuleState(torch::nn::Module& module, const NamedTensors& tensors, con
   }
   std::vector<std::string> parts;
   if (!missing.empty()) parts.push_back(fmt::format("missing {}: {}", missing.size(), someOf(missing)));
-  if (!unexpected.empty()) parts.push_back(fmt::format("unexpected {}: {}", unexpected.size(), someOf(unexpected)));
+  if (!unexpected.empty()) {
+    std::vector<std::string> shown;
+    for (size_t i = 0; i < unexpected.size() && i < 7; ++i) shown.push_back(printable(unexpected[i]));
+    shown.resize(unexpected.size());  // someOf counts them all and shows the first few
+    parts.push_back(fmt::format("unexpected {}: {}", unexpected.size(), someOf(shown)));
+  }
   if (!wrongShape.empty()) parts.push_back(fmt::format("wrong shape {}: {}", wrongShape.size(), someOf(wrongShape, 4)));
   if (!duplicated.empty()) parts.push_back(fmt::format("given twice: {}", someOf(duplicated)));
   std::string hint =
