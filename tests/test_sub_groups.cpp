@@ -157,3 +157,44 @@ TEST_CASE("sub-groups: a 4x1 and a 1x4 mesh, and groups of one rank", "[collecti
   });
   CHECK(ddp::test::joinErrors(errors) == "");
 }
+
+TEST_CASE("hsdp through ddp-run: trains wine and digits_cnn as ddp does, and resumes under ddp and fsdp",
+          "[subgroups][launcher]") {
+  const std::string src = DDP_SOURCE_DIR;
+  for (const std::string experiment : {"wine_baseline", "digits_cnn"}) {
+    INFO(experiment);
+    const std::string common = " --nproc-per-node 4 " + src + "/experiments/" + experiment +
+                               ".json --set training.epochs=6 --set training.save_every=3 --set training.eval_every=3";
+    const std::string hsdpRun = ddp::test::tempDir() + "/hsdp", ddpRun = ddp::test::tempDir() + "/ddp";
+    auto hsdp = ddp::test::runDdpRun(common + " --set distributed.strategy=hsdp --set distributed.shard_size=2 --out " +
+                                     hsdpRun);
+    INFO(hsdp.output);
+    REQUIRE(hsdp.exitCode == 0);
+    CHECK_THAT(ddp::test::readFile(hsdpRun + "/train.log"),
+               Contains("hsdp: 2 row(s) of 2 rank(s) each shard the model"));
+    auto plain = ddp::test::runDdpRun(common + " --out " + ddpRun);
+    REQUIRE(plain.exitCode == 0);
+    const double hsdpAccuracy = ddp::test::jsonLines(hsdpRun + "/metrics.jsonl").back()["test_accuracy"].get<double>();
+    const double ddpAccuracy = ddp::test::jsonLines(ddpRun + "/metrics.jsonl").back()["test_accuracy"].get<double>();
+    INFO("hsdp " << hsdpAccuracy << ", ddp " << ddpAccuracy);
+    CHECK(hsdpAccuracy >= ddpAccuracy - 0.05);
+    CHECK(hsdpAccuracy > (experiment == "wine_baseline" ? 0.7 : 0.9));  // wine: 6 epochs of lr 1e-3
+    // The checkpoint is consolidated: ddp on 1 rank and fsdp on 2 continue it.
+    auto asDdp = ddp::test::runDdpRun("--nproc-per-node 1 --resume --out " + hsdpRun +
+                                      " --set training.epochs=7 --set distributed.strategy=ddp");
+    INFO(asDdp.output);
+    CHECK(asDdp.exitCode == 0);
+    auto asFsdp = ddp::test::runDdpRun("--nproc-per-node 2 --resume --out " + hsdpRun +
+                                       " --set training.epochs=8 --set distributed.strategy=fsdp");
+    INFO(asFsdp.output);
+    CHECK(asFsdp.exitCode == 0);
+    CHECK(ddp::test::metricsEpochs(hsdpRun) == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  }
+  auto bad = ddp::test::runDdpRun("--nproc-per-node 4 " + src +
+                                  "/experiments/wine_baseline.json --set distributed.strategy=hsdp "
+                                  "--set distributed.shard_size=3 --set training.epochs=1 --out " +
+                                  ddp::test::tempDir() + "/bad");
+  INFO(bad.output);
+  CHECK(bad.exitCode == 2);
+  CHECK_THAT(bad.output, Contains("distributed.shard_size: 3 does not divide the world size 4. HINT:"));
+}

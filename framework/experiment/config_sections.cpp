@@ -142,6 +142,9 @@ const std::vector<ParamSpec>& distributedParamSpecs() {
                   "fsdp: gather the next unit for backward while one computes (faster, one unit more memory)"),
         floatParam("fsdp_unit_mb", 0, 0, false,
                    "fsdp: join the model's consecutive units until each holds this many MiB (0: each alone)"),
+        intParam("shard_size", 0, 0,
+                 "hsdp: ranks that shard the model among them (a row of the rank mesh; it must divide the world "
+                 "size); the rows replicate it. 0: the ranks of one node (nproc_per_node)"),
     };
     return s;
   }();

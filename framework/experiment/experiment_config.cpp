@@ -708,6 +708,7 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.distributed.strategy = distributed["strategy"];
   config.distributed.fsdpBackwardPrefetch = distributed["fsdp_backward_prefetch"];
   config.distributed.fsdpUnitMb = distributed["fsdp_unit_mb"];
+  config.distributed.shardSize = distributed["shard_size"];
   if (config.distributed.commHook && config.distributed.commHook->name != "allreduce" &&
       config.distributed.strategy != "ddp") {
     v.fail("distributed.comm_hook", "applies to distributed.strategy \"ddp\" only, not {}. HINT: remove the hook, or "

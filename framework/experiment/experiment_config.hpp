@@ -102,6 +102,8 @@ struct DistributedConfig {
   std::string strategy = "ddp";  // a name in builtinStrategies() (framework/parallel/strategy.hpp)
   bool fsdpBackwardPrefetch = true;
   double fsdpUnitMb = 0;
+  // hsdp: ranks per shard group (0: the ranks of one node).
+  int64_t shardSize = 0;
   // distributed.comm_hook: how DDP averages its buckets (null: allreduce).
   std::optional<PluginChoice> commHook;
 };

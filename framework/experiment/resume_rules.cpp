@@ -59,6 +59,7 @@ const Rule kRules[] = {
     {"distributed.nproc_per_node", true, "checkpoints hold the consolidated model and optimizer, whatever the world size"},
     {"distributed.nnodes", true, "the world may change: checkpoints hold the consolidated model and optimizer"},
     {"distributed.timeout_s", true, "applies at once"},
+    {"distributed.shard_size", true, "checkpoints hold the consolidated model and optimizer, whatever the mesh"},
     {"distributed.find_unused_parameters", true, "applies at once"},
     {"distributed.bucket_cap_mb", true, "applies at once"},
     {"distributed.first_bucket_cap_mb", true, "applies at once"},

@@ -21,6 +21,7 @@
 #include "framework/experiment/callbacks/tensorboard_log.hpp"
 #include "framework/experiment/callbacks/trace_writer.hpp"
 #include "framework/experiment/trainer_impl.hpp"
+#include "framework/comm/sub_groups.hpp"
 #include "framework/interop/weights_file.hpp"
 #include "framework/launch/stop_signals.hpp"
 
@@ -221,6 +222,31 @@ void Trainer::makeStrategy(std::unique_ptr<torch::optim::Optimizer> optimizer) {
   }
   context.fsdp.backwardPrefetch = config.distributed.fsdpBackwardPrefetch;
   context.fsdp.unitBytes = static_cast<int64_t>(config.distributed.fsdpUnitMb * 1024 * 1024);
+  if (config.distributed.strategy == "hsdp") {
+    // Rows of `shard` ranks shard the model; columns replicate it.
+    const int world = worldSize();
+    const int shard = static_cast<int>(config.distributed.shardSize > 0 ? config.distributed.shardSize
+                                                                         : std::max(1, dist_.env.localWorldSize));
+    if (world % shard != 0) {
+      fail<UsageError>("distributed.shard_size: {} does not divide the world size {}. HINT: --set "
+                       "distributed.shard_size=N with N a divisor of {} (0: the ranks of one node)",
+                       shard, world, world);
+    }
+    if (world == 1) {
+      context.replicateGroup = s.group;
+    } else {
+      if (!dist_.store || !dist_.backends) {
+        fail<UsageError>("strategy hsdp: this distributed context cannot make sub-groups (no store or backends)");
+      }
+      GroupFactory groups(dist_.store, *dist_.backends, dist_.backend, rank(), world, dist_.groupOptions);
+      RankMesh mesh = groups.mesh(world / shard, shard);
+      context.group = mesh.shardGroup;
+      context.replicateGroup = mesh.replicateGroup;
+      s.log->line(fmt::format("hsdp: {} row(s) of {} rank(s) each shard the model; ranks r, r+{}, ... hold the same "
+                              "shard",
+                              world / shard, shard, shard));
+    }
+  }
   s.strategy = builtinStrategies().create(config.distributed.strategy, std::move(context));
   s.strategy->setGradientClipping(config.training.clipGradNorm);
 }

@@ -121,6 +121,7 @@ struct FsdpStrategy::Impl : UnitHooks {
   std::shared_ptr<torch::nn::Module> model;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   ProcessGroupPtr group;
+  ProcessGroupPtr replicate;  // hsdp: the ranks holding this rank's shard too; null under fsdp
   Milliseconds timeout;
   int64_t bucketCapBytes = 0;
   bool backwardPrefetch = true;
@@ -162,6 +163,12 @@ struct FsdpStrategy::Impl : UnitHooks {
 
   void build();
   bool isUnit(const Group& g) const { return &g != &groups[units]; }
+  // Rank 0's tensors on every rank: under hsdp down its column (row 0 of
+  // each column holds its values then), then along every row.
+  void broadcastAll(std::vector<at::Tensor>& tensors) {
+    if (replicate && replicate->size() > 1) broadcastFromRankZero(*replicate, tensors, timeout);
+    if (group->size() > 1) broadcastFromRankZero(*group, tensors, timeout);
+  }
 
   void startGatherLocked(Group& g) {
     if (g.gathered || !g.pending.empty() || g.length == 0) return;
@@ -265,7 +272,8 @@ void FsdpStrategy::Impl::build() {
   rank = group->rank();
   world = group->size();
   at::NoGradGuard noGrad;
-  verifySameModel(*group, *model, "fsdp", timeout);
+  verifySameModel(*group, *model, replicate ? "hsdp" : "fsdp", timeout);
+  if (replicate) verifySameModel(*replicate, *model, "hsdp", timeout);
   auto named = shardableParameters(*model, "fsdp");
 
   seam = dynamic_cast<ShardingUnits*>(model.get());
@@ -295,7 +303,7 @@ void FsdpStrategy::Impl::build() {
   for (auto& [name, p] : uniqueParameters(*model))
     if (!p.requires_grad()) everything.push_back(p);
   everything.insert(everything.end(), buffers.begin(), buffers.end());
-  broadcastFromRankZero(*group, everything, timeout);
+  broadcastAll(everything);
   // After the broadcast, whose staging is as large as the model.
   shardParam = at::zeros({shards->shardSize()}, options);
   shardGrad = at::zeros({shards->shardSize()}, options);
@@ -358,6 +366,7 @@ FsdpStrategy::FsdpStrategy(StrategyContext context) : impl_(std::make_unique<Imp
   impl_->model = std::move(context.model);
   impl_->optimizer = std::move(context.optimizer);
   impl_->group = std::move(context.group);
+  impl_->replicate = std::move(context.replicateGroup);
   impl_->timeout = context.ddp.timeout;
   impl_->backwardPrefetch = context.fsdp.backwardPrefetch;
   impl_->unitBytes = context.fsdp.unitBytes;
@@ -369,6 +378,7 @@ FsdpStrategy::~FsdpStrategy() = default;
 torch::nn::Module& FsdpStrategy::model() { return *impl_->model; }
 torch::optim::Optimizer& FsdpStrategy::optimizer() { return *impl_->optimizer; }
 bool FsdpStrategy::collectiveForward() const { return impl_->units > 0; }
+const char* FsdpStrategy::name() const { return impl_->replicate ? "hsdp" : "fsdp"; }
 
 void FsdpStrategy::backward(const at::Tensor& loss, bool /*lastMicroBatch*/) {
   // Every micro-batch reduces (no full gradient is kept to accumulate
@@ -398,6 +408,14 @@ void FsdpStrategy::step() {
                        i);
     }
   }
+  // hsdp: the row's averaged shard, averaged again over the replicas that
+  // hold the same shard (their rows saw other data).
+  if (s.replicate && s.replicate->size() > 1) {
+    AllreduceOptions average;
+    average.op = ReduceOp::Avg;
+    average.timeout = s.timeout;
+    s.replicate->allreduce(s.shardGrad, average)->wait();
+  }
   clipGradients(s.group.get(), s.timeout);
   s.optimizer->step();
   // The root, whole again from every rank's updated slices.
@@ -409,7 +427,7 @@ void FsdpStrategy::step() {
   }
   s.shardGrad.zero_();
   s.reducer->shardZeroed();
-  if (!s.buffers.empty() && s.world > 1) broadcastFromRankZero(*s.group, s.buffers, s.timeout);
+  if (!s.buffers.empty()) s.broadcastAll(s.buffers);
 }
 
 void FsdpStrategy::withFullParameters(const std::function<void()>& fn) {

@@ -57,6 +57,16 @@
 //   norms on it do not apply.
 // - A unit that runs twice in one forward is gathered twice.
 //
+// Hybrid sharding ("hsdp", StrategyContext::replicateGroup set): the above
+// within `group`, a row of the rank mesh (framework/comm/sub_groups.hpp;
+// the ranks of one host by default), so gathers and reduce-scatters stay
+// inside it. Each rank's gradient shard, averaged over its row, is then
+// averaged over its column (the ranks of the other rows that hold the same
+// shard) with one allreduce of the shard, before clipping and the
+// optimizer step: every rank ends a step with DDP's parameters over the
+// whole world, holding 1/row of them. Rank 0's parameters and buffers
+// reach every rank down the columns, then along the rows.
+//
 // Errors (UsageError, before training): as ZeroStrategy's (two dtypes, a
 // sparse embedding, models that differ between ranks).
 #pragma once
@@ -81,7 +91,7 @@ class FsdpStrategy : public ParallelStrategy {
   explicit FsdpStrategy(StrategyContext context);
   ~FsdpStrategy() override;
 
-  const char* name() const override { return "fsdp"; }
+  const char* name() const override;  // "hsdp" with a replicate group
   torch::nn::Module& model() override;
   torch::optim::Optimizer& optimizer() override;
   void backward(const at::Tensor& loss, bool lastMicroBatch) override;

@@ -136,6 +136,14 @@ StrategyRegistry& builtinStrategies() {
       return std::make_unique<ZeroStrategy>(std::move(c), 2);
     });
     r.add("fsdp", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+      c.replicateGroup.reset();
+      return std::make_unique<FsdpStrategy>(std::move(c));
+    });
+    r.add("hsdp", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+      if (!c.replicateGroup) {
+        fail<UsageError>("strategy hsdp needs a rank mesh: StrategyContext::group a row of it, replicateGroup "
+                         "its column (the trainer builds them from distributed.shard_size)");
+      }
       return std::make_unique<FsdpStrategy>(std::move(c));
     });
     return r;

@@ -153,6 +153,10 @@ struct StrategyContext {
   std::shared_ptr<torch::nn::Module> model;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   ProcessGroupPtr group;
+  // hsdp only: the ranks that hold the same shard as this one (a column of
+  // the rank mesh, framework/comm/sub_groups.hpp); `group` is then this
+  // rank's row, the ranks it shards with.
+  ProcessGroupPtr replicateGroup;
   DdpOptions ddp;  // bucket sizes, unused parameters, timeout
   struct FsdpOptions {
     // Gather unit i - 1 while unit i runs backward: overlaps the gather
