@@ -30,7 +30,9 @@
 #include "benchmarks/bench_util.hpp"
 #include "benchmarks/commands.hpp"
 #include "ddp/config.hpp"
+#include "benchmarks/sim_cluster.hpp"
 #include "framework/comm/backend_registry.hpp"
+#include "framework/comm/sub_groups.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/strings.hpp"
 #include "framework/core/system.hpp"
@@ -68,6 +70,9 @@ struct Options {
   int timeoutSeconds = 900;
   bool fsdpBackwardPrefetch = true;
   double fsdpUnitMb = 0;
+  int shardSize = 0;     // hsdp: ranks per row (0: the ranks of one host with --hosts, else half the ranks)
+  std::string hosts;     // "HxR": a simulated cluster (sim_cluster.hpp)
+  std::string link = "1gbit";
 
   int workerRank = -1;
   std::string workerStrategy, workerDir;
@@ -189,11 +194,23 @@ std::string gptReferenceArguments(const Options& o) {
   return " --model gpt --gpt " + shellQuote(cfg.dump());
 }
 
+// hsdp's ranks per row: --shard-size, else the ranks of one simulated host,
+// else half the ranks (at least 1).
+int shardSizeOf(const Options& o) {
+  if (o.shardSize > 0) return o.shardSize;
+  if (!o.hosts.empty()) return parseHostLayout(o.hosts).ranksPerHost;
+  return std::max(1, o.worldSize / 2);
+}
+
 void runWorker(const Options& o) {
   at::set_num_threads(1);
   const int rank = o.workerRank;
   const std::chrono::milliseconds timeout(o.timeoutSeconds * 1000);
-  ProcessGroupPtr group = workerGroup(o.workerDir, o.workerStrategy, rank, o.worldSize, "gloo", timeout);
+  std::shared_ptr<Store> store;
+  ProcessGroupPtr group =
+      workerGroup(o.workerDir, o.workerStrategy, rank, o.worldSize, "gloo", timeout, /*deviceIndex=*/-1, &store);
+  HostLayout layout;
+  if (!o.hosts.empty()) layout = parseHostLayout(o.hosts);
 
   torch::manual_seed(0);
   const bool gpt = o.model == "gpt";
@@ -211,16 +228,30 @@ void runWorker(const Options& o) {
   context.group = group;
   context.fsdp.backwardPrefetch = o.fsdpBackwardPrefetch;
   context.fsdp.unitBytes = static_cast<int64_t>(o.fsdpUnitMb * 1024 * 1024);
+  if (o.workerStrategy == "hsdp") {
+    GroupFactory groups(store, builtinBackends(), "gloo", rank, o.worldSize, group->options());
+    const int shard = shardSizeOf(o);
+    RankMesh mesh = groups.mesh(o.worldSize / shard, shard);
+    context.group = mesh.shardGroup;
+    context.replicateGroup = mesh.replicateGroup;
+  }
   std::unique_ptr<ParallelStrategy> strategy = builtinStrategies().create(o.workerStrategy, std::move(context));
 
   std::vector<double> times;
+  int64_t linkBefore = 0, linkAfter = 0;  // this host's bytes on its link around the timed steps
   for (int i = 0; i < o.warmup + o.steps; ++i) {
+    if (i == o.warmup) {
+      group->barrier()->wait();
+      linkBefore = linkSentBytes();
+    }
     const auto start = std::chrono::steady_clock::now();
     at::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x).reshape({-1, classes}), y);
     strategy->backward(loss, true);
     strategy->step();
     if (i >= o.warmup) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
+  group->barrier()->wait();
+  linkAfter = linkSentBytes();
   // Before the checks below, which allocate full copies of the parameters.
   const double peakRss = double(peakResidentBytes());
   const ParallelStrategy::HeldBytes held = strategy->heldBytes();
@@ -237,10 +268,13 @@ void runWorker(const Options& o) {
   const double diff = (mine - first).abs().max().item<double>();
 
   // Per rank: median step, held bytes, peak RSS; summed into slots.
-  constexpr int kFields = 6;
+  constexpr int kFields = 7;
   at::Tensor gathered = at::zeros({o.worldSize * kFields}, at::kDouble);
+  // The first rank of each simulated host counts its host's link.
+  const bool countsLink = !o.hosts.empty() && rank % layout.ranksPerHost == 0;
+  const double linkPerStep = countsLink ? double(linkAfter - linkBefore) / o.steps : 0.0;
   const double values[kFields] = {median(times), double(held.parameters), double(held.gradients),
-                                  double(held.optimizerState), peakRss, diff};
+                                  double(held.optimizerState), peakRss, diff, linkPerStep};
   for (int f = 0; f < kFields; ++f) gathered[rank * kFields + f] = values[f];
   group->allreduce(gathered)->wait();
   if (rank != 0) return;
@@ -264,6 +298,9 @@ void runWorker(const Options& o) {
                      {"optimizer_bytes", largest(3)},
                      {"peak_rss_bytes", largest(4)},
                      {"max_param_diff", largest(5)},
+                     {"link_bytes_per_step", table.select(1, 6).sum().item<double>()},
+                     {"hosts", o.hosts},
+                     {"shard_size", o.workerStrategy == "hsdp" ? shardSizeOf(o) : 0},
                      {"model", o.model},
                      {"numels", numels},
                      {"units", fsdpUnitOf(*model, static_cast<int64_t>(o.fsdpUnitMb * 1024 * 1024))},
@@ -288,6 +325,8 @@ std::vector<std::string> workerArguments(const Options& o, const std::string& st
           "--timeout",        std::to_string(o.timeoutSeconds),
           "--fsdp-backward-prefetch", o.fsdpBackwardPrefetch ? "true" : "false",
           "--fsdp-unit-mb",   fmt::format("{}", o.fsdpUnitMb),
+          "--shard-size",     std::to_string(o.shardSize),
+          "--hosts",          o.hosts,
           "--worker-rank",    std::to_string(rank),
           "--worker-strategy", strategy,
           "--worker-dir",     dir};
@@ -295,7 +334,7 @@ std::vector<std::string> workerArguments(const Options& o, const std::string& st
 
 double relativeDifference(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
-void runLauncher(const Options& o) {
+void runLauncher(Options o) {
   if (o.plan && (!o.jsonPath.empty() || !o.plotPath.empty())) {
     fail<BenchError>("strategies --plan prints the plan and measures nothing: --json and --plot need a run. HINT: "
                      "drop --plan");
@@ -321,6 +360,20 @@ void runLauncher(const Options& o) {
       fail<BenchError>("--strategies: unknown strategy \"{}\" (known: {})", s, joinNames(builtinStrategies().names()));
     }
   }
+  std::unique_ptr<SimCluster> cluster;
+  HostLayout layout;
+  if (!o.hosts.empty()) {
+    cluster = clusterFromOptions(o.hosts, o.link, layout, std::cout);
+    if (!cluster) return;  // SKIPPED, said
+    o.worldSize = layout.worldSize();
+    o.noReference = true;
+    std::cout << "# no PyTorch reference on the simulated cluster\n";
+  }
+  for (const std::string& s : o.strategies) {
+    if (s == "hsdp" && o.worldSize % shardSizeOf(o) != 0) {
+      fail<BenchError>("--shard-size {} does not divide --world-size {}", shardSizeOf(o), o.worldSize);
+    }
+  }
   TempDir dir("ddp-bench-strategies-");
   ::setenv(kStoreTokenEnv, randomHex(16).c_str(), 1);
   json records = json::array();
@@ -328,7 +381,7 @@ void runLauncher(const Options& o) {
     std::cerr << fmt::format("running {} on {} rank(s)...\n", s, o.worldSize);
     launchRanks(
         o.worldSize, [&](int rank) { return workerArguments(o, s, rank, dir.path()); },
-        std::chrono::seconds(o.timeoutSeconds), dir.path(), s);
+        std::chrono::seconds(o.timeoutSeconds), dir.path(), s, cluster.get(), layout);
     json record = readJsonFile(resultsPath(dir.path(), s));
     if (record["max_param_diff"].get<double>() != 0) {
       fail<BenchError>("{}: after {} steps the ranks' parameters differ from rank 0's by up to {}", s,
@@ -357,9 +410,10 @@ void runLauncher(const Options& o) {
     }
   }
 
-  Table table({"impl", "ranks", "params", "step_ms", "param_MiB", "grad_MiB", "optim_MiB", "peak_rss_MiB",
-               "params_vs_ddp"},
-              1);
+  std::vector<std::string> columns = {"impl", "ranks", "params", "step_ms", "param_MiB", "grad_MiB", "optim_MiB",
+                                     "peak_rss_MiB", "params_vs_ddp"};
+  if (cluster) columns.push_back("link_MiB_per_step");
+  Table table(columns, 1);
   const json* ddpRecord = nullptr;
   for (const auto& r : records)
     if (r["impl"] == "ddp") ddpRecord = &r;
@@ -373,10 +427,12 @@ void runLauncher(const Options& o) {
       match = fmt::format("{:.1e}", d);
       if (d > 1e-4 && r["impl"].get<std::string>().rfind("torch-", 0) != 0) agree = false;
     }
-    table.addRow({r["impl"].get<std::string>(), std::to_string(r["world_size"].get<int>()),
-                  std::to_string(r["params"].get<int64_t>()), formatFixed(r["step_ms"].get<double>(), 1),
-                  mib(r["param_bytes"]), mib(r["grad_bytes"]), mib(r["optimizer_bytes"]), mib(r["peak_rss_bytes"]),
-                  match});
+    std::vector<std::string> row = {r["impl"].get<std::string>(), std::to_string(r["world_size"].get<int>()),
+                                    std::to_string(r["params"].get<int64_t>()), formatFixed(r["step_ms"].get<double>(), 1),
+                                    mib(r["param_bytes"]), mib(r["grad_bytes"]), mib(r["optimizer_bytes"]),
+                                    mib(r["peak_rss_bytes"]), match};
+    if (cluster) row.push_back(mib(r["link_bytes_per_step"]));
+    table.addRow(row);
   }
   std::cout << table.render();
   if (ddpRecord) {
@@ -395,9 +451,16 @@ void runLauncher(const Options& o) {
   for (const auto& r : records) {
     const std::string impl = r["impl"];
     if (impl.rfind("torch-", 0) == 0) continue;
-    const StrategyFootprint f =
-        strategyFootprint(impl, r["numels"].get<std::vector<int64_t>>(), o.worldSize, 4, 2,
-                          DdpOptions{}.bucketCapBytes, r["units"].get<std::vector<int>>());
+    // hsdp holds what fsdp holds over one row, and also sends its gradient
+    // shard around its column (a ring allreduce: 2 (R-1)/R of it).
+    StrategyFootprint f =
+        strategyFootprint(impl == "hsdp" ? "fsdp" : impl, r["numels"].get<std::vector<int64_t>>(),
+                          impl == "hsdp" ? r["shard_size"].get<int>() : o.worldSize, 4, 2, DdpOptions{}.bucketCapBytes,
+                          r["units"].get<std::vector<int>>());
+    if (impl == "hsdp") {
+      const int64_t replicas = o.worldSize / r["shard_size"].get<int>();
+      f.sentBytesPerStep += 2 * (replicas - 1) * f.gradientBytes / replicas;
+    }
     const bool same = f.parameterBytes == r["param_bytes"].get<double>() &&
                       f.gradientBytes == r["grad_bytes"].get<double>() &&
                       f.optimizerBytes == r["optimizer_bytes"].get<double>();
@@ -459,6 +522,15 @@ void registerStrategiesCommand(CLI::App& app) {
                   "fsdp: gather the next unit for backward while one computes (distributed.fsdp_backward_prefetch)")
       ->capture_default_str();
   cmd->add_option("--timeout", options->timeoutSeconds, "Seconds all ranks of one strategy may take")
+      ->capture_default_str();
+  cmd->add_option("--shard-size", options->shardSize,
+                  "hsdp: ranks per row of the mesh (0: the ranks of one --hosts host, else half the ranks)")
+      ->capture_default_str();
+  cmd->add_option("--hosts", options->hosts,
+                  "Run on a simulated cluster of HOSTSxRANKS (e.g. 2x2; needs root): network namespaces joined by "
+                  "shaped links; adds the bytes each step puts on the links")
+      ->capture_default_str();
+  cmd->add_option("--link", options->link, "The simulated cluster's links: 10gbit, 1gbit or none")
       ->capture_default_str();
   cmd->add_option("--worker-rank", options->workerRank)->group("");
   cmd->add_option("--worker-strategy", options->workerStrategy)->group("");

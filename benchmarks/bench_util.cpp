@@ -409,9 +409,21 @@ void runWorkerOrLauncher(const std::string& command, int rank, const std::string
   }
 }
 
+int64_t linkSentBytes() {
+  int64_t total = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/class/net", ec)) {
+    if (entry.path().filename() == "lo") continue;
+    std::ifstream in(entry.path() / "statistics" / "tx_bytes");
+    int64_t bytes = 0;
+    if (in >> bytes) total += bytes;
+  }
+  return total;
+}
+
 std::shared_ptr<ProcessGroup> workerGroup(const std::string& dir, const std::string& tag, int rank, int world,
                                           const std::string& backend, std::chrono::milliseconds timeout,
-                                          int deviceIndex) {
+                                          int deviceIndex, std::shared_ptr<Store>* storeOut) {
   TCPStoreOptions storeOptions;
   storeOptions.host = benchMasterAddr();
   storeOptions.isServer = rank == 0;
@@ -425,6 +437,7 @@ std::shared_ptr<ProcessGroup> workerGroup(const std::string& dir, const std::str
   groupOptions.timeout = timeout;
   groupOptions.masterAddr = benchMasterAddr();
   groupOptions.deviceIndex = deviceIndex;
+  if (storeOut) *storeOut = store;
   return builtinBackends().create(backend, store, rank, world, groupOptions);
 }
 

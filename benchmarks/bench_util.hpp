@@ -14,6 +14,7 @@
 #include "framework/core/strings.hpp"
 
 #include "framework/comm/process_group.hpp"
+#include "framework/store/store.hpp"
 #include "benchmarks/sim_cluster.hpp"
 
 namespace ddp::bench {
@@ -135,9 +136,13 @@ void publishPort(const std::string& portFile, uint16_t port);
 // A worker's process group over loopback: rank 0 serves a TCP store whose
 // port it publishes in DIR/port.TAG, the others wait for it; then the
 // backend's group (deviceIndex: GPU backends' device, -1 for none).
+// `storeOut`, when given, receives the store (for sub-groups).
 std::shared_ptr<ProcessGroup> workerGroup(const std::string& dir, const std::string& tag, int rank, int world,
                                           const std::string& backend, std::chrono::milliseconds timeout,
-                                          int deviceIndex = -1);
+                                          int deviceIndex = -1, std::shared_ptr<Store>* storeOut = nullptr);
+// Bytes this network namespace has sent on its interfaces other than lo
+// (/sys/class/net/*/statistics/tx_bytes): a simulated host's traffic on its link.
+int64_t linkSentBytes();
 uint16_t awaitPort(const std::string& portFile, std::chrono::milliseconds timeout, int rank);
 
 }  // namespace ddp::bench

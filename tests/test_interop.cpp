@@ -30,15 +30,6 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kSource = DDP_SOURCE_DIR;
 
-// Where python3 with torch can run, ""; else why not.
-std::string pythonUnavailable() {
-  if (!fs::exists("/usr/bin/python3")) return "/usr/bin/python3 is absent";
-  SpawnOptions options;
-  options.argv = {"/usr/bin/python3", "-c", "import torch, numpy"};
-  const FinishedProcess done = runProcess(options);
-  if (!WIFEXITED(done.status) || WEXITSTATUS(done.status) != 0) return "python3 cannot import torch and numpy";
-  return "";
-}
 
 struct PythonRun {
   int exitCode = -1;
@@ -127,7 +118,7 @@ TEST_CASE("safetensors: every dtype, empty and scalar tensors round-trip, with m
   for (int i = 7; i >= 0; --i) headerBytes = (headerBytes << 8) | uint8_t(bytes[static_cast<size_t>(i)]);
   CHECK(headerBytes % 8 == 0);
 
-  const std::string whyNot = pythonUnavailable();
+  const std::string whyNot = ddp::test::pythonTorchUnavailable();
   if (!whyNot.empty()) {
     WARN("SKIPPED (the independent reader): " << whyNot);
     return;
@@ -211,7 +202,7 @@ TEST_CASE("safetensors: broken files are refused with one line naming what is wr
 
 TEST_CASE("torch.save files: an OrderedDict state_dict loads, tied weights stay tied, others get a HINT",
           "[interop][errors]") {
-  const std::string whyNot = pythonUnavailable();
+  const std::string whyNot = ddp::test::pythonTorchUnavailable();
   if (!whyNot.empty()) {
     WARN("SKIPPED: " << whyNot);
     return;
@@ -343,7 +334,7 @@ TEST_CASE("loading weights into a module: everything fits, or one error lists wh
 
 TEST_CASE("models trained here, exported, give PyTorch the same logits (wine, digits_cnn, char_gpt)",
           "[interop][launcher]") {
-  const std::string whyNot = pythonUnavailable();
+  const std::string whyNot = ddp::test::pythonTorchUnavailable();
   if (!whyNot.empty()) {
     WARN("SKIPPED: " << whyNot);
     return;
@@ -415,7 +406,7 @@ TEST_CASE("models trained here, exported, give PyTorch the same logits (wine, di
 
 TEST_CASE("model.init_from: weights started in Python train here, from the loss Python computes",
           "[interop][launcher]") {
-  const std::string whyNot = pythonUnavailable();
+  const std::string whyNot = ddp::test::pythonTorchUnavailable();
   if (!whyNot.empty()) {
     WARN("SKIPPED: " << whyNot);
     return;

@@ -302,20 +302,11 @@ void scramble(torch::nn::Module& model, uint64_t seed) {
   }
 }
 
-// Where python3 with torch can run the reference, "" ; else why not.
-std::string referenceUnavailable() {
-  if (!fs::exists("/usr/bin/python3")) return "/usr/bin/python3 is absent";
-  SpawnOptions options;
-  options.argv = {"/usr/bin/python3", "-c", "import torch, numpy"};
-  const FinishedProcess done = runProcess(options);
-  if (!WIFEXITED(done.status) || WEXITSTATUS(done.status) != 0) return "python3 cannot import torch and numpy";
-  return "";
-}
 
 }  // namespace
 
 TEST_CASE("models cnn and gpt: the forward pass and the gradients match a plain PyTorch model", "[models]") {
-  const std::string whyNot = referenceUnavailable();
+  const std::string whyNot = ddp::test::pythonTorchUnavailable();
   if (!whyNot.empty()) {
     WARN("SKIPPED: " << whyNot);
     return;

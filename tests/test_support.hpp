@@ -253,6 +253,17 @@ inline std::vector<std::string> splitWords(const std::string& text) {
 
 // The ddp-run program the build made: DDP_RUN_PATH, which tests/CMakeLists.txt
 // defines for every test file. Tests check that it exists.
+// Where /usr/bin/python3 with torch and numpy can run a reference script,
+// ""; else why not (for a "SKIPPED: ..." warning).
+inline std::string pythonTorchUnavailable() {
+  if (!std::filesystem::exists("/usr/bin/python3")) return "/usr/bin/python3 is absent";
+  SpawnOptions options;
+  options.argv = {"/usr/bin/python3", "-c", "import torch, numpy"};
+  const FinishedProcess done = runProcess(options);
+  if (!WIFEXITED(done.status) || WEXITSTATUS(done.status) != 0) return "python3 cannot import torch and numpy";
+  return "";
+}
+
 inline std::string ddpRunPath() { return DDP_RUN_PATH; }
 
 // Runs the ddp-run program with `args` and the `env` assignments ("A=1 B=2")

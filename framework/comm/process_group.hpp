@@ -20,6 +20,9 @@
 //   on integer tensors truncates toward zero.
 // - A backend that lacks an operation inherits the default here, which
 //   throws NotSupportedError naming the backend and the operation.
+// - Groups of some ranks (c10d's new_group) and the 2-D rank mesh that
+//   hybrid sharding uses come from GroupFactory (sub_groups.hpp): each is an
+//   ordinary ProcessGroup of its own, under a store prefix of its own.
 #pragma once
 
 #include <ATen/core/Tensor.h>

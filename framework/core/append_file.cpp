@@ -14,19 +14,7 @@ namespace ddp {
 namespace {
 
 // Writes all of `text` to fd; returns 0 or the errno of the write that failed.
-int writeAll(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return ENOSPC;
-    done += static_cast<size_t>(n);
-  }
-  return 0;
-}
+int writeAll(int fd, const std::string& text) { return writeFully(fd, text.data(), text.size()); }
 
 }  // namespace
 

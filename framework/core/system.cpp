@@ -5,6 +5,7 @@
 #include <csignal>
 #include <sched.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -15,6 +16,21 @@
 namespace ddp {
 
 std::string errnoText(int err) { return std::strerror(err); }
+
+int writeFully(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (w == 0) return ENOSPC;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return 0;
+}
 
 std::string randomHex(size_t bytes) {
   static const char digits[] = "0123456789abcdef";

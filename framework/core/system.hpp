@@ -10,6 +10,11 @@ namespace ddp {
 // strerror() as a std::string, e.g. "Connection refused".
 std::string errnoText(int err);
 
+// Writes all `n` bytes to `fd`, going on after EINTR and short writes;
+// returns 0, or the errno of the write that failed (ENOSPC for a write
+// that wrote nothing).
+int writeFully(int fd, const void* data, size_t n);
+
 // 2 * bytes hexadecimal digits from the system's random source, for job
 // tokens and names of shared-memory segments.
 std::string randomHex(size_t bytes);

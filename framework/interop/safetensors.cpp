@@ -55,14 +55,7 @@ struct Fd {
 };
 
 void writeAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail<std::runtime_error>("{}: cannot write: {}", path, errnoText(errno));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
+  if (const int err = writeFully(fd, data, n)) fail<std::runtime_error>("{}: cannot write: {}", path, errnoText(err));
 }
 
 // Reads exactly n bytes at `offset`; false at the end of the file.

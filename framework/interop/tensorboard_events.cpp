@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "framework/core/errors.hpp"
+#include "framework/core/system.hpp"
 
 namespace ddp {
 namespace {
@@ -173,21 +174,6 @@ void checkTag(const std::string& tag) {
   if (!isUtf8(tag)) throw std::invalid_argument("TensorBoard tag is not valid UTF-8: \"" + printable(tag) + "\"");
 }
 
-// Writes all of `bytes`; returns 0 or the errno of the write that failed.
-int writeAll(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return ENOSPC;
-    done += static_cast<size_t>(n);
-  }
-  return 0;
-}
-
 std::string hostName() {
   char name[HOST_NAME_MAX + 1] = {};
   if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') return "localhost";
@@ -311,7 +297,7 @@ void TensorBoardEventWriter::flush() {
     fail<std::runtime_error>("cannot write {}: closed after an earlier write error", path_);
   }
   const off_t before = ::lseek(fd_, 0, SEEK_CUR);
-  const int err = writeAll(fd_, buffer_);
+  const int err = writeFully(fd_, buffer_.data(), buffer_.size());
   buffer_.clear();
   if (err == 0) return;
   // No torn record: cut the file back to where the buffered ones began.

@@ -139,13 +139,8 @@ void writeTorchStateDict(const std::string& path, const NamedTensors& tensors) {
   std::string failure;
   {
     caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
-      const char* p = static_cast<const char*>(data);
-      size_t left = n;
-      while (left > 0 && failure.empty()) {
-        const ssize_t w = ::write(fd, p, left);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) failure = errnoText(errno);
-        else p += w, left -= static_cast<size_t>(w);
+      if (failure.empty()) {
+        if (const int err = writeFully(fd, data, n)) failure = errnoText(err);
       }
       return failure.empty() ? n : 0;
     });
