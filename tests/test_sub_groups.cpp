@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "backends/builtin.hpp"
+#include "backends/gloo/hierarchical_group.hpp"
+#include "backends/gloo/process_group_gloo.hpp"
 #include "framework/comm/sub_groups.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/store/hash_store.hpp"
@@ -21,7 +23,8 @@ namespace {
 // body(factory, worldGroup) on `world` threads; each rank's exception text, "" where none.
 std::vector<std::string> runWorld(int world, bool sharedMemory,
                                   const std::function<void(GroupFactory&, ProcessGroup&)>& body,
-                                  std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
+                                  std::chrono::milliseconds timeout = std::chrono::milliseconds(20000),
+                                  const std::function<std::string(int)>& hostOf = nullptr) {
   auto store = std::make_shared<HashStore>();
   store->setTimeout(timeout);
   std::vector<std::string> errors(static_cast<size_t>(world));
@@ -32,6 +35,7 @@ std::vector<std::string> runWorld(int world, bool sharedMemory,
         ProcessGroupOptions options;
         options.sharedMemory = sharedMemory;
         options.timeout = timeout;
+        if (hostOf) options.hostId = hostOf(r);
         auto worldGroup = builtinBackends().create("gloo", store, r, world, options);
         GroupFactory factory(store, builtinBackends(), "gloo", r, world, options);
         body(factory, *worldGroup);
@@ -197,4 +201,33 @@ TEST_CASE("hsdp through ddp-run: trains wine and digits_cnn as ddp does, and res
   INFO(bad.output);
   CHECK(bad.exitCode == 2);
   CHECK_THAT(bad.output, Contains("distributed.shard_size: 3 does not divide the world size 4. HINT:"));
+}
+
+TEST_CASE("sub-groups keep gloo's paths: shared memory within a host, hierarchical across hosts with several ranks",
+          "[collectives][subgroups][hierarchical]") {
+  // Ranks 0, 1 on host a; 2, 3 on host b.
+  const auto errors = runWorld(
+      4, true,
+      [&](GroupFactory& f, ProcessGroup&) {
+        const int r = f.rank();
+        ProcessGroupPtr hostA = f.newGroup({0, 1});
+        ProcessGroupPtr hostB = f.newGroup({2, 3});
+        ProcessGroupPtr sameHost = r < 2 ? hostA : hostB;
+        if ((r < 2 ? hostB : hostA) != nullptr) throw std::runtime_error("a non-member got a group");
+        ProcessGroupPtr crossHosts = f.newGroup({0, 2});
+        ProcessGroupPtr all = f.newGroup({0, 1, 2, 3});
+        auto* local = dynamic_cast<ProcessGroupGloo*>(sameHost.get());
+        if (!local || !local->usesSharedMemory()) throw std::runtime_error("the same-host pair does not use shared memory");
+        if (!dynamic_cast<gloo_backend::HierarchicalGroup*>(all.get())) throw std::runtime_error("the 2x2 group is not hierarchical");
+        // One rank per host: a flat group (in this one process its ranks still
+        // find each other's shared memory; on real hosts they meet over TCP).
+        if (crossHosts) {
+          if (!dynamic_cast<ProcessGroupGloo*>(crossHosts.get())) throw std::runtime_error("the cross-host pair is not flat");
+          allreduceExpect(*crossHosts, 70000, r, 2, "cross-host pair");
+        }
+        allreduceExpect(*sameHost, 70000, r, r < 2 ? 1 : 5, "same-host pair");
+        allreduceExpect(*all, 70000, r, 6, "all, hierarchical");
+      },
+      std::chrono::milliseconds(20000), [](int r) { return std::string(r < 2 ? "host-a" : "host-b"); });
+  CHECK(ddp::test::joinErrors(errors) == "");
 }

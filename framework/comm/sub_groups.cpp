@@ -38,13 +38,13 @@ ProcessGroupPtr GroupFactory::newGroup(std::vector<int> ranks) {
   }
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   if (me == ranks.end()) return nullptr;
-  auto store = std::make_shared<PrefixStore>(fmt::format("subgroup/{}", id), store_);
+  auto call = std::make_shared<PrefixStore>(fmt::format("subgroup/{}", id), store_);
   // Every member says which ranks it asked for; all must agree.
   const std::string mine = fmt::format("{}", fmt::join(ranks, ","));
-  store->setString(fmt::format("members/{}", rank_), mine);
+  call->setString(fmt::format("members/{}", rank_), mine);
   for (int peer : ranks) {
     if (peer == rank_) continue;
-    const std::string theirs = store->getString(fmt::format("members/{}", peer));
+    const std::string theirs = call->getString(fmt::format("members/{}", peer));
     if (theirs != mine) {
       fail<UsageError>(
           "newGroup #{}: rank {} asked for ranks [{}], rank {} for [{}]. HINT: every rank must call newGroup in the "
@@ -52,6 +52,10 @@ ProcessGroupPtr GroupFactory::newGroup(std::vector<int> ranks) {
           id, rank_, mine, peer, theirs);
     }
   }
+  // The group's own keys, under its ranks too: disjoint groups made by one
+  // call on different ranks (ranks 0,1 asking for [0,1] while 2,3 ask for
+  // [2,3]) stay apart as well.
+  auto store = std::make_shared<PrefixStore>(fmt::format("group-{}", mine), call);
   const int groupRank = static_cast<int>(me - ranks.begin());
   return backends_.create(backend_, store, groupRank, static_cast<int>(ranks.size()), options_);
 }

@@ -10,9 +10,10 @@
 //   (any order, no duplicates, each in [0, size)). A member gets a group
 //   whose rank r is the r-th smallest of `ranks`; a rank outside gets
 //   nullptr. Each group meets through the store under a prefix of its own
-//   ("subgroup/<n>/", n counting this factory's groups), so collectives of
-//   two groups never mix, even where members overlap and both have
-//   collectives in flight. Members check that they agree on the ranks: a
+//   ("subgroup/<n>/group-<ranks>/", n counting this factory's calls), so
+//   collectives of two groups never mix, even where members overlap and
+//   both have collectives in flight, or where one call makes disjoint
+//   groups on different ranks. Members check that they agree on the ranks: a
 //   mismatch is a UsageError naming both lists, on every member, before any
 //   group forms. Ranks out of range or given twice: UsageError at once.
 // - The backend sees an ordinary group: gloo moves a sub-group's payloads
