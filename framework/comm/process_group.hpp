@@ -30,6 +30,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "framework/comm/work.hpp"
 
@@ -61,6 +62,26 @@ struct ReduceScatterOptions {
 };
 
 struct BarrierOptions {
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+struct ReduceOptions {
+  int root = 0;
+  ReduceOp op = ReduceOp::Sum;
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+struct GatherOptions {
+  int root = 0;
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+struct ScatterOptions {
+  int root = 0;
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+struct AlltoallOptions {
   Milliseconds timeout = kUseGroupTimeout;
 };
 
@@ -111,6 +132,33 @@ class ProcessGroup {
   virtual WorkPtr reduceScatter(const at::Tensor& input, at::Tensor& output,
                                 const ReduceScatterOptions& opts = {});
   virtual WorkPtr barrier(const BarrierOptions& opts = {});
+
+  // The rooted collectives and all-to-all. Every rank calls them with the
+  // same root and element counts; the defaults below are built on the
+  // collectives above (composed_collectives.cpp), so every backend has
+  // them, at the cost each names; a backend may override one with an
+  // algorithm of its own.
+  // root's tensor ends with op over every rank's; the others' are left as
+  // they were. Default: an allreduce (of a copy, off the root).
+  virtual WorkPtr reduce(at::Tensor& tensor, const ReduceOptions& opts = {});
+  // root's output (size() * input.numel() elements) receives rank r's
+  // input in slice r; elsewhere output is not used (may be undefined).
+  // Default: an allgather (into a scratch tensor, off the root).
+  virtual WorkPtr gather(const at::Tensor& input, at::Tensor& output, const GatherOptions& opts = {});
+  // Rank r's output receives slice r of root's input (size() *
+  // output.numel() elements); elsewhere input is not used. Default: a
+  // broadcast of the whole input, then each rank's copy of its slice.
+  virtual WorkPtr scatter(const at::Tensor& input, at::Tensor& output, const ScatterOptions& opts = {});
+  // Rows (dim 0) of input go to the ranks in order: inputSplits[j] rows to
+  // rank j; output receives outputSplits[i] rows from rank i, in rank
+  // order. Empty splits: equal ones (dim 0 divisible by size()). Splits
+  // may be 0; rows have the same shape and dtype everywhere. A rank whose
+  // outputSplits disagree with what the others send gets a UsageError
+  // naming both counts (every rank fails the same call). Default: every
+  // rank's splits are allgathered, waited for in the call, then the padded
+  // inputs (memory and bytes: size() times the largest input).
+  virtual WorkPtr alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits = {},
+                           const std::vector<int64_t>& outputSplits = {}, const AlltoallOptions& opts = {});
 
   // A zero-filled 1-D tensor for repeated collectives (DDP's gradient
   // buckets), placed where the backend moves it fastest: for gloo on one

@@ -73,4 +73,20 @@ void failInvariant(const char* condition, const char* file, int line, const std:
   fail<std::logic_error>("internal error: {} ({} failed at {}:{})", what, condition, file, line);
 }
 
+WorkPtr thenWork(const WorkPtr& first, std::chrono::milliseconds timeout, std::function<void()> then) {
+  auto next = std::make_shared<Work>(first->description() + " (then)", timeout);
+  first->onFinish([first, next, then = std::move(then)] {
+    std::exception_ptr error = first->exception();
+    if (!error) {
+      try {
+        then();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    next->finish(error);
+  });
+  return next;
+}
+
 }  // namespace ddp

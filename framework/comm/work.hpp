@@ -61,6 +61,12 @@ class Work {
 
 using WorkPtr = std::shared_ptr<Work>;
 
+// A Work that completes once `first` has completed and `then` has run on
+// the thread that completed it (not run when `first` failed; its error is
+// passed on, as is one that `then` throws). Its wait() gives up after
+// `timeout` (plus Work's grace), like the collective's own.
+WorkPtr thenWork(const WorkPtr& first, std::chrono::milliseconds timeout, std::function<void()> then);
+
 // Polls `ready` for up to `limit` before the caller blocks. Waking a blocked
 // thread costs tens of microseconds (more in a VM), longer than a small
 // collective takes, so waits that usually end soon spin first.

@@ -67,10 +67,6 @@ class AllreduceAvgHook : public CommHook {
   Milliseconds timeout_;
 };
 
-// A Work that completes once `first` has completed and `then` has run on
-// the thread that completed it (not run when `first` failed; its error is
-// passed on, as is one that `then` throws). Its wait() gives up after
-// `timeout` (plus Work's grace), like the collective's own.
-WorkPtr thenWork(const WorkPtr& first, Milliseconds timeout, std::function<void()> then);
+// thenWork (framework/comm/work.hpp) chains a step after a collective.
 
 }  // namespace ddp

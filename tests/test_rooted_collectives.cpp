@@ -1,0 +1,168 @@
+// reduce, gather, scatter and alltoall (issue 34) against their closed
+// forms: gloo through shared memory and over TCP, world sizes 1-4, element
+// counts from 0 to beyond a frame, three dtypes, uneven splits with zeros.
+#include <catch2/catch.hpp>
+
+#include <ATen/ATen.h>
+
+#include "framework/comm/process_group.hpp"
+#include "framework/core/errors.hpp"
+#include "tests/test_support.hpp"
+
+using namespace ddp;
+using Catch::Contains;
+
+namespace {
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+}  // namespace
+
+TEST_CASE("reduce, gather and scatter match their closed forms", "[collectives][rooted]") {
+  for (const bool shm : {true, false}) {
+    for (const int world : {1, 2, 3, 4}) {
+      for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{70000}}) {
+        for (const at::ScalarType type : {at::kFloat, at::kDouble, at::kLong}) {
+          INFO((shm ? "shm" : "tcp") << ", world " << world << ", " << n << " elements, " << c10::toString(type));
+          ProcessGroupOptions options;
+          options.sharedMemory = shm;
+          const auto errors = ddp::test::runRanks(
+              "gloo", world,
+              [&](int r, ProcessGroup& g) {
+                const auto opts = at::TensorOptions().dtype(type);
+                const int root = world - 1;
+                // reduce: sum and max on the root, the others untouched.
+                at::Tensor t = at::full({n}, r + 1, opts);
+                ReduceOptions sum;
+                sum.root = root;
+                g.reduce(t, sum)->wait();
+                expect(n == 0 || t.eq(r == root ? world * (world + 1) / 2 : r + 1).all().item<bool>(), "reduce sum");
+                at::Tensor m = at::full({n}, r + 1, opts);
+                ReduceOptions max;
+                max.root = 0;
+                max.op = ReduceOp::Max;
+                g.reduce(m, max)->wait();
+                expect(n == 0 || m.eq(r == 0 ? world : r + 1).all().item<bool>(), "reduce max");
+                // gather to root 0: slice k holds rank k's input.
+                at::Tensor in = at::full({n}, 10 * r, opts);
+                at::Tensor out = r == 0 ? at::full({n * world}, -1, opts) : at::Tensor();
+                GatherOptions gather;
+                g.gather(in, out, gather)->wait();
+                if (r == 0) {
+                  for (int k = 0; k < world; ++k) {
+                    expect(n == 0 || out.narrow(0, k * n, n).eq(10 * k).all().item<bool>(), "gather slice");
+                  }
+                }
+                // scatter from the last rank: rank k gets slice k.
+                at::Tensor whole = at::arange(n * world, opts);
+                at::Tensor mine = at::full({n}, -1, opts);
+                ScatterOptions scatter;
+                scatter.root = root;
+                g.scatter(r == root ? whole : at::Tensor(), mine, scatter)->wait();
+                expect(at::equal(mine, at::arange(n * r, n * (r + 1), opts)), "scatter slice");
+              },
+              options);
+          CHECK(ddp::test::joinErrors(errors) == "");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("alltoall: equal and uneven splits, zero rows included, match their closed forms", "[collectives][rooted]") {
+  for (const bool shm : {true, false}) {
+    for (const int world : {1, 2, 3, 4}) {
+      for (const int64_t width : {int64_t{1}, int64_t{3}, int64_t{5000}}) {
+        INFO((shm ? "shm" : "tcp") << ", world " << world << ", rows of " << width);
+        ProcessGroupOptions options;
+        options.sharedMemory = shm;
+        const auto errors = ddp::test::runRanks(
+            "gloo", world,
+            [&](int r, ProcessGroup& g) {
+              // Equal: 2 rows to each rank, row values source*100 + destination.
+              at::Tensor in = at::empty({2 * world, width}, at::kDouble);
+              for (int j = 0; j < world; ++j) in.narrow(0, 2 * j, 2).fill_(r * 100 + j);
+              at::Tensor out = at::full({2 * world, width}, -1.0, at::kDouble);
+              g.alltoall(in, out)->wait();
+              for (int i = 0; i < world; ++i) {
+                expect(out.narrow(0, 2 * i, 2).eq(i * 100 + r).all().item<bool>(), "equal alltoall");
+              }
+              // Uneven: rank i sends (i + j) % 3 rows to rank j (some 0).
+              const auto rows = [](int i, int j) { return int64_t((i + j) % 3); };
+              std::vector<int64_t> send, recv;
+              int64_t sendTotal = 0, recvTotal = 0;
+              for (int j = 0; j < world; ++j) {
+                send.push_back(rows(r, j));
+                recv.push_back(rows(j, r));
+                sendTotal += send.back();
+                recvTotal += recv.back();
+              }
+              at::Tensor uin = at::empty({sendTotal, width}, at::kLong);
+              for (int j = 0, offset = 0; j < world; offset += static_cast<int>(send[static_cast<size_t>(j)]), ++j) {
+                uin.narrow(0, offset, send[static_cast<size_t>(j)]).fill_(r * 100 + j);
+              }
+              at::Tensor uout = at::full({recvTotal, width}, -1, at::kLong);
+              g.alltoall(uin, uout, send, recv)->wait();
+              for (int i = 0, offset = 0; i < world; offset += static_cast<int>(recv[static_cast<size_t>(i)]), ++i) {
+                expect(uout.narrow(0, offset, recv[static_cast<size_t>(i)]).eq(i * 100 + r).all().item<bool>(),
+                       "uneven alltoall");
+              }
+            },
+            options);
+        CHECK(ddp::test::joinErrors(errors) == "");
+      }
+    }
+  }
+}
+
+TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on every rank alike",
+          "[collectives][rooted][errors]") {
+  const auto errors = ddp::test::runRanks("gloo", 3, [&](int r, ProcessGroup& g) {
+    // Rank 0 expects 2 rows from rank 1, which sends 1.
+    at::Tensor in = at::ones({3, 2});
+    std::vector<int64_t> recv = {1, r == 0 ? 2 : 1, 1};
+    at::Tensor out = at::empty({r == 0 ? 4 : 3, 2});
+    g.alltoall(in, out, {1, 1, 1}, recv)->wait();
+  });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(errors[static_cast<size_t>(r)], Contains("alltoall: rank 1 sends 1 row(s) to rank 0, whose "
+                                                        "outputSplits[1] expects 2"));
+  }
+  const auto more = ddp::test::runRanks("gloo", 2, [&](int r, ProcessGroup& g) {
+    at::Tensor t = at::ones({4});
+    ReduceOptions o;
+    o.root = 2;
+    try {
+      g.reduce(t, o);
+      throw std::runtime_error("no error for root 2");
+    } catch (const UsageError& e) {
+      expect(std::string(e.what()).find("reduce: root 2 is outside the group's 2 ranks") != std::string::npos,
+             e.what());
+    }
+    at::Tensor small = at::empty({3});
+    GatherOptions go;
+    if (r == 0) {
+      try {
+        g.gather(t, small, go);
+        throw std::runtime_error("no error for a short gather output");
+      } catch (const UsageError& e) {
+        expect(std::string(e.what()).find("gather: root's output has 3 elements, expected 4 x 2 ranks") !=
+                   std::string::npos,
+               e.what());
+      }
+    }
+    at::Tensor odd = at::ones({3, 1});
+    at::Tensor out = at::empty({3, 1});
+    try {
+      g.alltoall(odd, out);
+      throw std::runtime_error("no error for 3 rows over 2 ranks");
+    } catch (const UsageError& e) {
+      expect(std::string(e.what()).find("input has 3 rows, which 2 ranks cannot split equally") != std::string::npos,
+             e.what());
+    }
+  });
+  CHECK(ddp::test::joinErrors(more) == "");
+}
