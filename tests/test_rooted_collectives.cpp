@@ -12,14 +12,6 @@
 using namespace ddp;
 using Catch::Contains;
 
-namespace {
-
-void expect(bool ok, const std::string& what) {
-  if (!ok) throw std::runtime_error(what);
-}
-
-}  // namespace
-
 TEST_CASE("reduce, gather and scatter match their closed forms", "[collectives][rooted]") {
   for (const bool shm : {true, false}) {
     for (const int world : {1, 2, 3, 4}) {
@@ -38,13 +30,13 @@ TEST_CASE("reduce, gather and scatter match their closed forms", "[collectives][
                 ReduceOptions sum;
                 sum.root = root;
                 g.reduce(t, sum)->wait();
-                expect(n == 0 || t.eq(r == root ? world * (world + 1) / 2 : r + 1).all().item<bool>(), "reduce sum");
+                ddp::test::expectOnRank(n == 0 || t.eq(r == root ? world * (world + 1) / 2 : r + 1).all().item<bool>(), "reduce sum");
                 at::Tensor m = at::full({n}, r + 1, opts);
                 ReduceOptions max;
                 max.root = 0;
                 max.op = ReduceOp::Max;
                 g.reduce(m, max)->wait();
-                expect(n == 0 || m.eq(r == 0 ? world : r + 1).all().item<bool>(), "reduce max");
+                ddp::test::expectOnRank(n == 0 || m.eq(r == 0 ? world : r + 1).all().item<bool>(), "reduce max");
                 // gather to root 0: slice k holds rank k's input.
                 at::Tensor in = at::full({n}, 10 * r, opts);
                 at::Tensor out = r == 0 ? at::full({n * world}, -1, opts) : at::Tensor();
@@ -52,7 +44,7 @@ TEST_CASE("reduce, gather and scatter match their closed forms", "[collectives][
                 g.gather(in, out, gather)->wait();
                 if (r == 0) {
                   for (int k = 0; k < world; ++k) {
-                    expect(n == 0 || out.narrow(0, k * n, n).eq(10 * k).all().item<bool>(), "gather slice");
+                    ddp::test::expectOnRank(n == 0 || out.narrow(0, k * n, n).eq(10 * k).all().item<bool>(), "gather slice");
                   }
                 }
                 // scatter from the last rank: rank k gets slice k.
@@ -61,7 +53,7 @@ TEST_CASE("reduce, gather and scatter match their closed forms", "[collectives][
                 ScatterOptions scatter;
                 scatter.root = root;
                 g.scatter(r == root ? whole : at::Tensor(), mine, scatter)->wait();
-                expect(at::equal(mine, at::arange(n * r, n * (r + 1), opts)), "scatter slice");
+                ddp::test::expectOnRank(at::equal(mine, at::arange(n * r, n * (r + 1), opts)), "scatter slice");
               },
               options);
           CHECK(ddp::test::joinErrors(errors) == "");
@@ -87,7 +79,7 @@ TEST_CASE("alltoall: equal and uneven splits, zero rows included, match their cl
               at::Tensor out = at::full({2 * world, width}, -1.0, at::kDouble);
               g.alltoall(in, out)->wait();
               for (int i = 0; i < world; ++i) {
-                expect(out.narrow(0, 2 * i, 2).eq(i * 100 + r).all().item<bool>(), "equal alltoall");
+                ddp::test::expectOnRank(out.narrow(0, 2 * i, 2).eq(i * 100 + r).all().item<bool>(), "equal alltoall");
               }
               // Uneven: rank i sends (i + j) % 3 rows to rank j (some 0).
               const auto rows = [](int i, int j) { return int64_t((i + j) % 3); };
@@ -106,7 +98,7 @@ TEST_CASE("alltoall: equal and uneven splits, zero rows included, match their cl
               at::Tensor uout = at::full({recvTotal, width}, -1, at::kLong);
               g.alltoall(uin, uout, send, recv)->wait();
               for (int i = 0, offset = 0; i < world; offset += static_cast<int>(recv[static_cast<size_t>(i)]), ++i) {
-                expect(uout.narrow(0, offset, recv[static_cast<size_t>(i)]).eq(i * 100 + r).all().item<bool>(),
+                ddp::test::expectOnRank(uout.narrow(0, offset, recv[static_cast<size_t>(i)]).eq(i * 100 + r).all().item<bool>(),
                        "uneven alltoall");
               }
             },
@@ -139,7 +131,7 @@ TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on ever
       g.reduce(t, o);
       throw std::runtime_error("no error for root 2");
     } catch (const UsageError& e) {
-      expect(std::string(e.what()).find("reduce: root 2 is outside the group's 2 ranks") != std::string::npos,
+      ddp::test::expectOnRank(std::string(e.what()).find("reduce: root 2 is outside the group's 2 ranks") != std::string::npos,
              e.what());
     }
     at::Tensor small = at::empty({3});
@@ -149,7 +141,7 @@ TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on ever
         g.gather(t, small, go);
         throw std::runtime_error("no error for a short gather output");
       } catch (const UsageError& e) {
-        expect(std::string(e.what()).find("gather: root's output has 3 elements, expected 4 x 2 ranks") !=
+        ddp::test::expectOnRank(std::string(e.what()).find("gather: root's output has 3 elements, expected 4 x 2 ranks") !=
                    std::string::npos,
                e.what());
       }
@@ -160,7 +152,7 @@ TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on ever
       g.alltoall(odd, out);
       throw std::runtime_error("no error for 3 rows over 2 ranks");
     } catch (const UsageError& e) {
-      expect(std::string(e.what()).find("input has 3 rows, which 2 ranks cannot split equally") != std::string::npos,
+      ddp::test::expectOnRank(std::string(e.what()).find("input has 3 rows, which 2 ranks cannot split equally") != std::string::npos,
              e.what());
     }
   });

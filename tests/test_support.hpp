@@ -264,6 +264,12 @@ inline std::string pythonTorchUnavailable() {
   return "";
 }
 
+// For rank bodies run on threads, where Catch's macros may not be used:
+// throws `what` unless `ok` (runRanks collects it as the rank's error).
+inline void expectOnRank(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
 inline std::string ddpRunPath() { return DDP_RUN_PATH; }
 
 // Runs the ddp-run program with `args` and the `env` assignments ("A=1 B=2")

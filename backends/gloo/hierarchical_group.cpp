@@ -220,9 +220,19 @@ struct HierarchicalGroup::Impl {
 };
 
 HierarchicalGroup::HierarchicalGroup(int rank, int size, ProcessGroupOptions options, HostLayout layout,
-                                     std::shared_ptr<ProcessGroupGloo> local, std::shared_ptr<ProcessGroupGloo> leaders)
+                                     std::shared_ptr<ProcessGroupGloo> local, std::shared_ptr<ProcessGroupGloo> leaders,
+                                     std::unique_ptr<PointToPoint> p2p)
     : ProcessGroup(rank, size, std::move(options)),
-      impl_(std::make_unique<Impl>(rank, size, std::move(layout), std::move(local), std::move(leaders))) {}
+      impl_(std::make_unique<Impl>(rank, size, std::move(layout), std::move(local), std::move(leaders))),
+      p2p_(std::move(p2p)) {}
+
+WorkPtr HierarchicalGroup::send(const at::Tensor& tensor, int dst, const SendOptions& opts) {
+  return p2p_->send(tensor, dst, opts.tag, resolveTimeout(opts.timeout));
+}
+
+WorkPtr HierarchicalGroup::recv(at::Tensor& tensor, int src, const RecvOptions& opts) {
+  return p2p_->recv(tensor, src, opts.tag, resolveTimeout(opts.timeout));
+}
 
 HierarchicalGroup::~HierarchicalGroup() = default;
 

@@ -40,6 +40,7 @@
 
 #include "backends/gloo/process_group_gloo.hpp"
 #include "framework/comm/process_group.hpp"
+#include "framework/comm/point_to_point.hpp"
 #include "framework/store/store.hpp"
 
 namespace ddp::gloo_backend {
@@ -71,7 +72,8 @@ class HierarchicalGroup : public ProcessGroup {
   // local: this host's ranks; leaders: one rank per host, null on ranks
   // that do not lead.
   HierarchicalGroup(int rank, int size, ProcessGroupOptions options, HostLayout layout,
-                    std::shared_ptr<ProcessGroupGloo> local, std::shared_ptr<ProcessGroupGloo> leaders);
+                    std::shared_ptr<ProcessGroupGloo> local, std::shared_ptr<ProcessGroupGloo> leaders,
+                    std::unique_ptr<PointToPoint> p2p);
   ~HierarchicalGroup() override;
 
   std::string backendName() const override { return "gloo"; }
@@ -84,12 +86,16 @@ class HierarchicalGroup : public ProcessGroup {
   WorkPtr reduceScatter(const at::Tensor& input, at::Tensor& output,
                         const ReduceScatterOptions& opts = {}) override;
   WorkPtr barrier(const BarrierOptions& opts = {}) override;
+  // Directly between the two ranks, over TCP (point_to_point.hpp).
+  WorkPtr send(const at::Tensor& tensor, int dst, const SendOptions& opts = {}) override;
+  WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {}) override;
   // In shared memory among this host's ranks (collective among them).
   at::Tensor allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options) override;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<PointToPoint> p2p_;
 };
 
 }  // namespace ddp::gloo_backend

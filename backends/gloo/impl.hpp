@@ -47,6 +47,7 @@
 #include "backends/gloo/process_group_gloo.hpp"
 #include "backends/gloo/ring.hpp"
 #include "backends/gloo/shm_collectives.hpp"
+#include "framework/comm/point_to_point.hpp"
 
 namespace ddp {
 
@@ -91,6 +92,8 @@ struct ProcessGroupGloo::Impl {
   // buffer per call costs page faults.
   std::vector<uint8_t> reduceScatterIn;
   std::chrono::microseconds shmCallerSpin{0};  // callerSpin(size), when shm
+  // send/recv: connections of their own, made on first use (size > 1).
+  std::unique_ptr<PointToPoint> p2p;
 
  private:
   struct Task {

@@ -83,6 +83,11 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
       impl_->ring = std::make_unique<gloo_backend::Ring>(std::move(ringLinks));
     }
   }
+  if (size_ > 1) {
+    impl_->p2p = std::make_unique<PointToPoint>(impl_->store, rank, size,
+                                                gloo_backend::listenIp(impl_->listenAddress),
+                                                fmt::format("[rank {}/{}] gloo", rank, size));
+  }
   if (size_ == 1) {
     logInfo("[rank 0/1] gloo: group created; a single rank, nothing to communicate");
   } else if (impl_->shm) {
@@ -95,7 +100,11 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   impl_->startWorker();
 }
 
-ProcessGroupGloo::~ProcessGroupGloo() = default;
+ProcessGroupGloo::~ProcessGroupGloo() {
+  // send/recv first: they have nothing to agree on with the peers, and a
+  // peer's recv waiting on this rank then fails at once, as after a crash.
+  impl_->p2p.reset();
+}
 
 std::string ProcessGroupGloo::describeEndpoint() const {
   return gloo_backend::describeListenAddress(impl_->listenAddress, options_.masterAddr);
@@ -173,13 +182,26 @@ ProcessGroupPtr createGlooGroup(std::shared_ptr<Store> store, int rank, int size
       logInfo("[rank {}/{}] gloo: {} hosts, up to {} ranks each: shared memory within a host, TCP among the hosts' "
               "leaders (this rank is {} of its host)",
               rank, size, layout.hosts(), layout.largestHost(), index);
+      auto p2p = std::make_unique<PointToPoint>(std::make_shared<PrefixStore>("gloo_p2p", store), rank, size,
+                                                gloo_backend::listenIp(local->listenAddress()),
+                                                fmt::format("[rank {}/{}] gloo", rank, size));
       return std::make_shared<gloo_backend::HierarchicalGroup>(rank, size, options, std::move(layout),
-                                                               std::move(local), std::move(leaders));
+                                                               std::move(local), std::move(leaders), std::move(p2p));
     }
   }
   return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options);
 }
 
 void registerGlooBackend(BackendRegistry& registry) { registry.add("gloo", createGlooGroup); }
+
+WorkPtr ProcessGroupGloo::send(const at::Tensor& tensor, int dst, const SendOptions& opts) {
+  if (!impl_->p2p) fail<UsageError>("[rank 0/1] gloo send: a group of one rank has no one to send to");
+  return impl_->p2p->send(tensor, dst, opts.tag, resolveTimeout(opts.timeout));
+}
+
+WorkPtr ProcessGroupGloo::recv(at::Tensor& tensor, int src, const RecvOptions& opts) {
+  if (!impl_->p2p) fail<UsageError>("[rank 0/1] gloo recv: a group of one rank has no one to receive from");
+  return impl_->p2p->recv(tensor, src, opts.tag, resolveTimeout(opts.timeout));
+}
 
 }  // namespace ddp

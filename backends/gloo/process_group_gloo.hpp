@@ -66,6 +66,10 @@ class ProcessGroupGloo : public ProcessGroup {
   WorkPtr reduceScatter(const at::Tensor& input, at::Tensor& output,
                         const ReduceScatterOptions& opts = {}) override;
   WorkPtr barrier(const BarrierOptions& opts = {}) override;
+  // Over TCP connections of their own (framework/comm/point_to_point.hpp),
+  // made between a sender and a receiver on first use.
+  WorkPtr send(const at::Tensor& tensor, int dst, const SendOptions& opts = {}) override;
+  WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {}) override;
   // In shared memory when the group uses it, so that allreduce on the
   // buffer moves no data; a plain tensor otherwise.
   at::Tensor allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options) override;

@@ -43,6 +43,8 @@ WorkPtr ProcessGroup::reduceScatter(const at::Tensor&, at::Tensor&, const Reduce
   notSupported("reduce_scatter");
 }
 WorkPtr ProcessGroup::barrier(const BarrierOptions&) { notSupported("barrier"); }
+WorkPtr ProcessGroup::send(const at::Tensor&, int, const SendOptions&) { notSupported("send"); }
+WorkPtr ProcessGroup::recv(at::Tensor&, int, const RecvOptions&) { notSupported("recv"); }
 
 std::string dtypeName(const at::Tensor& t) {
   switch (t.scalar_type()) {

@@ -85,6 +85,19 @@ struct AlltoallOptions {
   Milliseconds timeout = kUseGroupTimeout;
 };
 
+struct SendOptions {
+  int tag = 0;
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+struct RecvOptions {
+  int tag = 0;
+  Milliseconds timeout = kUseGroupTimeout;
+};
+
+// recv's source for a message from any rank.
+constexpr int kAnySourceRank = -1;
+
 // Settings common to every backend, given when a group is created.
 struct ProcessGroupOptions {
   Milliseconds timeout{300000};
@@ -159,6 +172,17 @@ class ProcessGroup {
   // inputs (memory and bytes: size() times the largest input).
   virtual WorkPtr alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits = {},
                            const std::vector<int64_t>& outputSplits = {}, const AlltoallOptions& opts = {});
+
+  // Point to point: not collective; only the two ranks take part. send
+  // copies the tensor at once (reuse it freely); recv fills `tensor` (same
+  // dtype and element count as sent, else the recv fails naming both) with
+  // the first message from `src` (kAnySourceRank: any rank; the Work's
+  // sourceRank() says which) with that tag: messages of one sender arrive
+  // in order, and tags may be received in any order. A peer that dies fails
+  // the recvs waiting on it, naming it; a timeout fails the Work only (the
+  // group's collectives go on). Default: NotSupportedError.
+  virtual WorkPtr send(const at::Tensor& tensor, int dst, const SendOptions& opts = {});
+  virtual WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {});
 
   // A zero-filled 1-D tensor for repeated collectives (DDP's gradient
   // buckets), placed where the backend moves it fastest: for gloo on one

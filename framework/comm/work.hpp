@@ -38,6 +38,9 @@ class Work {
   bool isSuccess() const;
   std::exception_ptr exception() const;
   const std::string& description() const { return description_; }
+  // A finished recv from any source: the rank its message came from; -1
+  // for every other operation.
+  virtual int sourceRank() const { return -1; }
 
   // Called once by the backend when the operation has finished.
   void finish(std::exception_ptr error = nullptr);

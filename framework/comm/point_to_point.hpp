@@ -1,0 +1,60 @@
+// PointToPoint: send and recv between two ranks of a group, over TCP
+// connections of its own, for backends whose collectives do not carry them
+// (gloo's shared memory and ring).
+//
+// Contract
+// - Nothing happens until a rank's first send or recv: it then listens on
+//   `address` (port 0) and publishes "p2p/<rank>" = port, nonce, address in
+//   the group's store, and starts one I/O thread. A sender connects to the
+//   receiver (waiting for its address up to the send's timeout) and proves
+//   itself with the receiver's nonce; anything else that connects is
+//   dropped. Data flows from the connecting side only: rank a's sends to b
+//   and b's sends to a use two connections.
+// - send(tensor, dst, tag) copies the tensor (any device, any layout) at
+//   once, so the caller may reuse it; its Work completes when the bytes are
+//   in the kernel's hands. recv(tensor, src, tag) completes when a message
+//   from src (kAnySource: any rank) with that tag has filled the tensor;
+//   work->sourceRank() then names the sender. Messages of one sender arrive in
+//   the order sent; a recv takes the first match, so tags may be received
+//   in any order (earlier messages of other tags are kept until a recv
+//   asks for them).
+// - A message whose dtype or element count differs from the recv's fails
+//   that recv, naming both. A Work that does not finish within its timeout
+//   fails with CollectiveError naming rank, operation, peer, tag and
+//   timeout. A peer that closes its connection (it died) fails the recvs
+//   waiting on it at once, naming it; recvs from any source wait on.
+// - The destructor fails what is still pending and joins the threads.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "framework/comm/work.hpp"
+
+namespace ddp {
+
+class Store;
+
+constexpr int kAnySource = -1;  // = kAnySourceRank (process_group.hpp)
+
+class PointToPoint {
+ public:
+  // `label` starts every error, e.g. "[rank 1/4] gloo".
+  PointToPoint(std::shared_ptr<Store> store, int rank, int size, std::string address, std::string label);
+  ~PointToPoint();
+  PointToPoint(const PointToPoint&) = delete;
+  PointToPoint& operator=(const PointToPoint&) = delete;
+
+  WorkPtr send(const at::Tensor& tensor, int dst, int tag, std::chrono::milliseconds timeout);
+  // The Work's sourceRank() names the sender once it has finished.
+  WorkPtr recv(at::Tensor& tensor, int src, int tag, std::chrono::milliseconds timeout);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp
