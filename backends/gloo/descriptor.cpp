@@ -23,6 +23,7 @@ const char* opName(uint32_t op) {
     case kAllgather: return "allgather";
     case kReduceScatter: return "reduce_scatter";
     case kBarrier: return "barrier";
+    case kAlltoall: return "alltoall";
   }
   return "?";
 }

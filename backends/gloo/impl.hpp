@@ -10,7 +10,9 @@
 //   payload fits the frame every TCP collective starts with: frames),
 //   Large (an empty frame, then the ring: ring.hpp; a barrier above
 //   FrameExchange::kAllToAllMaxRanks ranks too). ShmInPlace is an
-//   allreduce on a communication buffer.
+//   allreduce on a communication buffer. PointToPoint: alltoall, as
+//   messages between each pair of ranks (framework/comm/point_to_point.hpp),
+//   run on the worker in call order.
 // - Small collectives in the caller: when nothing is queued or running, a
 //   Local collective, or a shared-memory or Frame one of at most
 //   kInlineMaxBytes per rank (DDP_GLOO_INLINE_BYTES overrides; 0 turns it
@@ -55,7 +57,7 @@ struct ProcessGroupGloo::Impl {
   using Descriptor = gloo_backend::Descriptor;
   using Deadline = gloo_backend::Deadline;
   using Run = std::function<void(const Descriptor&, Deadline)>;
-  enum class Path { Local, Shm, ShmInPlace, Frame, Large };
+  enum class Path { Local, Shm, ShmInPlace, Frame, Large, PointToPoint };
 
   Impl(int rank, int size) : rank(rank), size(size) {}
   // Stops the worker after the queued collectives, agrees with the peers

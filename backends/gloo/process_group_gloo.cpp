@@ -194,13 +194,21 @@ ProcessGroupPtr createGlooGroup(std::shared_ptr<Store> store, int rank, int size
 
 void registerGlooBackend(BackendRegistry& registry) { registry.add("gloo", createGlooGroup); }
 
+WorkPtr ProcessGroupGloo::alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits,
+                                   const std::vector<int64_t>& outputSplits, const AlltoallOptions& opts) {
+  return gloo_backend::collectives::alltoall(*impl_, input, output, inputSplits, outputSplits,
+                                             resolveTimeout(opts.timeout));
+}
+
 WorkPtr ProcessGroupGloo::send(const at::Tensor& tensor, int dst, const SendOptions& opts) {
   if (!impl_->p2p) fail<UsageError>("[rank 0/1] gloo send: a group of one rank has no one to send to");
+  if (opts.tag < 0) fail<UsageError>("[rank {}/{}] gloo send: tag {} is negative (negative tags are internal)", rank_, size_, opts.tag);
   return impl_->p2p->send(tensor, dst, opts.tag, resolveTimeout(opts.timeout));
 }
 
 WorkPtr ProcessGroupGloo::recv(at::Tensor& tensor, int src, const RecvOptions& opts) {
   if (!impl_->p2p) fail<UsageError>("[rank 0/1] gloo recv: a group of one rank has no one to receive from");
+  if (opts.tag < 0) fail<UsageError>("[rank {}/{}] gloo recv: tag {} is negative (negative tags are internal)", rank_, size_, opts.tag);
   return impl_->p2p->recv(tensor, src, opts.tag, resolveTimeout(opts.timeout));
 }
 

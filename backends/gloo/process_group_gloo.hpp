@@ -68,6 +68,11 @@ class ProcessGroupGloo : public ProcessGroup {
   WorkPtr barrier(const BarrierOptions& opts = {}) override;
   // Over TCP connections of their own (framework/comm/point_to_point.hpp),
   // made between a sender and a receiver on first use.
+  // alltoall: each pair of ranks exchanges its rows directly (point to
+  // point, in call order with the collectives); a receiver whose
+  // outputSplits disagree with what a sender sends fails naming both.
+  WorkPtr alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits = {},
+                   const std::vector<int64_t>& outputSplits = {}, const AlltoallOptions& opts = {}) override;
   WorkPtr send(const at::Tensor& tensor, int dst, const SendOptions& opts = {}) override;
   WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {}) override;
   // In shared memory when the group uses it, so that allreduce on the

@@ -41,6 +41,7 @@ const char* pathName(ProcessGroupGloo::Impl::Path path, uint32_t op) {
     case Path::Frame: return "frame";
     case Path::Large:
       return op == gloo_backend::kAllreduce || op == gloo_backend::kReduceScatter ? "ring" : "gloo";
+    case Path::PointToPoint: return "point to point";
   }
   return "?";
 }
