@@ -9,6 +9,7 @@
 
 #include <memory>
 
+#include "framework/comm/alltoall_splits.hpp"
 #include "framework/comm/process_group.hpp"
 #include "framework/core/errors.hpp"
 
@@ -86,38 +87,13 @@ WorkPtr ProcessGroup::scatter(const at::Tensor& input, at::Tensor& output, const
 
 WorkPtr ProcessGroup::alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits,
                                const std::vector<int64_t>& outputSplits, const AlltoallOptions& opts) {
-  checkSameDtype(*this, input, output, "alltoall");
+  const AlltoallSplits splits = checkAlltoall(rank_, size_, input, output, inputSplits, outputSplits);
+  const std::vector<int64_t>& sendRows = splits.send;
+  const std::vector<int64_t>& recvRows = splits.recv;
+  const int64_t rowElems = splits.rowElements;
   const auto bad = [&](const std::string& what) {
     fail<UsageError>("[rank {}/{}] alltoall: {}", rank_, size_, what);
   };
-  if (input.dim() == 0 || output.dim() == 0) bad("input and output need a dim 0 of rows");
-  // A row's elements, from the shape (a tensor of 0 rows has them too).
-  const auto rowOf = [](const at::Tensor& x) {
-    int64_t n = 1;
-    for (int64_t d = 1; d < x.dim(); ++d) n *= x.size(d);
-    return n;
-  };
-  const int64_t rowElems = rowOf(input);
-  if (rowOf(output) != rowElems) bad(fmt::format("input rows have {} elements, output rows {}", rowElems, rowOf(output)));
-  const auto splitsOr = [&](const std::vector<int64_t>& splits, int64_t rows, const char* which) {
-    if (splits.empty()) {
-      if (rows % size_ != 0) bad(fmt::format("{} has {} rows, which {} ranks cannot split equally; give {}Splits",
-                                             which, rows, size_, which));
-      return std::vector<int64_t>(static_cast<size_t>(size_), rows / size_);
-    }
-    if (static_cast<int>(splits.size()) != size_) {
-      bad(fmt::format("{}Splits has {} entries for {} ranks", which, splits.size(), size_));
-    }
-    int64_t sum = 0;
-    for (int64_t s : splits) {
-      if (s < 0) bad(fmt::format("{}Splits [{}] holds a negative count", which, fmt::join(splits, ",")));
-      sum += s;
-    }
-    if (sum != rows) bad(fmt::format("{}Splits [{}] add up to {}, but it has {} rows", which, fmt::join(splits, ","), sum, rows));
-    return splits;
-  };
-  const std::vector<int64_t> sendRows = splitsOr(inputSplits, input.size(0), "input");
-  const std::vector<int64_t> recvRows = splitsOr(outputSplits, output.size(0), "output");
   const Milliseconds timeout = resolveTimeout(opts.timeout);
   AllgatherOptions all;
   all.timeout = opts.timeout;

@@ -4,52 +4,25 @@
 // message carries its element count, so a receiver whose outputSplits
 // disagree with a sender fails naming both; a rank's own rows are copied.
 #include <ATen/ATen.h>
-#include <fmt/ranges.h>
 
 #include "backends/gloo/collectives/collectives.hpp"
 #include "backends/gloo/impl.hpp"
+#include "framework/comm/alltoall_splits.hpp"
 #include "framework/core/errors.hpp"
 
 namespace ddp::gloo_backend::collectives {
-namespace {
-
-int64_t rowElements(const at::Tensor& t) {
-  int64_t n = 1;
-  for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
-  return n;
-}
-
-}  // namespace
 
 WorkPtr alltoall(Impl& g, const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits,
                  const std::vector<int64_t>& outputSplits, Milliseconds timeout) {
   requireSupported(input, "alltoall");
   requireSupported(output, "alltoall");
+  const AlltoallSplits splits = checkAlltoall(g.rank, g.size, input, output, inputSplits, outputSplits);
+  const std::vector<int64_t>& send = splits.send;
+  const std::vector<int64_t>& recv = splits.recv;
+  const int64_t row = splits.rowElements;
   const auto bad = [&](const std::string& what) {
     fail<UsageError>("[rank {}/{}] alltoall: {}", g.rank, g.size, what);
   };
-  if (input.scalar_type() != output.scalar_type()) bad("input and output dtypes differ");
-  if (input.dim() == 0 || output.dim() == 0) bad("input and output need a dim 0 of rows");
-  const int64_t row = rowElements(input);
-  if (rowElements(output) != row) bad(fmt::format("input rows have {} elements, output rows {}", row, rowElements(output)));
-  const auto splitsOr = [&](const std::vector<int64_t>& splits, int64_t rows, const char* which) {
-    if (splits.empty()) {
-      if (rows % g.size != 0) {
-        bad(fmt::format("{} has {} rows, which {} ranks cannot split equally; give {}Splits", which, rows, g.size, which));
-      }
-      return std::vector<int64_t>(static_cast<size_t>(g.size), rows / g.size);
-    }
-    if (static_cast<int>(splits.size()) != g.size) bad(fmt::format("{}Splits has {} entries for {} ranks", which, splits.size(), g.size));
-    int64_t sum = 0;
-    for (int64_t s : splits) {
-      if (s < 0) bad(fmt::format("{}Splits [{}] holds a negative count", which, fmt::join(splits, ",")));
-      sum += s;
-    }
-    if (sum != rows) bad(fmt::format("{}Splits [{}] add up to {}, but it has {} rows", which, fmt::join(splits, ","), sum, rows));
-    return splits;
-  };
-  const std::vector<int64_t> send = splitsOr(inputSplits, input.size(0), "input");
-  const std::vector<int64_t> recv = splitsOr(outputSplits, output.size(0), "output");
   if (send[static_cast<size_t>(g.rank)] != recv[static_cast<size_t>(g.rank)]) {
     bad(fmt::format("it sends itself {} row(s) but expects {}", send[static_cast<size_t>(g.rank)],
                     recv[static_cast<size_t>(g.rank)]));

@@ -1,0 +1,58 @@
+// alltoall's arguments (alltoall_splits.hpp).
+#include "framework/comm/alltoall_splits.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "framework/comm/process_group.hpp"
+#include "framework/core/errors.hpp"
+
+namespace ddp {
+namespace {
+
+int64_t rowElementsOf(const at::Tensor& t) {
+  int64_t n = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+  return n;
+}
+
+}  // namespace
+
+AlltoallSplits checkAlltoall(int rank, int size, const at::Tensor& input, const at::Tensor& output,
+                             const std::vector<int64_t>& inputSplits, const std::vector<int64_t>& outputSplits) {
+  const auto bad = [&](const std::string& what) { fail<UsageError>("[rank {}/{}] alltoall: {}", rank, size, what); };
+  if (input.scalar_type() != output.scalar_type()) {
+    bad(fmt::format("input is {}, output {}; they must match", dtypeName(input), dtypeName(output)));
+  }
+  if (input.dim() == 0 || output.dim() == 0) bad("input and output need a dim 0 of rows");
+  AlltoallSplits out;
+  out.rowElements = rowElementsOf(input);
+  if (rowElementsOf(output) != out.rowElements) {
+    bad(fmt::format("input rows have {} elements, output rows {}", out.rowElements, rowElementsOf(output)));
+  }
+  const auto splitsOr = [&](const std::vector<int64_t>& splits, int64_t rows, const char* which) {
+    if (splits.empty()) {
+      if (rows % size != 0) {
+        bad(fmt::format("{} has {} rows, which {} ranks cannot split equally; give {}Splits", which, rows, size, which));
+      }
+      return std::vector<int64_t>(static_cast<size_t>(size), rows / size);
+    }
+    if (static_cast<int>(splits.size()) != size) {
+      bad(fmt::format("{}Splits has {} entries for {} ranks", which, splits.size(), size));
+    }
+    int64_t sum = 0;
+    for (int64_t s : splits) {
+      if (s < 0) bad(fmt::format("{}Splits [{}] holds a negative count", which, fmt::join(splits, ",")));
+      sum += s;
+    }
+    if (sum != rows) {
+      bad(fmt::format("{}Splits [{}] add up to {}, but it has {} rows", which, fmt::join(splits, ","), sum, rows));
+    }
+    return splits;
+  };
+  out.send = splitsOr(inputSplits, input.size(0), "input");
+  out.recv = splitsOr(outputSplits, output.size(0), "output");
+  return out;
+}
+
+}  // namespace ddp
