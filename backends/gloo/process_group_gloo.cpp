@@ -103,7 +103,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
 ProcessGroupGloo::~ProcessGroupGloo() {
   // send/recv first: they have nothing to agree on with the peers, and a
   // peer's recv waiting on this rank then fails at once, as after a crash.
-  impl_->p2p.reset();
+  if (impl_->p2p) impl_->p2p->shutdown();
 }
 
 std::string ProcessGroupGloo::describeEndpoint() const {

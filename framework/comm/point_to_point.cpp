@@ -99,6 +99,7 @@ struct PointToPoint::Impl {
   const std::string address, label;
   std::mutex mutex;
   bool started = false, stopping = false;
+  bool closed = false;  // shutdown(): every later send or recv fails at once
   int listener = -1, wakeRead = -1, wakeWrite = -1;
   std::string nonce;
   std::thread io;
@@ -414,27 +415,37 @@ struct PointToPoint::Impl {
 PointToPoint::PointToPoint(std::shared_ptr<Store> store, int rank, int size, std::string address, std::string label)
     : impl_(std::make_unique<Impl>(std::move(store), rank, size, std::move(address), std::move(label))) {}
 
-PointToPoint::~PointToPoint() {
+PointToPoint::~PointToPoint() { shutdown(); }
+
+void PointToPoint::shutdown() {
   Impl& s = *impl_;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.closed) return;
+    s.closed = true;
     s.stopping = true;
   }
   s.wake();
   if (s.io.joinable()) s.io.join();
   for (auto& t : s.connectors) t.join();
+  std::lock_guard<std::mutex> lock(s.mutex);
   const auto gone = std::make_exception_ptr(CollectiveError(s.label + " send/recv: the group was destroyed"));
   for (auto& r : s.posted) r->work->finish(gone);
+  s.posted.clear();
   for (auto& [dst, o] : s.out) {
     for (auto& op : o.queue) op->work->finish(gone);
+    o.queue.clear();
     if (o.fd >= 0) ::close(o.fd);
+    o.fd = -1;
   }
   for (auto& c : s.in) {
     if (c.into) c.into->work->finish(gone);
     ::close(c.fd);
   }
-  for (int fd : {s.listener, s.wakeRead, s.wakeWrite}) {
-    if (fd >= 0) ::close(fd);
+  s.in.clear();
+  for (int* fd : {&s.listener, &s.wakeRead, &s.wakeWrite}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
   }
 }
 
@@ -454,6 +465,10 @@ WorkPtr PointToPoint::send(const at::Tensor& tensor, int dst, int tag, std::chro
   op->bytes.assign(reinterpret_cast<const char*>(&h), sizeof h);
   op->bytes.append(static_cast<const char*>(host.data_ptr()), host.nbytes());
   std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.closed) {
+    op->work->finish(std::make_exception_ptr(CollectiveError(s.label + " send: the group is being destroyed")));
+    return op->work;
+  }
   s.startLocked();
   Impl::Outgoing& o = s.out[dst];
   o.queue.push_back(op);
@@ -479,6 +494,10 @@ WorkPtr PointToPoint::recv(at::Tensor& tensor, int src, int tag, std::chrono::mi
   op->deadline = Clock::now() + timeout;
   op->work = std::make_shared<P2pRecvWork>(s.describe("recv", src, tag, tensor), timeout);
   std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.closed) {
+    op->work->finish(std::make_exception_ptr(CollectiveError(s.label + " recv: the group is being destroyed")));
+    return op->work;
+  }
   s.startLocked();
   // A message that came first.
   for (auto it = s.unexpected.begin(); it != s.unexpected.end(); ++it) {

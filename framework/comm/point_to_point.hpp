@@ -23,7 +23,9 @@
 //   fails with CollectiveError naming rank, operation, peer, tag and
 //   timeout. A peer that closes its connection (it died) fails the recvs
 //   waiting on it at once, naming it; recvs from any source wait on.
-// - The destructor fails what is still pending and joins the threads.
+// - shutdown() (and the destructor) fails what is still pending, closes the
+//   connections and joins the threads; the object stays usable, failing
+//   every later call, so a collective still queued on it cannot crash.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -51,6 +53,9 @@ class PointToPoint {
   WorkPtr send(const at::Tensor& tensor, int dst, int tag, std::chrono::milliseconds timeout);
   // The Work's sourceRank() names the sender once it has finished.
   WorkPtr recv(at::Tensor& tensor, int src, int tag, std::chrono::milliseconds timeout);
+  // Closes every connection and fails what is pending; later sends and
+  // recvs fail at once. The destructor does it too. Any thread.
+  void shutdown();
 
  private:
   struct Impl;
