@@ -29,7 +29,8 @@
 #include "framework/store/tcp/socket.hpp"
 
 namespace ddp {
-namespace {
+// Named, not anonymous: PointToPoint::Impl (external linkage) holds them.
+namespace p2p_detail {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kP2pMagic = 0x50325044;  // "DP2P"
@@ -54,11 +55,16 @@ class P2pRecvWork : public Work {
   std::atomic<int> source{-1};
 };
 
-}  // namespace
+}  // namespace p2p_detail
 
 struct PointToPoint::Impl {
+  using Clock = p2p_detail::Clock;
+  using P2pHello = p2p_detail::P2pHello;
+  using P2pHeader = p2p_detail::P2pHeader;
+  using P2pRecvWork = p2p_detail::P2pRecvWork;
+  static constexpr uint32_t kP2pMagic = p2p_detail::kP2pMagic;
   struct SendOp {
-    int dst, tag;
+    int tag;
     std::string bytes;  // header and payload
     size_t sent = 0;
     WorkPtr work;
@@ -190,16 +196,15 @@ struct PointToPoint::Impl {
   }
 
   // Under mutex: a recv posted, or a message complete: match them.
-  bool deliverLocked(RecvOp& r, int src, int dtype, int64_t numel, const char* data) {
+  void deliverLocked(RecvOp& r, int src, int dtype, int64_t numel, const char* data) {
     if (dtype != static_cast<int>(r.staging.scalar_type()) || numel != r.staging.numel()) {
       r.work->finish(std::make_exception_ptr(CollectiveError(fmt::format(
           "{} recv from rank {} (tag {}): rank {} sent {} x {}, this recv expects {} x {}", label, src, r.tag, src,
           numel, c10::toString(static_cast<at::ScalarType>(dtype)), r.staging.numel(), dtypeName(r.staging)))));
-      return false;
+      return;
     }
     if (data && numel > 0) std::memcpy(r.staging.data_ptr(), data, r.staging.nbytes());
     finishRecv(r, src);
-    return true;
   }
   void finishRecv(RecvOp& r, int src) {
     std::exception_ptr error;
@@ -211,7 +216,7 @@ struct PointToPoint::Impl {
     r.work->source = src;
     r.work->finish(error);
   }
-  static bool matches(const RecvOp& r, int src, int tag) { return r.tag == tag && (r.src == kAnySource || r.src == src); }
+  static bool matches(const RecvOp& r, int src, int tag) { return r.tag == tag && (r.src == kAnySourceRank || r.src == src); }
 
   void failLocked(std::list<std::shared_ptr<RecvOp>>::iterator it, const std::string& why) {
     (*it)->work->finish(std::make_exception_ptr(CollectiveError(why)));
@@ -455,13 +460,12 @@ WorkPtr PointToPoint::send(const at::Tensor& tensor, int dst, int tag, std::chro
     fail<UsageError>("{} send: destination {} is not another rank of the group's {}", s.label, dst, s.size);
   }
   auto op = std::make_shared<Impl::SendOp>();
-  op->dst = dst;
   op->tag = tag;
   op->timeout = timeout;
-  op->deadline = Clock::now() + timeout;
+  op->deadline = Impl::Clock::now() + timeout;
   op->work = std::make_shared<Work>(s.describe("send", dst, tag, tensor), timeout);
   const at::Tensor host = tensor.detach().to(at::kCPU).contiguous();
-  P2pHeader h{kP2pMagic, tag, static_cast<int32_t>(host.scalar_type()), 0, host.numel()};
+  Impl::P2pHeader h{Impl::kP2pMagic, tag, static_cast<int32_t>(host.scalar_type()), 0, host.numel()};
   op->bytes.assign(reinterpret_cast<const char*>(&h), sizeof h);
   op->bytes.append(static_cast<const char*>(host.data_ptr()), host.nbytes());
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -482,8 +486,8 @@ WorkPtr PointToPoint::send(const at::Tensor& tensor, int dst, int tag, std::chro
 
 WorkPtr PointToPoint::recv(at::Tensor& tensor, int src, int tag, std::chrono::milliseconds timeout) {
   Impl& s = *impl_;
-  if (src != kAnySource && (src < 0 || src >= s.size || src == s.rank)) {
-    fail<UsageError>("{} recv: source {} is not another rank of the group's {} (or kAnySource)", s.label, src, s.size);
+  if (src != kAnySourceRank && (src < 0 || src >= s.size || src == s.rank)) {
+    fail<UsageError>("{} recv: source {} is not another rank of the group's {} (or kAnySourceRank)", s.label, src, s.size);
   }
   auto op = std::make_shared<Impl::RecvOp>();
   op->src = src;
@@ -491,8 +495,8 @@ WorkPtr PointToPoint::recv(at::Tensor& tensor, int src, int tag, std::chrono::mi
   op->target = tensor;
   op->staging = tensor.device().is_cpu() && tensor.is_contiguous() ? tensor : at::empty({tensor.numel()}, tensor.options().device(at::kCPU));
   op->timeout = timeout;
-  op->deadline = Clock::now() + timeout;
-  op->work = std::make_shared<P2pRecvWork>(s.describe("recv", src, tag, tensor), timeout);
+  op->deadline = Impl::Clock::now() + timeout;
+  op->work = std::make_shared<Impl::P2pRecvWork>(s.describe("recv", src, tag, tensor), timeout);
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.closed) {
     op->work->finish(std::make_exception_ptr(CollectiveError(s.label + " recv: the group is being destroyed")));
@@ -507,7 +511,7 @@ WorkPtr PointToPoint::recv(at::Tensor& tensor, int src, int tag, std::chrono::mi
       return op->work;
     }
   }
-  if (src != kAnySource && s.closedBy[static_cast<size_t>(src)]) {
+  if (src != kAnySourceRank && s.closedBy[static_cast<size_t>(src)]) {
     op->work->finish(std::make_exception_ptr(CollectiveError(
         fmt::format("{}: rank {} has closed its connection (it died, or destroyed its group)",
                     s.describe("recv", src, tag, tensor), src))));

@@ -13,7 +13,7 @@
 // - send(tensor, dst, tag) copies the tensor (any device, any layout) at
 //   once, so the caller may reuse it; its Work completes when the bytes are
 //   in the kernel's hands. recv(tensor, src, tag) completes when a message
-//   from src (kAnySource: any rank) with that tag has filled the tensor;
+//   from src (kAnySourceRank: any rank) with that tag has filled the tensor;
 //   work->sourceRank() then names the sender. Messages of one sender arrive in
 //   the order sent; a recv takes the first match, so tags may be received
 //   in any order (earlier messages of other tags are kept until a recv
@@ -34,13 +34,12 @@
 #include <memory>
 #include <string>
 
+#include "framework/comm/process_group.hpp"
 #include "framework/comm/work.hpp"
 
 namespace ddp {
 
 class Store;
-
-constexpr int kAnySource = -1;  // = kAnySourceRank (process_group.hpp)
 
 class PointToPoint {
  public:

@@ -130,9 +130,9 @@ void loadModuleState(torch::nn::Module& module, const NamedTensors& tensors, con
   std::vector<std::string> parts;
   if (!missing.empty()) parts.push_back(fmt::format("missing {}: {}", missing.size(), someOf(missing)));
   if (!unexpected.empty()) {
+    // Names from the file: escaped and cut (printable reads at most its limit of each).
     std::vector<std::string> shown;
-    for (size_t i = 0; i < unexpected.size() && i < 7; ++i) shown.push_back(printable(unexpected[i]));
-    shown.resize(unexpected.size());  // someOf counts them all and shows the first few
+    for (const std::string& name : unexpected) shown.push_back(printable(name));
     parts.push_back(fmt::format("unexpected {}: {}", unexpected.size(), someOf(shown)));
   }
   if (!wrongShape.empty()) parts.push_back(fmt::format("wrong shape {}: {}", wrongShape.size(), someOf(wrongShape, 4)));
