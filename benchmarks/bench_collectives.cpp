@@ -1,6 +1,6 @@
-// `ddp-bench collectives`: per-op time and bandwidth of the collectives of
-// each CPU backend, against LibTorch's c10d ProcessGroupGloo, over a sweep
-// of message sizes.
+// `ddp-bench collectives`: per-op time and bandwidth of the collectives
+// (and of send/recv) of each CPU backend, against LibTorch's c10d
+// ProcessGroupGloo, over a sweep of message sizes.
 //
 // The launcher (this command without worker flags) runs, for one
 // implementation after the other, `world-size` worker processes (this
@@ -12,8 +12,12 @@
 // Bandwidths follow nccl-tests: algbw = bytes / time, and busbw scales it by
 // the fraction of the data each rank must send, so that busbw is comparable
 // across operations and world sizes (allreduce 2(n-1)/n, allgather and
-// reduce_scatter (n-1)/n, broadcast 1). For allgather and reduce_scatter,
-// `bytes` is the total (world x per-rank) size.
+// reduce_scatter, alltoall, gather and scatter (n-1)/n, broadcast and
+// sendrecv 1). For allgather, reduce_scatter, gather and scatter, `bytes` is
+// the total (world x per-rank) size; for alltoall, what each rank sends
+// (itself included). sendrecv is a ping-pong between rank 0 and the last
+// rank (on a simulated cluster, across hosts); its time is half a round
+// trip, the time of one message, as OSU's latency test reports it.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -59,7 +63,8 @@ struct Options {
   std::string minBytes = "4K";
   std::string maxBytes = "64M";
   int sizeFactor = 4;
-  std::vector<std::string> ops = {"allreduce", "allgather", "broadcast", "reduce_scatter"};
+  std::vector<std::string> ops = {"allreduce", "allgather", "broadcast", "reduce_scatter",
+                                  "alltoall",  "gather",    "scatter",   "sendrecv"};
   std::vector<std::string> impls;  // empty: every CPU backend and c10d-gloo
   int warmup = 5;
   int iters = 20;
@@ -82,7 +87,7 @@ struct Options {
 // One (operation, size) of the sweep, in elements per tensor.
 struct Point {
   CollectiveOp op;
-  int64_t bytes = 0;  // what the table reports (the total for allgather / reduce_scatter)
+  int64_t bytes = 0;  // what the table reports (the total for allgather, gather, ...)
   int64_t inputNumel = 0;
   int64_t outputNumel = 0;  // 0: the operation works in place
 };
@@ -98,12 +103,22 @@ std::optional<Point> planPoint(CollectiveOp op, int64_t requestedBytes, int worl
       p.inputNumel = elements;
       break;
     case CollectiveOp::Allgather:
+    case CollectiveOp::Gather:
       p.inputNumel = elements / worldSize;
       p.outputNumel = p.inputNumel * worldSize;
       break;
     case CollectiveOp::ReduceScatter:
+    case CollectiveOp::Scatter:
       p.outputNumel = elements / worldSize;
       p.inputNumel = p.outputNumel * worldSize;
+      break;
+    case CollectiveOp::Alltoall:
+      p.inputNumel = elements / worldSize * worldSize;
+      p.outputNumel = p.inputNumel;
+      break;
+    case CollectiveOp::SendRecv:
+      p.inputNumel = elements;
+      p.outputNumel = elements;
       break;
   }
   if (p.inputNumel == 0) return std::nullopt;  // (then the output is empty too)
@@ -116,8 +131,12 @@ double busBandwidthFactor(CollectiveOp op, int worldSize) {
   switch (op) {
     case CollectiveOp::Allreduce: return 2 * (n - 1) / n;
     case CollectiveOp::Allgather:
-    case CollectiveOp::ReduceScatter: return (n - 1) / n;
-    case CollectiveOp::Broadcast: return 1;
+    case CollectiveOp::ReduceScatter:
+    case CollectiveOp::Alltoall:
+    case CollectiveOp::Gather:
+    case CollectiveOp::Scatter: return (n - 1) / n;
+    case CollectiveOp::Broadcast:
+    case CollectiveOp::SendRecv: return 1;
   }
   return 1;
 }
@@ -141,6 +160,8 @@ at::Tensor indexTerm(int64_t numel, int64_t firstIndex) {
 
 at::Tensor rankPattern(int64_t numel, int rank) { return indexTerm(numel, 0) + (rank + 1) * 1000.0; }
 
+// Undefined where this rank has no result (gather off the root, sendrecv
+// between its two ranks).
 at::Tensor expectedResult(const Point& p, int rank, int worldSize) {
   const double rankSum = 1000.0 * worldSize * (worldSize + 1) / 2;  // sum over ranks of (r+1)*1000
   switch (p.op) {
@@ -153,6 +174,21 @@ at::Tensor expectedResult(const Point& p, int rank, int worldSize) {
     }
     case CollectiveOp::ReduceScatter:
       return indexTerm(p.outputNumel, rank * p.outputNumel) * worldSize + rankSum;
+    case CollectiveOp::Alltoall: {  // block i: rank i's block `rank`
+      const int64_t block = p.inputNumel / worldSize;
+      std::vector<at::Tensor> blocks;
+      for (int i = 0; i < worldSize; ++i) blocks.push_back(indexTerm(block, rank * block) + (i + 1) * 1000.0);
+      return torch::cat(blocks);
+    }
+    case CollectiveOp::Gather: {
+      if (rank != 0) return {};
+      std::vector<at::Tensor> slices;
+      for (int r = 0; r < worldSize; ++r) slices.push_back(rankPattern(p.inputNumel, r));
+      return torch::cat(slices);
+    }
+    case CollectiveOp::Scatter: return indexTerm(p.outputNumel, rank * p.outputNumel) + 1000.0;
+    case CollectiveOp::SendRecv:  // rank 0's input, there and back
+      return rank == 0 || rank == worldSize - 1 ? rankPattern(p.inputNumel, 0) : at::Tensor();
   }
   return {};
 }
@@ -161,7 +197,7 @@ void verifyResult(const std::string& impl, const Point& p, const Buffers& buffer
   const bool inPlace = p.op == CollectiveOp::Allreduce || p.op == CollectiveOp::Broadcast;
   const at::Tensor& actual = inPlace ? buffers.input : buffers.output;
   const at::Tensor expected = expectedResult(p, rank, worldSize);
-  if (torch::equal(actual, expected)) return;
+  if (!expected.defined() || torch::equal(actual, expected)) return;
   const int64_t index = torch::ne(actual, expected).nonzero()[0][0].item<int64_t>();
   fail<BenchError>("verification failed: {} {} {} bytes (world size {}, rank {}): element {} is {}, expected {}", impl,
                    opName(p.op), p.bytes, worldSize, rank, index, actual[index].item<float>(),
@@ -186,7 +222,13 @@ int64_t pointCount(const Point& p) { return p.bytes / static_cast<int64_t>(sizeo
 const char* pointRedop(const Point& p) {
   return p.op == CollectiveOp::Allreduce || p.op == CollectiveOp::ReduceScatter ? "sum" : "none";
 }
-int pointRoot(const Point& p) { return p.op == CollectiveOp::Broadcast ? 0 : -1; }
+int pointRoot(const Point& p) {
+  return p.op == CollectiveOp::Broadcast || p.op == CollectiveOp::Gather || p.op == CollectiveOp::Scatter ? 0 : -1;
+}
+
+// Messages per timed call: sendrecv's round trip is two, and its time is
+// reported per message.
+int messagesPerCall(CollectiveOp op) { return op == CollectiveOp::SendRecv ? 2 : 1; }
 
 json measurementRecord(const std::string& impl, const Point& p, int worldSize, int iters, double seconds,
                        bool verified) {
@@ -243,7 +285,7 @@ double measurePoint(Communicator& comm, const Options& o, const Point& p, int ra
     run();
     verifyResult(o.workerImpl, p, buffers, rank, o.worldSize);
   }
-  return median(seconds);
+  return median(seconds) / messagesPerCall(p.op);
 }
 
 void runSweep(Communicator& comm, const Options& o, const std::vector<CollectiveOp>& ops,
@@ -276,7 +318,9 @@ std::vector<CollectiveOp> parseOps(const std::vector<std::string>& names) {
   for (const auto& name : names) {
     auto op = parseOp(name);
     if (!op) {
-      fail<BenchError>("unknown op '{}' (known: allreduce, allgather, broadcast, reduce_scatter)", name);
+      std::vector<std::string> known;
+      for (auto k : allOps()) known.push_back(opName(k));
+      fail<BenchError>("unknown op '{}' (known: {})", name, joinNames(known));
     }
     ops.push_back(*op);
   }
@@ -519,13 +563,15 @@ void registerCollectivesCommand(CLI::App& app) {
   using namespace collectives;
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "collectives", "Time allreduce/allgather/broadcast/reduce_scatter per backend vs LibTorch's c10d Gloo");
+      "collectives", "Time collectives and send/recv per backend vs LibTorch's c10d Gloo");
   cmd->add_option("--world-size,-n", options->worldSize, "Ranks (one process each)")->capture_default_str();
   cmd->add_option("--min-bytes", options->minBytes, "Smallest message (suffixes K, M, G)")->capture_default_str();
   cmd->add_option("--max-bytes", options->maxBytes, "Largest message (suffixes K, M, G)")->capture_default_str();
   cmd->add_option("--size-factor", options->sizeFactor, "Each size is this many times the previous one")
       ->capture_default_str();
-  cmd->add_option("--ops", options->ops, "Comma-separated: allreduce, allgather, broadcast, reduce_scatter")
+  cmd->add_option("--ops", options->ops,
+                  "Comma-separated: allreduce, allgather, broadcast, reduce_scatter, alltoall, gather, scatter, "
+                  "sendrecv (a ping-pong between rank 0 and the last rank)")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--impls", options->impls,

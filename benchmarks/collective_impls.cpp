@@ -37,13 +37,23 @@ const char* opName(CollectiveOp op) {
     case CollectiveOp::Allgather: return "allgather";
     case CollectiveOp::Broadcast: return "broadcast";
     case CollectiveOp::ReduceScatter: return "reduce_scatter";
+    case CollectiveOp::Alltoall: return "alltoall";
+    case CollectiveOp::Gather: return "gather";
+    case CollectiveOp::Scatter: return "scatter";
+    case CollectiveOp::SendRecv: return "sendrecv";
   }
   return "?";
 }
 
+const std::vector<CollectiveOp>& allOps() {
+  static const std::vector<CollectiveOp> ops = {
+      CollectiveOp::Allreduce, CollectiveOp::Allgather, CollectiveOp::Broadcast, CollectiveOp::ReduceScatter,
+      CollectiveOp::Alltoall,  CollectiveOp::Gather,    CollectiveOp::Scatter,   CollectiveOp::SendRecv};
+  return ops;
+}
+
 std::optional<CollectiveOp> parseOp(const std::string& name) {
-  for (auto op : {CollectiveOp::Allreduce, CollectiveOp::Allgather, CollectiveOp::Broadcast,
-                  CollectiveOp::ReduceScatter}) {
+  for (auto op : allOps()) {
     if (name == opName(op)) return op;
   }
   return std::nullopt;
@@ -99,6 +109,32 @@ class DdpCommunicator : public Communicator {
         return [&group, &buffers] {
           start([&] { return group.reduceScatter(buffers.input, buffers.output); })->wait();
         };
+      case CollectiveOp::Alltoall:
+        return [&group, &buffers] {
+          start([&] { return group.alltoall(buffers.input, buffers.output); })->wait();
+        };
+      case CollectiveOp::Gather:
+        return [&group, &buffers] { start([&] { return group.gather(buffers.input, buffers.output); })->wait(); };
+      case CollectiveOp::Scatter:
+        return [&group, &buffers] { start([&] { return group.scatter(buffers.input, buffers.output); })->wait(); };
+      case CollectiveOp::SendRecv: {
+        const int last = group.size() - 1;
+        if (group.rank() == 0) {
+          return [&group, &buffers, last] {
+            WorkPtr sent = start([&] { return group.send(buffers.input, last); });
+            WorkPtr received = start([&] { return group.recv(buffers.output, last); });
+            sent->wait();
+            received->wait();
+          };
+        }
+        if (group.rank() == last) {
+          return [&group, &buffers] {
+            start([&] { return group.recv(buffers.output, 0); })->wait();
+            start([&] { return group.send(buffers.output, 0); })->wait();
+          };
+        }
+        return [] {};
+      }
     }
     throw BenchError("unknown collective");
   }
@@ -125,7 +161,8 @@ class DdpCommunicator : public Communicator {
 #if DDP_HAVE_C10D_GLOO
 class C10dGlooCommunicator : public Communicator {
  public:
-  explicit C10dGlooCommunicator(const Rendezvous& rendezvous) : worldSize_(rendezvous.worldSize) {
+  explicit C10dGlooCommunicator(const Rendezvous& rendezvous)
+      : rank_(rendezvous.rank), worldSize_(rendezvous.worldSize) {
     c10d::TCPStoreOptions storeOptions;
     storeOptions.isServer = rendezvous.rank == 0;
     storeOptions.port = storeOptions.isServer ? 0 : awaitPort(rendezvous.portFile, rendezvous.timeout, rendezvous.rank);
@@ -175,6 +212,50 @@ class C10dGlooCommunicator : public Communicator {
           start([&] { return group.reduce_scatter(outputs, inputs); })->wait();
         };
       }
+      case CollectiveOp::Alltoall: {
+        // Equal splits, given as empty split lists (as ours).
+        std::vector<int64_t> outputSplits, inputSplits;
+        at::Tensor output = buffers.output, input = buffers.input;
+        return [&group, output, input, outputSplits, inputSplits]() mutable {
+          start([&] { return group.alltoall_base(output, input, outputSplits, inputSplits); })->wait();
+        };
+      }
+      case CollectiveOp::Gather: {
+        // Only the root passes output tensors (c10d refuses them elsewhere).
+        std::vector<std::vector<at::Tensor>> outputs;
+        if (rank_ == 0) outputs.push_back(chunksOf(buffers.output, worldSize_));
+        std::vector<at::Tensor> inputs{buffers.input};
+        return [&group, outputs, inputs]() mutable {
+          start([&] { return group.gather(outputs, inputs); })->wait();
+        };
+      }
+      case CollectiveOp::Scatter: {
+        std::vector<std::vector<at::Tensor>> inputs;
+        if (rank_ == 0) inputs.push_back(chunksOf(buffers.input, worldSize_));
+        std::vector<at::Tensor> outputs{buffers.output};
+        return [&group, outputs, inputs]() mutable {
+          start([&] { return group.scatter(outputs, inputs); })->wait();
+        };
+      }
+      case CollectiveOp::SendRecv: {
+        const int last = worldSize_ - 1;
+        std::vector<at::Tensor> input{buffers.input}, output{buffers.output};
+        if (rank_ == 0) {
+          return [&group, input, output, last]() mutable {
+            auto sent = start([&] { return group.send(input, last, 0); });
+            auto received = start([&] { return group.recv(output, last, 0); });
+            sent->wait();
+            received->wait();
+          };
+        }
+        if (rank_ == last) {
+          return [&group, output]() mutable {
+            start([&] { return group.recv(output, 0, 0); })->wait();
+            start([&] { return group.send(output, 0, 0); })->wait();
+          };
+        }
+        return [] {};
+      }
     }
     throw BenchError("unknown collective");
   }
@@ -196,7 +277,7 @@ class C10dGlooCommunicator : public Communicator {
     }
   }
 
-  const int worldSize_;
+  const int rank_, worldSize_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;  // last: destroyed before the store
 };

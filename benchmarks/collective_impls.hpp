@@ -11,10 +11,13 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ddp::bench {
 
-enum class CollectiveOp { Allreduce, Allgather, Broadcast, ReduceScatter };
+enum class CollectiveOp { Allreduce, Allgather, Broadcast, ReduceScatter, Alltoall, Gather, Scatter, SendRecv };
+// Every operation, in the order the sweep runs them by default.
+const std::vector<CollectiveOp>& allOps();
 
 const char* opName(CollectiveOp op);  // "allreduce", "reduce_scatter", ...
 std::optional<CollectiveOp> parseOp(const std::string& name);
@@ -41,8 +44,13 @@ class UnsupportedOp : public std::runtime_error {
 };
 
 // The tensors of one (operation, size) point. Allreduce and broadcast work
-// in place on `input`; allgather writes `output` (world x input);
-// reduce_scatter reads `input` (world x output).
+// in place on `input`; allgather and gather write `output` (world x
+// input; gather only on root 0); reduce_scatter and scatter read `input`
+// (world x output; scatter only on root 0); alltoall sends block j of
+// `input` to rank j and receives rank i's block into block i of `output`
+// (equal splits). SendRecv is a ping-pong between rank 0 and the last rank:
+// rank 0 sends `input`, the last rank receives it into `output` and sends
+// it back, and rank 0 receives it into `output`; the ranks between idle.
 struct Buffers {
   at::Tensor input;
   at::Tensor output;

@@ -19,13 +19,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One direction of one step: bytes to send to, or receive from, a peer.
-struct Transfer {
-  int peer;
-  uint8_t* data;
-  size_t bytes;
-  size_t done = 0;
-};
+using Transfer = LinkTransfer;
 
 class WireCommunicator : public Communicator {
  public:
@@ -47,8 +41,9 @@ class WireCommunicator : public Communicator {
     }
   }
 
+  // Everything but the reductions lands where it should.
   bool computes(CollectiveOp op) const override {
-    return op == CollectiveOp::Allgather || op == CollectiveOp::Broadcast;
+    return op != CollectiveOp::Allreduce && op != CollectiveOp::ReduceScatter;
   }
 
   std::function<void()> bind(CollectiveOp op, Buffers& buffers) override {
@@ -61,6 +56,20 @@ class WireCommunicator : public Communicator {
         return [this, &buffers] { allgather(bytesOf(buffers.input), bytesOf(buffers.output), buffers.input.nbytes()); };
       case CollectiveOp::Broadcast:
         return [this, &buffers] { broadcast(bytesOf(buffers.input), buffers.input.nbytes()); };
+      case CollectiveOp::Alltoall:
+        return [this, &buffers] {
+          alltoall(bytesOf(buffers.input), bytesOf(buffers.output), buffers.input.nbytes() / size_);
+        };
+      case CollectiveOp::Gather:
+        return [this, &buffers] { gather(bytesOf(buffers.input), bytesOf(buffers.output), buffers.input.nbytes()); };
+      case CollectiveOp::Scatter:
+        return [this, &buffers] {
+          scatter(bytesOf(buffers.input), bytesOf(buffers.output), buffers.output.nbytes());
+        };
+      case CollectiveOp::SendRecv:
+        return [this, &buffers] {
+          pingPong(bytesOf(buffers.input), bytesOf(buffers.output), buffers.input.nbytes());
+        };
     }
     throw BenchError("unknown collective");
   }
@@ -117,44 +126,63 @@ class WireCommunicator : public Communicator {
     move(sends, recvs, "broadcast");
   }
 
-  // Runs every transfer to completion at once: each is tried until the
-  // kernel would block, then one poll() waits for any of them.
-  void move(std::vector<Transfer>& sends, std::vector<Transfer>& recvs, const char* what) {
-    const auto deadline = Clock::now() + timeout_;
-    std::vector<pollfd> waiting;
-    std::string why;
-    // Moves each transfer of `list` until the kernel would block, then
-    // waits for that socket to be ready for more.
-    const auto advance = [&](std::vector<Transfer>& list, bool sending) {
-      for (auto& t : list) {
-        const int fd = sending ? links_->to(t.peer) : links_->from(t.peer);
-        while (t.done < t.bytes) {
-          const ssize_t n = sending ? sendSome(fd, t.data + t.done, t.bytes - t.done, &why)
-                                    : recvSome(fd, t.data + t.done, t.bytes - t.done, &why);
-          if (n < 0) lost(t.peer, what, why);
-          if (n == 0) {
-            waiting.push_back({fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0});
-            break;
-          }
-          t.done += static_cast<size_t>(n);
-        }
-      }
-    };
-    for (;;) {
-      waiting.clear();
-      advance(sends, /*sending=*/true);
-      advance(recvs, /*sending=*/false);
-      if (waiting.empty()) return;
-      const int ready = pollUntil(waiting.data(), waiting.size(), deadline);
-      if (ready == 0) {
-        fail<BenchError>("tcp-wire rank {}: {} did not finish within {} ms", rank_, what, timeout_.count());
-      }
-      if (ready < 0 && errno != EINTR) fail<BenchError>("tcp-wire rank {}: poll: {}", rank_, std::strerror(errno));
+  // Block j of the input to rank j, block i of the output from rank i, all
+  // pairs at once.
+  void alltoall(uint8_t* input, uint8_t* output, size_t block) {
+    std::memcpy(output + rank_ * block, input + rank_ * block, block);
+    std::vector<Transfer> sends, recvs;
+    for (int k = 1; k < size_; ++k) {
+      const int to = mod(rank_ + k), from = mod(rank_ - k);
+      sends.push_back({to, input + to * block, block});
+      recvs.push_back({from, output + from * block, block});
+    }
+    move(sends, recvs, "alltoall");
+  }
+
+  void gather(uint8_t* input, uint8_t* output, size_t bytes) {  // root 0
+    std::vector<Transfer> sends, recvs;
+    if (rank_ == 0) {
+      std::memcpy(output, input, bytes);
+      for (int peer = 1; peer < size_; ++peer) recvs.push_back({peer, output + peer * bytes, bytes});
+    } else {
+      sends.push_back({0, input, bytes});
+    }
+    move(sends, recvs, "gather");
+  }
+
+  void scatter(uint8_t* input, uint8_t* output, size_t bytes) {  // root 0
+    std::vector<Transfer> sends, recvs;
+    if (rank_ == 0) {
+      std::memcpy(output, input, bytes);
+      for (int peer = 1; peer < size_; ++peer) sends.push_back({peer, input + peer * bytes, bytes});
+    } else {
+      recvs.push_back({0, output, bytes});
+    }
+    move(sends, recvs, "scatter");
+  }
+
+  // Rank 0 to the last rank and back; the ranks between idle.
+  void pingPong(uint8_t* input, uint8_t* output, size_t bytes) {
+    const int last = size_ - 1;
+    std::vector<Transfer> none;
+    if (rank_ == 0) {
+      std::vector<Transfer> sends{{last, input, bytes}}, recvs{{last, output, bytes}};
+      move(sends, none, "ping");
+      move(none, recvs, "pong");
+    } else if (rank_ == last) {
+      std::vector<Transfer> recvs{{0, output, bytes}}, sends{{0, output, bytes}};
+      move(none, recvs, "ping");
+      move(sends, none, "pong");
     }
   }
 
-  [[noreturn]] void lost(int peer, const char* what, const std::string& why) const {
-    fail<BenchError>("tcp-wire rank {}: the connection to rank {} failed during a {}: {}", rank_, peer, what, why);
+  // Every transfer at once (framework/comm/links.hpp).
+  void move(std::vector<Transfer>& sends, std::vector<Transfer>& recvs, const char* what) {
+    try {
+      transferAll(*links_, sends, recvs, Clock::now() + timeout_, what);
+    } catch (const std::exception& e) {
+      fail<BenchError>("tcp-wire rank {}: {}", rank_, e.what());
+    }
   }
 
   const int rank_, size_;

@@ -33,9 +33,9 @@ TEST_CASE("send/recv around a ring match their closed forms", "[p2p]") {
                 RecvOptions rcv;
                 rcv.tag = 7;
                 WorkPtr sent = g.send(out, right, s);
-                out.fill_(-5);  // send copied it: reusing the tensor at once is fine
                 WorkPtr got = g.recv(in, left, rcv);
                 sent->wait();
+                out.fill_(-5);  // once the send has completed, its tensor is the caller's again
                 got->wait();
                 ddp::test::expectOnRank(at::equal(in, at::arange(n, in.options()) + left), "ring values");
                 ddp::test::expectOnRank(got->sourceRank() == left, "sourceRank");

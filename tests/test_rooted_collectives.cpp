@@ -63,66 +63,107 @@ TEST_CASE("reduce, gather and scatter match their closed forms", "[collectives][
   }
 }
 
+namespace {
+// Equal splits, then uneven ones with zero rows, over rows of `width`.
+void alltoallClosedForms(int r, ProcessGroup& g, int world, int64_t width) {
+  // Equal: 2 rows to each rank, row values source*100 + destination.
+  at::Tensor in = at::empty({2 * world, width}, at::kDouble);
+  for (int j = 0; j < world; ++j) in.narrow(0, 2 * j, 2).fill_(r * 100 + j);
+  at::Tensor out = at::full({2 * world, width}, -1.0, at::kDouble);
+  g.alltoall(in, out)->wait();
+  for (int i = 0; i < world; ++i) {
+    ddp::test::expectOnRank(out.narrow(0, 2 * i, 2).eq(i * 100 + r).all().item<bool>(), "equal alltoall");
+  }
+  // Uneven: rank i sends (i + j) % 3 rows to rank j (some 0).
+  const auto rows = [](int i, int j) { return int64_t((i + j) % 3); };
+  std::vector<int64_t> send, recv;
+  int64_t sendTotal = 0, recvTotal = 0;
+  for (int j = 0; j < world; ++j) {
+    send.push_back(rows(r, j));
+    recv.push_back(rows(j, r));
+    sendTotal += send.back();
+    recvTotal += recv.back();
+  }
+  at::Tensor uin = at::empty({sendTotal, width}, at::kLong);
+  for (int j = 0, offset = 0; j < world; offset += static_cast<int>(send[static_cast<size_t>(j)]), ++j) {
+    uin.narrow(0, offset, send[static_cast<size_t>(j)]).fill_(r * 100 + j);
+  }
+  at::Tensor uout = at::full({recvTotal, width}, -1, at::kLong);
+  g.alltoall(uin, uout, send, recv)->wait();
+  for (int i = 0, offset = 0; i < world; offset += static_cast<int>(recv[static_cast<size_t>(i)]), ++i) {
+    ddp::test::expectOnRank(uout.narrow(0, offset, recv[static_cast<size_t>(i)]).eq(i * 100 + r).all().item<bool>(),
+           "uneven alltoall");
+  }
+}
+}  // namespace
+
 TEST_CASE("alltoall: equal and uneven splits, zero rows included, match their closed forms", "[collectives][rooted]") {
   for (const bool shm : {true, false}) {
     for (const int world : {1, 2, 3, 4}) {
-      for (const int64_t width : {int64_t{1}, int64_t{3}, int64_t{5000}}) {
+      // Rows of 300000 make blocks of several shared-memory rounds (at 3 ranks).
+      for (const int64_t width : {int64_t{1}, int64_t{3}, int64_t{5000}, int64_t{300000}}) {
+        if (width > 5000 && world != 3) continue;
         INFO((shm ? "shm" : "tcp") << ", world " << world << ", rows of " << width);
         ProcessGroupOptions options;
         options.sharedMemory = shm;
         const auto errors = ddp::test::runRanks(
-            "gloo", world,
-            [&](int r, ProcessGroup& g) {
-              // Equal: 2 rows to each rank, row values source*100 + destination.
-              at::Tensor in = at::empty({2 * world, width}, at::kDouble);
-              for (int j = 0; j < world; ++j) in.narrow(0, 2 * j, 2).fill_(r * 100 + j);
-              at::Tensor out = at::full({2 * world, width}, -1.0, at::kDouble);
-              g.alltoall(in, out)->wait();
-              for (int i = 0; i < world; ++i) {
-                ddp::test::expectOnRank(out.narrow(0, 2 * i, 2).eq(i * 100 + r).all().item<bool>(), "equal alltoall");
-              }
-              // Uneven: rank i sends (i + j) % 3 rows to rank j (some 0).
-              const auto rows = [](int i, int j) { return int64_t((i + j) % 3); };
-              std::vector<int64_t> send, recv;
-              int64_t sendTotal = 0, recvTotal = 0;
-              for (int j = 0; j < world; ++j) {
-                send.push_back(rows(r, j));
-                recv.push_back(rows(j, r));
-                sendTotal += send.back();
-                recvTotal += recv.back();
-              }
-              at::Tensor uin = at::empty({sendTotal, width}, at::kLong);
-              for (int j = 0, offset = 0; j < world; offset += static_cast<int>(send[static_cast<size_t>(j)]), ++j) {
-                uin.narrow(0, offset, send[static_cast<size_t>(j)]).fill_(r * 100 + j);
-              }
-              at::Tensor uout = at::full({recvTotal, width}, -1, at::kLong);
-              g.alltoall(uin, uout, send, recv)->wait();
-              for (int i = 0, offset = 0; i < world; offset += static_cast<int>(recv[static_cast<size_t>(i)]), ++i) {
-                ddp::test::expectOnRank(uout.narrow(0, offset, recv[static_cast<size_t>(i)]).eq(i * 100 + r).all().item<bool>(),
-                       "uneven alltoall");
-              }
-            },
-            options);
+            "gloo", world, [&](int r, ProcessGroup& g) { alltoallClosedForms(r, g, world, width); }, options);
         CHECK(ddp::test::joinErrors(errors) == "");
       }
     }
   }
 }
 
+// Above 8 ranks gloo's frames form a ring, not a mesh: alltoall over TCP
+// sends one message per pair instead, and a receiver whose outputSplits
+// disagree names the sender and both counts.
+TEST_CASE("alltoall over TCP at 9 ranks goes point to point", "[collectives][rooted]") {
+  const int world = 9;
+  ProcessGroupOptions options;
+  options.sharedMemory = false;
+  for (const int64_t width : {int64_t{1}, int64_t{3000}}) {
+    INFO("rows of " << width);
+    const auto errors = ddp::test::runRanks(
+        "gloo", world, [&](int r, ProcessGroup& g) { alltoallClosedForms(r, g, world, width); }, options);
+    CHECK(ddp::test::joinErrors(errors) == "");
+  }
+  const auto errors = ddp::test::runRanks(
+      "gloo", world,
+      [&](int r, ProcessGroup& g) {
+        at::Tensor in = at::ones({world, 2});
+        std::vector<int64_t> ones(world, 1), recv(world, 1);
+        if (r == 0) recv[1] = 2;
+        at::Tensor out = at::empty({r == 0 ? world + 1 : world, 2});
+        g.alltoall(in, out, ones, recv)->wait();
+      },
+      options);
+  INFO(ddp::test::joinErrors(errors));
+  CHECK_THAT(errors[0], Contains("gloo alltoall #0: rows from rank 1 (outputSplits[1] = 2 row(s) of 2)") &&
+                            Contains("rank 1 sent 2 x Float, this recv expects 4 x float32"));
+}
+
 TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on every rank alike",
           "[collectives][rooted][errors]") {
-  const auto errors = ddp::test::runRanks("gloo", 3, [&](int r, ProcessGroup& g) {
-    // Rank 0 expects 2 rows from rank 1, which sends 1.
+  // Rank 0 expects 2 rows from rank 1, which sends 1.
+  const auto disagree = [](int r, ProcessGroup& g) {
     at::Tensor in = at::ones({3, 2});
     std::vector<int64_t> recv = {1, r == 0 ? 2 : 1, 1};
     at::Tensor out = at::empty({r == 0 ? 4 : 3, 2});
     g.alltoall(in, out, {1, 1, 1}, recv)->wait();
-  });
-  // gloo's alltoall moves each pair's rows directly: the receiver that
-  // expects other counts fails, naming the sender and both counts.
-  INFO(ddp::test::joinErrors(errors));
-  CHECK_THAT(errors[0], Contains("gloo alltoall #0: rows from rank 1 (outputSplits[1] = 2 row(s) of 2)") &&
-                            Contains("rank 1 sent 2 x Float, this recv expects 4 x float32"));
+  };
+  // Through shared memory and over the frames' mesh every rank sees every
+  // rank's splits, and all fail alike before any row moves.
+  for (const bool shm : {true, false}) {
+    ProcessGroupOptions options;
+    options.sharedMemory = shm;
+    const auto errors = ddp::test::runRanks("gloo", 3, disagree, options);
+    INFO((shm ? "shm: " : "tcp: ") << ddp::test::joinErrors(errors));
+    for (int r = 0; r < 3; ++r) {
+      CHECK_THAT(errors[static_cast<size_t>(r)],
+                 Contains("gloo alltoall #0: rank 1 sends 1 row(s) to rank 0, which expects 2 (its outputSplits[1])") &&
+                     Contains("HINT: rank 0's outputSplits[1] must equal rank 1's inputSplits[0]"));
+    }
+  }
   const auto more = ddp::test::runRanks("gloo", 2, [&](int r, ProcessGroup& g) {
     at::Tensor t = at::ones({4});
     ReduceOptions o;

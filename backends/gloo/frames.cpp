@@ -140,4 +140,47 @@ std::vector<const uint8_t*> FrameExchange::exchange(const Descriptor& mine, cons
   return payloads;
 }
 
+void FrameExchange::exchangeThenTransfer(const Descriptor& mine, const void* payload, size_t payloadBytes,
+                                         const std::vector<Span>& sendBlocks, const std::vector<Span>& recvBlocks,
+                                         const std::function<void(const std::vector<const uint8_t*>&)>& check,
+                                         Deadline deadline) {
+  DDP_CHECK(payloadBytes <= kSmallPayloadBytes, "frame payload too large");
+  DDP_CHECK(isMesh(), "exchangeThenTransfer needs a mesh");
+  const int rank = links_->rank(), size = links_->size();
+  Header header{static_cast<uint32_t>(payloadBytes), 0, mine};
+  std::memcpy(sendFrame_.data(), &header, sizeof header);
+  if (payloadBytes) std::memcpy(sendFrame_.data() + sizeof header, payload, payloadBytes);
+  std::vector<LinkTransfer> sends, recvs;
+  for (int p : peersOut_) {
+    sends.push_back({p, sendFrame_.data(), sizeof header + payloadBytes});
+    sends.push_back({p, sendBlocks[static_cast<size_t>(p)].data, sendBlocks[static_cast<size_t>(p)].bytes});
+  }
+  for (Reader& r : readers_) recvs.push_back({r.peer, r.frame.data(), sizeof(Header), /*stage=*/0});
+  const auto afterStage = [&](int stage) {
+    if (stage == 0) {  // every header: check it, then read its payload
+      for (Reader& r : readers_) {
+        Header theirs;
+        std::memcpy(&theirs, r.frame.data(), sizeof theirs);
+        if (theirs.payloadBytes > kSmallPayloadBytes || theirs.reserved != 0) {
+          throw std::runtime_error(fmt::format("the connection to rank {} failed (the frames of collective #{}): a "
+                                               "malformed frame (payload of {} bytes)",
+                                               r.peer, mine.seq, theirs.payloadBytes));
+        }
+        checkPeerDescriptor(rank, size, mine, theirs.descriptor, r.peer);
+        recvs.push_back({r.peer, r.frame.data() + sizeof(Header), theirs.payloadBytes, /*stage=*/1});
+      }
+    } else if (stage == 1) {  // every payload: the caller's check, then the blocks
+      std::vector<const uint8_t*> payloads(static_cast<size_t>(size), nullptr);
+      for (Reader& r : readers_) payloads[static_cast<size_t>(r.peer)] = r.frame.data() + sizeof(Header);
+      check(payloads);
+      for (Reader& r : readers_) {
+        const Span& block = recvBlocks[static_cast<size_t>(r.peer)];
+        recvs.push_back({r.peer, block.data, block.bytes, /*stage=*/2});
+      }
+    }
+  };
+  transferAll(*links_, sends, recvs, deadline, fmt::format("the frames and blocks of collective #{}", mine.seq),
+              afterStage);
+}
+
 }  // namespace ddp::gloo_backend

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -60,6 +61,24 @@ class FrameExchange {
   // std::runtime_error "rank P did not arrive before the timeout (...)".
   std::vector<const uint8_t*> exchange(const Descriptor& mine, const void* payload, size_t payloadBytes,
                                        Deadline deadline);
+
+  // Whether frames go to every rank (a mesh), as exchangeThenTransfer needs.
+  bool isMesh() const { return links_->size() <= kAllToAllMaxRanks; }
+
+  // A frame per rank and then a block per pair of ranks, for alltoall, over
+  // the mesh (isMesh()): sends this rank's frame (`mine`, then `payload`)
+  // and right behind it sendBlocks[p] to each peer p, without waiting;
+  // reads and checks every peer's frame; once all are in, calls
+  // check(payloads by rank, null for this rank), which may throw (nothing
+  // of the blocks has been read then); then reads recvBlocks[p] from each
+  // peer. One poll loop (transferAll), all pairs at once.
+  struct Span {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  void exchangeThenTransfer(const Descriptor& mine, const void* payload, size_t payloadBytes,
+                            const std::vector<Span>& sendBlocks, const std::vector<Span>& recvBlocks,
+                            const std::function<void(const std::vector<const uint8_t*>&)>& check, Deadline deadline);
 
   // From any thread: a running or later exchange fails at once.
   void interrupt() { links_->interrupt(); }

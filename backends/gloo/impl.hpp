@@ -10,9 +10,11 @@
 //   payload fits the frame every TCP collective starts with: frames),
 //   Large (an empty frame, then the ring: ring.hpp; a barrier above
 //   FrameExchange::kAllToAllMaxRanks ranks too). ShmInPlace is an
-//   allreduce on a communication buffer. PointToPoint: alltoall, as
-//   messages between each pair of ranks (framework/comm/point_to_point.hpp),
-//   run on the worker in call order.
+//   allreduce on a communication buffer. alltoall takes Shm, Frame (its
+//   splits in the frames, then its blocks straight over the frames' mesh)
+//   or, above kAllToAllMaxRanks ranks, PointToPoint: messages between each
+//   pair of ranks (framework/comm/point_to_point.hpp), run on the worker in
+//   call order.
 // - Small collectives in the caller: when nothing is queued or running, a
 //   Local collective, or a shared-memory or Frame one of at most
 //   kInlineMaxBytes per rank (DDP_GLOO_INLINE_BYTES overrides; 0 turns it
@@ -39,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,7 +70,10 @@ struct ProcessGroupGloo::Impl {
   // How a collective with `payloadBytes` per rank moves its data.
   Path pathFor(size_t payloadBytes) const;
   // Queues `run` as collective `descriptor` (its seq is filled in here).
-  WorkPtr enqueue(Descriptor descriptor, const std::string& summary, Milliseconds timeout, Path path, Run run);
+  // `payloadBytes` decides whether it may run in the caller; default: the
+  // descriptor's element count times its element size.
+  WorkPtr enqueue(Descriptor descriptor, const std::string& summary, Milliseconds timeout, Path path, Run run,
+                  std::optional<size_t> payloadBytes = std::nullopt);
   void startWorker();
   // Measured in docs/performance.md (issue 13's cnn step).
   static constexpr size_t kInlineMaxBytes = 256 * 1024;
@@ -106,7 +112,7 @@ struct ProcessGroupGloo::Impl {
     Run run;
   };
   void workerLoop();
-  bool runsInline(Path path, const Descriptor& d) const;
+  bool runsInline(Path path, size_t payloadBytes) const;
   // Runs one collective (on the worker's or the caller's thread, one at a
   // time) and returns its error, if any; the Work is finished by the caller
   // of runTask once running_ is cleared.

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "backends/gloo/descriptor.hpp"
 #include "backends/gloo/host_tensors.hpp"
@@ -44,6 +45,18 @@ class ShmCollectives {
   void reduceScatter(const Descriptor& d, const at::Tensor& in, at::Tensor& out, ReduceOp op, Deadline deadline);
   void broadcast(const Descriptor& d, at::Tensor& host, int root, Deadline deadline);
   void allgather(const Descriptor& d, const at::Tensor& in, at::Tensor& out, Deadline deadline);
+  // One round in which every rank publishes `bytes` (at most a slot) and
+  // reads the others': their areas by rank (this rank's too), valid until
+  // the next collective begins. The descriptors are checked first.
+  std::vector<const uint8_t*> exchange(const Descriptor& d, const void* mine, size_t bytes, Deadline deadline);
+  // alltoall's payload, after exchange() agreed on the splits: elements
+  // [sendAt[j], sendAt[j] + sendCount[j]) of `in` go to rank j, and rank
+  // i's arrive at recvAt[i] in `out`, in rounds of a slot's share per
+  // pair. `maxCount` is the largest count of any pair, the same on every
+  // rank (it sets the number of rounds).
+  void alltoall(const Descriptor& d, const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& sendAt,
+                const std::vector<int64_t>& sendCount, const std::vector<int64_t>& recvAt,
+                const std::vector<int64_t>& recvCount, int64_t maxCount, Deadline deadline);
   // Tells the peers that this rank failed, so that they stop waiting.
   void markFailed();
   // ShmChannel::setSpin: how long waits spin before they sleep.

@@ -136,22 +136,23 @@ std::chrono::microseconds ProcessGroupGloo::Impl::callerSpin(int localRanks) {
   return localRanks <= usableCpus() ? std::chrono::microseconds(1000) : std::chrono::microseconds(0);
 }
 
-bool ProcessGroupGloo::Impl::runsInline(Path path, const Descriptor& d) const {
+bool ProcessGroupGloo::Impl::runsInline(Path path, size_t bytes) const {
   if (path == Path::Local) return true;
   if (path != Path::Shm && path != Path::ShmInPlace && path != Path::Frame) return false;
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(d.numel, 0)) *
-                       c10::elementSize(static_cast<c10::ScalarType>(d.dtype));
   const size_t limit = inlineMaxBytes();
   return limit > 0 && bytes <= limit;  // 0: nothing in the caller, not even a barrier
 }
 
 WorkPtr ProcessGroupGloo::Impl::enqueue(Descriptor descriptor, const std::string& summary, Milliseconds timeout,
-                                        Path path, Run run) {
+                                        Path path, Run run, std::optional<size_t> payloadBytes) {
+  const size_t bytes = payloadBytes ? *payloadBytes
+                                    : static_cast<size_t>(std::max<int64_t>(descriptor.numel, 0)) *
+                                          c10::elementSize(static_cast<c10::ScalarType>(descriptor.dtype));
   std::unique_lock<std::mutex> lock(mutex_);
   descriptor.seq = nextSeq_++;
   auto work = std::make_shared<Work>(gloo_backend::describeCall(rank, size, descriptor, summary), timeout);
   Task task{descriptor, work, gloo_backend::Clock::now() + timeout, timeout, std::move(run)};
-  if (queue_.empty() && !running_ && runsInline(path, descriptor)) {
+  if (queue_.empty() && !running_ && runsInline(path, bytes)) {
     // Nothing is queued or running, so this collective is next in call
     // order: the caller runs it, sparing two thread hand-offs (queue to
     // worker, worker to waiter) that cost more than a small collective.

@@ -203,6 +203,89 @@ ssize_t recvSome(int fd, void* data, size_t bytes, std::string* why) {
   }
 }
 
+void transferAll(Links& links, std::vector<LinkTransfer>& sends, std::vector<LinkTransfer>& recvs,
+                 std::chrono::steady_clock::time_point deadline, const std::string& what,
+                 const std::function<void(int stage)>& afterStage) {
+  std::vector<pollfd> waiting;
+  std::vector<int> busyPeers;  // a peer whose earlier transfer in this pass is unfinished
+  std::string why;
+  const auto failed = [&](int peer) {
+    if (links.interrupted()) throw std::runtime_error(fmt::format("interrupted ({}): the group was aborted", what));
+    throw std::runtime_error(fmt::format("the connection to rank {} failed ({}): {}", peer, what, why));
+  };
+  int stage = 0;  // receives of this stage and below may move
+  // Moves each transfer of `list` until the kernel would block, then waits
+  // for that socket to be ready for more. True when all are done.
+  const auto advance = [&](std::vector<LinkTransfer>& list, bool sending) {
+    bool all = true;
+    busyPeers.clear();
+    for (size_t k = 0; k < list.size(); ++k) {  // by index: afterStage may append
+      LinkTransfer& t = list[k];
+      if (t.done >= t.bytes) continue;
+      all = false;
+      if ((!sending && t.stage > stage) ||
+          std::find(busyPeers.begin(), busyPeers.end(), t.peer) != busyPeers.end()) {
+        continue;
+      }
+      const int fd = sending ? links.to(t.peer) : links.from(t.peer);
+      uint8_t* data = static_cast<uint8_t*>(t.data);
+      while (t.done < t.bytes) {
+        const ssize_t n = sending ? sendSome(fd, data + t.done, t.bytes - t.done, &why)
+                                  : recvSome(fd, data + t.done, t.bytes - t.done, &why);
+        if (n < 0) failed(t.peer);
+        if (n == 0) {
+          waiting.push_back({fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0});
+          break;
+        }
+        t.done += static_cast<size_t>(n);
+      }
+      if (t.done < t.bytes) busyPeers.push_back(t.peer);
+    }
+    return all;
+  };
+  // Whether every receive up to `stage` is done, and the last stage.
+  const auto stageDone = [&] {
+    for (const auto& t : recvs) {
+      if (t.stage <= stage && t.done < t.bytes) return false;
+    }
+    return true;
+  };
+  const auto lastStage = [&] {
+    int last = 0;
+    for (const auto& t : recvs) last = std::max(last, t.stage);
+    return last;
+  };
+  for (;;) {
+    waiting.clear();
+    const bool sent = advance(sends, /*sending=*/true);
+    advance(recvs, /*sending=*/false);
+    // A stage that is in lets the next one move (afterStage may add more).
+    while (stageDone() && stage <= lastStage()) {
+      if (afterStage) afterStage(stage);
+      ++stage;
+      advance(recvs, /*sending=*/false);
+    }
+    if (sent && stage > lastStage()) return;
+    if (waiting.empty()) continue;
+    const int ready = pollUntil(waiting.data(), waiting.size(), deadline);
+    if (ready == 0) {
+      for (const auto& t : recvs) {
+        if (t.done < t.bytes) {
+          throw std::runtime_error(fmt::format("rank {} did not send its bytes of {} before the timeout ({} of {} received)",
+                                               t.peer, what, t.done, t.bytes));
+        }
+      }
+      for (const auto& t : sends) {
+        if (t.done < t.bytes) {
+          throw std::runtime_error(fmt::format("rank {} did not take its bytes of {} before the timeout ({} of {} sent)",
+                                               t.peer, what, t.done, t.bytes));
+        }
+      }
+    }
+    if (ready < 0 && errno != EINTR) throw std::runtime_error(fmt::format("poll: {}", std::strerror(errno)));
+  }
+}
+
 int pollUntil(pollfd* fds, size_t count, std::chrono::steady_clock::time_point deadline) {
   const long long waitMs =
       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -86,5 +87,32 @@ ssize_t recvSome(int fd, void* data, size_t bytes, std::string* why);
 // poll() on `fds` until `deadline`: 0 once it has passed (without calling
 // poll), else poll()'s own result (-1 with errno, e.g. EINTR).
 int pollUntil(pollfd* fds, size_t count, std::chrono::steady_clock::time_point deadline);
+
+// One direction of a transfer between this rank and `peer`: `bytes` at
+// `data` to send over links.to(peer), or to receive from links.from(peer).
+struct LinkTransfer {
+  int peer = -1;
+  void* data = nullptr;
+  size_t bytes = 0;
+  int stage = 0;  // receives only: see transferAll
+  size_t done = 0;
+};
+
+// Runs every transfer of `sends` and `recvs` to completion at once, from
+// this thread: each moves until the kernel would block, then one poll()
+// waits for any of them.
+// - Transfers on one connection run in list order (a stream's bytes follow
+//   each other); zero-byte transfers are done at once.
+// - Receives are staged: those of stage s + 1 start once every receive of
+//   stages up to s is done and afterStage(s) has returned (when given; it
+//   may throw, e.g. to refuse what a header said, or append receives of
+//   later stages). Sends are not staged.
+// Throws std::runtime_error "the connection to rank P failed (<what>): <why>"
+// (or "interrupted" after interrupt()), and at the deadline "rank P did not
+// send its bytes of <what> before the timeout (D of N received)" naming
+// the first peer still owing bytes (or still to take ours).
+void transferAll(Links& links, std::vector<LinkTransfer>& sends, std::vector<LinkTransfer>& recvs,
+                 std::chrono::steady_clock::time_point deadline, const std::string& what,
+                 const std::function<void(int stage)>& afterStage = {});
 
 }  // namespace ddp

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
@@ -65,8 +66,10 @@ struct PointToPoint::Impl {
   static constexpr uint32_t kP2pMagic = p2p_detail::kP2pMagic;
   struct SendOp {
     int tag;
-    std::string bytes;  // header and payload
-    size_t sent = 0;
+    P2pHeader header;
+    at::Tensor payload;  // contiguous CPU: the caller's tensor itself where it is one
+    size_t sent = 0;     // of the header and payload together
+    size_t total() const { return sizeof(P2pHeader) + payload.nbytes(); }
     WorkPtr work;
     Clock::time_point deadline;
     Milliseconds timeout;
@@ -193,6 +196,30 @@ struct PointToPoint::Impl {
       o.queue.clear();
     }
     wake();
+  }
+
+  // Under mutex: sends what the kernel takes now of `op`, from where it
+  // left off (header and payload in one sendmsg).
+  static ssize_t sendSomeOf(int fd, SendOp& op, std::string* why) {
+    iovec parts[2];
+    int count = 0;
+    const size_t head = sizeof(P2pHeader);
+    if (op.sent < head) parts[count++] = {reinterpret_cast<char*>(&op.header) + op.sent, head - op.sent};
+    const size_t at = op.sent > head ? op.sent - head : 0;
+    if (at < op.payload.nbytes()) {
+      parts[count++] = {static_cast<char*>(op.payload.data_ptr()) + at, op.payload.nbytes() - at};
+    }
+    msghdr message{};
+    message.msg_iov = parts;
+    message.msg_iovlen = static_cast<size_t>(count);
+    for (;;) {
+      const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) return n;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+      if (n < 0 && errno == EINTR) continue;
+      *why = n == 0 ? "nothing could be sent" : std::strerror(errno);
+      return -1;
+    }
   }
 
   // Under mutex: a recv posted, or a message complete: match them.
@@ -359,7 +386,7 @@ struct PointToPoint::Impl {
         while (!o.queue.empty()) {
           auto op = o.queue.front();
           std::string why;
-          const ssize_t n = sendSome(o.fd, op->bytes.data() + op->sent, op->bytes.size() - op->sent, &why);
+          const ssize_t n = sendSomeOf(o.fd, *op, &why);
           if (n < 0) {
             for (auto& q : o.queue) {
               q->work->finish(std::make_exception_ptr(CollectiveError(fmt::format(
@@ -372,7 +399,7 @@ struct PointToPoint::Impl {
           }
           if (n == 0) break;
           op->sent += static_cast<size_t>(n);
-          if (op->sent < op->bytes.size()) break;
+          if (op->sent < op->total()) break;
           o.queue.pop_front();
           op->work->finish();
         }
@@ -464,10 +491,8 @@ WorkPtr PointToPoint::send(const at::Tensor& tensor, int dst, int tag, std::chro
   op->timeout = timeout;
   op->deadline = Impl::Clock::now() + timeout;
   op->work = std::make_shared<Work>(s.describe("send", dst, tag, tensor), timeout);
-  const at::Tensor host = tensor.detach().to(at::kCPU).contiguous();
-  Impl::P2pHeader h{Impl::kP2pMagic, tag, static_cast<int32_t>(host.scalar_type()), 0, host.numel()};
-  op->bytes.assign(reinterpret_cast<const char*>(&h), sizeof h);
-  op->bytes.append(static_cast<const char*>(host.data_ptr()), host.nbytes());
+  op->payload = tensor.detach().to(at::kCPU).contiguous();
+  op->header = {Impl::kP2pMagic, tag, static_cast<int32_t>(op->payload.scalar_type()), 0, op->payload.numel()};
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.closed) {
     op->work->finish(std::make_exception_ptr(CollectiveError(s.label + " send: the group is being destroyed")));
@@ -475,6 +500,18 @@ WorkPtr PointToPoint::send(const at::Tensor& tensor, int dst, int tag, std::chro
   }
   s.startLocked();
   Impl::Outgoing& o = s.out[dst];
+  if (o.fd >= 0 && o.queue.empty()) {
+    // Nothing ahead of it: what the kernel takes now goes from this thread,
+    // sparing the I/O thread's wake-up (all of a small message). A failure
+    // is left to the I/O thread, which cleans up after it.
+    std::string why;
+    ssize_t n;
+    while (op->sent < op->total() && (n = Impl::sendSomeOf(o.fd, *op, &why)) > 0) op->sent += static_cast<size_t>(n);
+    if (op->sent == op->total()) {
+      op->work->finish();
+      return op->work;
+    }
+  }
   o.queue.push_back(op);
   if (o.fd < 0 && !o.connecting) {  // the first send to dst, or one after a broken connection
     o.connecting = true;

@@ -10,9 +10,11 @@
 //   itself with the receiver's nonce; anything else that connects is
 //   dropped. Data flows from the connecting side only: rank a's sends to b
 //   and b's sends to a use two connections.
-// - send(tensor, dst, tag) copies the tensor (any device, any layout) at
-//   once, so the caller may reuse it; its Work completes when the bytes are
-//   in the kernel's hands. recv(tensor, src, tag) completes when a message
+// - send(tensor, dst, tag) reads the tensor (a contiguous CPU one in place;
+//   others through a copy made at the call) until its Work completes, when
+//   the bytes are in the kernel's hands: as for every collective, leave it
+//   unmodified until then. What the kernel takes at once goes from the
+//   calling thread (all of a small message), the rest from the I/O thread. recv(tensor, src, tag) completes when a message
 //   from src (kAnySourceRank: any rank) with that tag has filled the tensor;
 //   work->sourceRank() then names the sender. Messages of one sender arrive in
 //   the order sent; a recv takes the first match, so tags may be received

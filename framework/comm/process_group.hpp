@@ -174,7 +174,8 @@ class ProcessGroup {
                            const std::vector<int64_t>& outputSplits = {}, const AlltoallOptions& opts = {});
 
   // Point to point: not collective; only the two ranks take part. send
-  // copies the tensor at once (reuse it freely); recv fills `tensor` (same
+  // reads the tensor until its Work completes (leave it unmodified until
+  // then, as for every operation); recv fills `tensor` (same
   // dtype and element count as sent, else the recv fails naming both) with
   // the first message from `src` (kAnySourceRank: any rank; the Work's
   // sourceRank() says which) with that tag: messages of one sender arrive
