@@ -117,14 +117,31 @@ TEST_CASE("alltoall: equal and uneven splits, zero rows included, match their cl
 // Above 8 ranks gloo's frames form a ring, not a mesh: alltoall over TCP
 // sends one message per pair instead, and a receiver whose outputSplits
 // disagree names the sender and both counts.
-TEST_CASE("alltoall over TCP at 9 ranks goes point to point", "[collectives][rooted]") {
+TEST_CASE("alltoall, gather and scatter over TCP at 9 ranks go point to point", "[collectives][rooted]") {
   const int world = 9;
   ProcessGroupOptions options;
   options.sharedMemory = false;
-  for (const int64_t width : {int64_t{1}, int64_t{3000}}) {
+  for (const int64_t width : {int64_t{0}, int64_t{1}, int64_t{3000}}) {
     INFO("rows of " << width);
     const auto errors = ddp::test::runRanks(
-        "gloo", world, [&](int r, ProcessGroup& g) { alltoallClosedForms(r, g, world, width); }, options);
+        "gloo", world,
+        [&](int r, ProcessGroup& g) {
+          if (width > 0) alltoallClosedForms(r, g, world, width);
+          // gather to rank 4, then scatter from rank 7.
+          at::Tensor in = at::full({width}, 10 * r, at::kLong);
+          at::Tensor out = r == 4 ? at::full({width * world}, -1, at::kLong) : at::Tensor();
+          GatherOptions go;
+          go.root = 4;
+          g.gather(in, out, go)->wait();
+          if (r == 4) ddp::test::expectOnRank(at::equal(out, at::arange(world).repeat_interleave(width) * 10), "gather");
+          at::Tensor whole = r == 7 ? at::arange(width * world, at::kLong) : at::Tensor();
+          at::Tensor mine = at::full({width}, -1, at::kLong);
+          ScatterOptions so;
+          so.root = 7;
+          g.scatter(whole, mine, so)->wait();
+          ddp::test::expectOnRank(at::equal(mine, at::arange(width * r, width * (r + 1), at::kLong)), "scatter");
+        },
+        options);
     CHECK(ddp::test::joinErrors(errors) == "");
   }
   const auto errors = ddp::test::runRanks(
@@ -138,8 +155,54 @@ TEST_CASE("alltoall over TCP at 9 ranks goes point to point", "[collectives][roo
       },
       options);
   INFO(ddp::test::joinErrors(errors));
-  CHECK_THAT(errors[0], Contains("gloo alltoall #0: rows from rank 1 (outputSplits[1] = 2 row(s) of 2)") &&
+  CHECK_THAT(errors[0], Contains("gloo alltoall #0: the block from rank 1 (4 elements expected)") &&
                             Contains("rank 1 sent 2 x Float, this recv expects 4 x float32"));
+}
+
+// Several simulated hosts with several ranks each (hierarchical_group.hpp):
+// the blocks go straight between the ranks, across hosts too.
+TEST_CASE("alltoall, gather and scatter across simulated hosts match their closed forms",
+          "[collectives][rooted][hierarchical]") {
+  ddp::test::ScopedEnv shm("DDP_GLOO_SHM", nullptr);
+  ddp::test::ScopedEnv hierarchical("DDP_GLOO_HIERARCHICAL", nullptr);
+  for (const std::string layout : {"0011", "0101", "01122"}) {
+    const int world = static_cast<int>(layout.size());
+    INFO("hosts of the ranks: " << layout);
+    const auto errors = ddp::test::runRanks(
+        "gloo", world,
+        [&](int r, ProcessGroup& g) {
+          ddp::test::expectOnRank(g.describeEndpoint().find(" on host ") != std::string::npos, "a hierarchical group");
+          for (const int64_t width : {int64_t{1}, int64_t{5000}}) alltoallClosedForms(r, g, world, width);
+          for (const int64_t n : {int64_t{0}, int64_t{3}, int64_t{70000}}) {
+            const int root = world - 1;
+            at::Tensor in = at::full({n}, 10 * r, at::kFloat);
+            at::Tensor out = r == root ? at::full({n * world}, -1, at::kFloat) : at::Tensor();
+            GatherOptions go;
+            go.root = root;
+            g.gather(in, out, go)->wait();
+            if (r == root) {
+              ddp::test::expectOnRank(at::equal(out, at::arange(world).repeat_interleave(n).to(at::kFloat) * 10),
+                                      "gather");
+            }
+            // scatter into a non-contiguous output (a column)
+            at::Tensor whole = r == 1 ? at::arange(n * world, at::kFloat) : at::Tensor();
+            at::Tensor grid = at::full({n, 2}, -1, at::kFloat);
+            at::Tensor column = grid.select(1, 1);
+            ScatterOptions so;
+            so.root = 1;
+            g.scatter(whole, column, so)->wait();
+            ddp::test::expectOnRank(at::equal(grid.select(1, 1), at::arange(n * r, n * (r + 1), at::kFloat)),
+                                    "scatter");
+          }
+        },
+        {},
+        [&](int r) {
+          ProcessGroupOptions o;
+          o.hostId = std::string("host-") + layout[static_cast<size_t>(r)];
+          return o;
+        });
+    CHECK(ddp::test::joinErrors(errors) == "");
+  }
 }
 
 TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on every rank alike",
@@ -163,6 +226,23 @@ TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on ever
                  Contains("gloo alltoall #0: rank 1 sends 1 row(s) to rank 0, which expects 2 (its outputSplits[1])") &&
                      Contains("HINT: rank 0's outputSplits[1] must equal rank 1's inputSplits[0]"));
     }
+  }
+  // Ranks that name different roots fail alike, naming both calls.
+  for (const bool shm : {true, false}) {
+    ProcessGroupOptions options;
+    options.sharedMemory = shm;
+    const auto roots = ddp::test::runRanks(
+        "gloo", 3,
+        [&](int r, ProcessGroup& g) {
+          at::Tensor in = at::ones({4});
+          at::Tensor out = at::empty({12});
+          GatherOptions go;
+          go.root = r == 2 ? 1 : 0;
+          g.gather(in, out, go)->wait();
+        },
+        options);
+    INFO((shm ? "shm: " : "tcp: ") << ddp::test::joinErrors(roots));
+    for (int r = 0; r < 3; ++r) CHECK_THAT(roots[static_cast<size_t>(r)], Contains("gather #0") && Contains("root"));
   }
   const auto more = ddp::test::runRanks("gloo", 2, [&](int r, ProcessGroup& g) {
     at::Tensor t = at::ones({4});

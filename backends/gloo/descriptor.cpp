@@ -24,6 +24,8 @@ const char* opName(uint32_t op) {
     case kReduceScatter: return "reduce_scatter";
     case kBarrier: return "barrier";
     case kAlltoall: return "alltoall";
+    case kGather: return "gather";
+    case kScatter: return "scatter";
   }
   return "?";
 }

@@ -11,7 +11,7 @@
 
 namespace ddp::gloo_backend {
 
-enum OpCode : uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, kBarrier, kAlltoall };
+enum OpCode : uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, kBarrier, kAlltoall, kGather, kScatter };
 
 struct Descriptor {
   uint64_t seq = 0;

@@ -13,6 +13,7 @@
 
 #include "backends/gloo/host_tensors.hpp"
 #include "backends/gloo/shm_channel.hpp"
+#include "framework/comm/collective_args.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/strings.hpp"
 
@@ -234,7 +235,12 @@ WorkPtr HierarchicalGroup::recv(at::Tensor& tensor, int src, const RecvOptions& 
   return p2p_->recv(tensor, src, opts.tag, resolveTimeout(opts.timeout));
 }
 
-HierarchicalGroup::~HierarchicalGroup() = default;
+HierarchicalGroup::~HierarchicalGroup() {
+  // A block collective still queued fails on the closed transport instead
+  // of touching a destroyed one; then the worker stops.
+  p2p_->shutdown();
+  impl_.reset();
+}
 
 const HostLayout& HierarchicalGroup::layout() const { return impl_->layout; }
 
@@ -390,6 +396,97 @@ WorkPtr HierarchicalGroup::barrier(const BarrierOptions& opts) {
 
 at::Tensor HierarchicalGroup::allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options) {
   return impl_->local->allocateCommunicationBuffer(numel, options);
+}
+
+// ---- a block per pair of ranks, point to point -------------------------------------
+
+WorkPtr HierarchicalGroup::blocks(const std::string& what, size_t bytes, Milliseconds timeout,
+                                  std::vector<at::Tensor> sends, std::vector<at::Tensor> recvs,
+                                  std::function<void()> after) {
+  Impl* g = impl_.get();
+  PointToPoint* p2p = p2p_.get();
+  // Internal tags are negative (users' are >= 0), one per collective.
+  const int tag = -1 - static_cast<int>(blockCalls_++ % (uint64_t(1) << 30));
+  const std::string label = fmt::format("[rank {}/{}] gloo ({} hosts) {}", rank(), size(), g->layout.hosts(), what);
+  return g->enqueue(what, bytes, timeout, [=]() {
+    const auto mine = static_cast<size_t>(g->rank);
+    if (sends[mine].defined() && sends[mine].numel() > 0) recvs[mine].copy_(sends[mine]);
+    exchangeBlocks(*p2p, g->rank, g->size, sends, recvs, tag, std::chrono::steady_clock::now() + timeout, label);
+    if (after) after();
+  });
+}
+
+namespace {
+// The flat, contiguous host tensor behind `t`, and whether it is `t` itself.
+at::Tensor flatHost(const at::Tensor& t) {
+  return t.device().is_cpu() && t.is_contiguous() ? t.view({-1}) : t.detach().to(at::kCPU).contiguous().view({-1});
+}
+std::function<void()> copyBack(const at::Tensor& staged, at::Tensor target) {
+  if (staged.data_ptr() == target.data_ptr() || target.numel() == 0) return {};
+  return [staged, target]() mutable { target.copy_(staged.view(target.sizes())); };
+}
+}  // namespace
+
+WorkPtr HierarchicalGroup::gather(const at::Tensor& input, at::Tensor& output, const GatherOptions& opts) {
+  checkGather(rank(), size(), input, output, opts.root);
+  requireSupported(input, "gather");
+  const bool isRoot = rank() == opts.root;
+  if (isRoot) requireSupported(output, "gather");
+  const int64_t n = input.numel();
+  std::vector<at::Tensor> sends(static_cast<size_t>(size())), recvs(static_cast<size_t>(size()));
+  sends[static_cast<size_t>(opts.root)] = flatHost(input);
+  std::function<void()> after;
+  if (isRoot) {
+    at::Tensor out = flatHost(output);
+    for (int i = 0; i < size(); ++i) recvs[static_cast<size_t>(i)] = out.narrow(0, i * n, n);
+    after = copyBack(out, output);
+  }
+  return blocks(fmt::format("gather ({}, root {})", summarize(input, nullptr), opts.root),
+                isRoot ? output.nbytes() : input.nbytes(), resolveTimeout(opts.timeout), std::move(sends),
+                std::move(recvs), std::move(after));
+}
+
+WorkPtr HierarchicalGroup::scatter(const at::Tensor& input, at::Tensor& output, const ScatterOptions& opts) {
+  checkScatter(rank(), size(), input, output, opts.root);
+  requireSupported(output, "scatter");
+  const bool isRoot = rank() == opts.root;
+  if (isRoot) requireSupported(input, "scatter");
+  const int64_t n = output.numel();
+  std::vector<at::Tensor> sends(static_cast<size_t>(size())), recvs(static_cast<size_t>(size()));
+  if (isRoot) {
+    at::Tensor in = flatHost(input);
+    for (int j = 0; j < size(); ++j) sends[static_cast<size_t>(j)] = in.narrow(0, j * n, n);
+  }
+  at::Tensor out = flatHost(output);
+  recvs[static_cast<size_t>(opts.root)] = out;
+  return blocks(fmt::format("scatter ({}, root {})", summarize(output, nullptr), opts.root),
+                isRoot ? input.nbytes() : output.nbytes(), resolveTimeout(opts.timeout), std::move(sends),
+                std::move(recvs), copyBack(out, output));
+}
+
+WorkPtr HierarchicalGroup::alltoall(const at::Tensor& input, at::Tensor& output,
+                                    const std::vector<int64_t>& inputSplits, const std::vector<int64_t>& outputSplits,
+                                    const AlltoallOptions& opts) {
+  requireSupported(input, "alltoall");
+  requireSupported(output, "alltoall");
+  const AlltoallSplits splits = checkAlltoall(rank(), size(), input, output, inputSplits, outputSplits);
+  const size_t me = static_cast<size_t>(rank());
+  if (splits.send[me] != splits.recv[me]) {
+    fail<UsageError>("[rank {}/{}] alltoall: it sends itself {} row(s) but expects {}", rank(), size(),
+                     splits.send[me], splits.recv[me]);
+  }
+  at::Tensor in = flatHost(input), out = flatHost(output);
+  std::vector<at::Tensor> sends, recvs;
+  int64_t sendAt = 0, recvAt = 0;
+  for (size_t j = 0; j < splits.send.size(); ++j) {
+    const int64_t sendCount = splits.send[j] * splits.rowElements, recvCount = splits.recv[j] * splits.rowElements;
+    sends.push_back(in.narrow(0, sendAt, sendCount));
+    recvs.push_back(out.narrow(0, recvAt, recvCount));
+    sendAt += sendCount;
+    recvAt += recvCount;
+  }
+  return blocks(fmt::format("alltoall ({})", summarize(input, nullptr)), std::max(input.nbytes(), output.nbytes()),
+                resolveTimeout(opts.timeout), std::move(sends), std::move(recvs), copyBack(out, output));
 }
 
 }  // namespace ddp::gloo_backend

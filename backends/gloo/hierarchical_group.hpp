@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,6 +87,14 @@ class HierarchicalGroup : public ProcessGroup {
   WorkPtr reduceScatter(const at::Tensor& input, at::Tensor& output,
                         const ReduceScatterOptions& opts = {}) override;
   WorkPtr barrier(const BarrierOptions& opts = {}) override;
+  // gather, scatter and alltoall: a block per pair of ranks, straight
+  // between them over TCP (exchangeBlocks, point_to_point.hpp), in call
+  // order with the other collectives; across hosts no leader relays them.
+  // A receiver of an unexpected count fails naming the sender.
+  WorkPtr gather(const at::Tensor& input, at::Tensor& output, const GatherOptions& opts = {}) override;
+  WorkPtr scatter(const at::Tensor& input, at::Tensor& output, const ScatterOptions& opts = {}) override;
+  WorkPtr alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits = {},
+                   const std::vector<int64_t>& outputSplits = {}, const AlltoallOptions& opts = {}) override;
   // Directly between the two ranks, over TCP (point_to_point.hpp).
   WorkPtr send(const at::Tensor& tensor, int dst, const SendOptions& opts = {}) override;
   WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {}) override;
@@ -93,9 +102,16 @@ class HierarchicalGroup : public ProcessGroup {
   at::Tensor allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options) override;
 
  private:
+  // Queues a collective that sends sends[j] to rank j and fills recvs[i]
+  // from rank i (flat host views; this rank's own pair is copied), then
+  // runs `after` (a copy back into a non-contiguous output).
+  WorkPtr blocks(const std::string& what, size_t bytes, Milliseconds timeout, std::vector<at::Tensor> sends,
+                 std::vector<at::Tensor> recvs, std::function<void()> after);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<PointToPoint> p2p_;
+  std::unique_ptr<PointToPoint> p2p_;  // shut down before impl_'s worker stops (the destructor)
+  uint64_t blockCalls_ = 0;            // numbers the block collectives alike on every rank: their tags
 };
 
 }  // namespace ddp::gloo_backend

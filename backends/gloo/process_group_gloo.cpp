@@ -194,6 +194,14 @@ ProcessGroupPtr createGlooGroup(std::shared_ptr<Store> store, int rank, int size
 
 void registerGlooBackend(BackendRegistry& registry) { registry.add("gloo", createGlooGroup); }
 
+WorkPtr ProcessGroupGloo::gather(const at::Tensor& input, at::Tensor& output, const GatherOptions& opts) {
+  return gloo_backend::collectives::gather(*impl_, input, output, opts.root, resolveTimeout(opts.timeout));
+}
+
+WorkPtr ProcessGroupGloo::scatter(const at::Tensor& input, at::Tensor& output, const ScatterOptions& opts) {
+  return gloo_backend::collectives::scatter(*impl_, input, output, opts.root, resolveTimeout(opts.timeout));
+}
+
 WorkPtr ProcessGroupGloo::alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits,
                                    const std::vector<int64_t>& outputSplits, const AlltoallOptions& opts) {
   return gloo_backend::collectives::alltoall(*impl_, input, output, inputSplits, outputSplits,

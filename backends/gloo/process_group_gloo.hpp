@@ -66,13 +66,17 @@ class ProcessGroupGloo : public ProcessGroup {
   WorkPtr reduceScatter(const at::Tensor& input, at::Tensor& output,
                         const ReduceScatterOptions& opts = {}) override;
   WorkPtr barrier(const BarrierOptions& opts = {}) override;
-  // Over TCP connections of their own (framework/comm/point_to_point.hpp),
-  // made between a sender and a receiver on first use.
-  // alltoall: each pair of ranks exchanges its rows directly (point to
-  // point, in call order with the collectives); a receiver whose
-  // outputSplits disagree with what a sender sends fails naming both.
+  // gather, scatter and alltoall move one block per pair of ranks, straight
+  // from input to output (collectives/blocks.hpp): through shared memory,
+  // behind the frames over their mesh, or (above 8 TCP ranks) point to
+  // point. reduce is the default: an allreduce.
+  WorkPtr gather(const at::Tensor& input, at::Tensor& output, const GatherOptions& opts = {}) override;
+  WorkPtr scatter(const at::Tensor& input, at::Tensor& output, const ScatterOptions& opts = {}) override;
   WorkPtr alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits = {},
                    const std::vector<int64_t>& outputSplits = {}, const AlltoallOptions& opts = {}) override;
+  // send/recv: over TCP connections of their own
+  // (framework/comm/point_to_point.hpp), made between a sender and a
+  // receiver on first use, also on one host.
   WorkPtr send(const at::Tensor& tensor, int dst, const SendOptions& opts = {}) override;
   WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {}) override;
   // In shared memory when the group uses it, so that allreduce on the

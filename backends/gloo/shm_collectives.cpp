@@ -214,27 +214,29 @@ std::vector<const uint8_t*> ShmCollectives::exchange(const Descriptor& d, const 
 // Each round, rank r lays the next piece of its block for each rank j at
 // j's share of its slot; after the step, rank j copies its share out of
 // every rank's slot. Pieces past a pair's count are empty.
-void ShmCollectives::alltoall(const Descriptor& d, const at::Tensor& in, at::Tensor& out,
-                              const std::vector<int64_t>& sendAt, const std::vector<int64_t>& sendCount,
-                              const std::vector<int64_t>& recvAt, const std::vector<int64_t>& recvCount,
-                              int64_t maxCount, Deadline deadline) {
-  const size_t es = in.element_size();
+void ShmCollectives::moveBlocks(const Descriptor& d, const uint8_t* src, uint8_t* dst, size_t es,
+                                const std::vector<int64_t>& sendAt, const std::vector<int64_t>& sendCount,
+                                const std::vector<int64_t>& recvAt, const std::vector<int64_t>& recvCount,
+                                int64_t maxCount, bool first, Deadline deadline) {
   const int64_t share = std::max<int64_t>(1, static_cast<int64_t>(shm_->slotBytes() / (es * size_)));
-  const uint8_t* src = static_cast<const uint8_t*>(in.data_ptr());
-  uint8_t* dst = static_cast<uint8_t*>(out.data_ptr());
   const auto piece = [&](int64_t count, int64_t at) { return std::max<int64_t>(0, std::min(share, count - at)); };
-  for (int64_t at = 0; at < maxCount; at += share) {
-    beginRound(d, false);
+  if (!first && maxCount == 0) return;
+  int64_t at = 0;
+  do {
+    beginRound(d, first);
     for (int j = 0; j < size_; ++j) {
       const int64_t len = piece(sendCount[j], at);
-      if (len > 0) std::memcpy(shm_->slot(rank_) + j * share * es, src + (sendAt[j] + at) * es, len * es);
+      if (len > 0 && j != rank_) std::memcpy(shm_->slot(rank_) + j * share * es, src + (sendAt[j] + at) * es, len * es);
     }
     shm_->step(deadline);
+    if (first) checkDescriptors(d);
+    first = false;
     for (int i = 0; i < size_; ++i) {
       const int64_t len = piece(recvCount[i], at);
-      if (len > 0) std::memcpy(dst + (recvAt[i] + at) * es, shm_->slot(i) + rank_ * share * es, len * es);
+      if (len > 0 && i != rank_) std::memcpy(dst + (recvAt[i] + at) * es, shm_->slot(i) + rank_ * share * es, len * es);
     }
-  }
+    at += share;
+  } while (at < maxCount);
 }
 
 }  // namespace ddp::gloo_backend

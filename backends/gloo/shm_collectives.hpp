@@ -49,14 +49,16 @@ class ShmCollectives {
   // reads the others': their areas by rank (this rank's too), valid until
   // the next collective begins. The descriptors are checked first.
   std::vector<const uint8_t*> exchange(const Descriptor& d, const void* mine, size_t bytes, Deadline deadline);
-  // alltoall's payload, after exchange() agreed on the splits: elements
-  // [sendAt[j], sendAt[j] + sendCount[j]) of `in` go to rank j, and rank
-  // i's arrive at recvAt[i] in `out`, in rounds of a slot's share per
-  // pair. `maxCount` is the largest count of any pair, the same on every
-  // rank (it sets the number of rounds).
-  void alltoall(const Descriptor& d, const at::Tensor& in, at::Tensor& out, const std::vector<int64_t>& sendAt,
-                const std::vector<int64_t>& sendCount, const std::vector<int64_t>& recvAt,
-                const std::vector<int64_t>& recvCount, int64_t maxCount, Deadline deadline);
+  // A block per ordered pair of ranks (alltoall, gather, scatter): the
+  // `sendCount[j]` elements at `src + sendAt[j]` go to rank j, and rank i's
+  // arrive at `dst + recvAt[i]`, in rounds of a slot's share per pair.
+  // `maxCount` is the largest count of any pair, the same on every rank (it
+  // sets the number of rounds). `first`: the first round carries and
+  // checks the descriptors (else exchange() did).
+  void moveBlocks(const Descriptor& d, const uint8_t* src, uint8_t* dst, size_t elementSize,
+                  const std::vector<int64_t>& sendAt, const std::vector<int64_t>& sendCount,
+                  const std::vector<int64_t>& recvAt, const std::vector<int64_t>& recvCount, int64_t maxCount,
+                  bool first, Deadline deadline);
   // Tells the peers that this rank failed, so that they stop waiting.
   void markFailed();
   // ShmChannel::setSpin: how long waits spin before they sleep.

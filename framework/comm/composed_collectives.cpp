@@ -9,31 +9,14 @@
 
 #include <memory>
 
-#include "framework/comm/alltoall_splits.hpp"
+#include "framework/comm/collective_args.hpp"
 #include "framework/comm/process_group.hpp"
 #include "framework/core/errors.hpp"
 
 namespace ddp {
-namespace {
-
-void checkRoot(const ProcessGroup& g, int root, const char* op) {
-  if (root < 0 || root >= g.size()) {
-    fail<UsageError>("[rank {}/{}] {}: root {} is outside the group's {} ranks", g.rank(), g.size(), op, root,
-                     g.size());
-  }
-}
-
-void checkSameDtype(const ProcessGroup& g, const at::Tensor& a, const at::Tensor& b, const char* op) {
-  if (a.scalar_type() != b.scalar_type()) {
-    fail<UsageError>("[rank {}/{}] {}: input is {}, output {}; they must match", g.rank(), g.size(), op,
-                     dtypeName(a), dtypeName(b));
-  }
-}
-
-}  // namespace
 
 WorkPtr ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptions& opts) {
-  checkRoot(*this, opts.root, "reduce");
+  checkRoot(rank_, size_, opts.root, "reduce");
   AllreduceOptions all;
   all.op = opts.op;
   all.timeout = opts.timeout;
@@ -44,32 +27,20 @@ WorkPtr ProcessGroup::reduce(at::Tensor& tensor, const ReduceOptions& opts) {
 }
 
 WorkPtr ProcessGroup::gather(const at::Tensor& input, at::Tensor& output, const GatherOptions& opts) {
-  checkRoot(*this, opts.root, "gather");
+  checkGather(rank_, size_, input, output, opts.root);
   AllgatherOptions all;
   all.timeout = opts.timeout;
-  if (rank_ == opts.root) {
-    checkSameDtype(*this, input, output, "gather");
-    if (output.numel() != input.numel() * size_) {
-      fail<UsageError>("[rank {}/{}] gather: root's output has {} elements, expected {} x {} ranks", rank_, size_,
-                       output.numel(), input.numel(), size_);
-    }
-    return allgather(input, output, all);
-  }
+  if (rank_ == opts.root) return allgather(input, output, all);
   auto scratch = std::make_shared<at::Tensor>(at::empty({input.numel() * size_}, input.options()));
   WorkPtr work = allgather(input, *scratch, all);
   return thenWork(work, resolveTimeout(opts.timeout), [scratch] {});
 }
 
 WorkPtr ProcessGroup::scatter(const at::Tensor& input, at::Tensor& output, const ScatterOptions& opts) {
-  checkRoot(*this, opts.root, "scatter");
+  checkScatter(rank_, size_, input, output, opts.root);
   const int64_t n = output.numel();
   auto whole = std::make_shared<at::Tensor>();
   if (rank_ == opts.root) {
-    checkSameDtype(*this, input, output, "scatter");
-    if (input.numel() != n * size_) {
-      fail<UsageError>("[rank {}/{}] scatter: root's input has {} elements, expected {} x {} ranks", rank_, size_,
-                       input.numel(), n, size_);
-    }
     *whole = input.reshape({-1}).clone();
   } else {
     *whole = at::empty({n * size_}, output.options());

@@ -560,4 +560,36 @@ WorkPtr PointToPoint::recv(at::Tensor& tensor, int src, int tag, std::chrono::mi
 }
 
 
+void exchangeBlocks(PointToPoint& p2p, int rank, int size, const std::vector<at::Tensor>& sends,
+                    const std::vector<at::Tensor>& recvs, int tag, std::chrono::steady_clock::time_point deadline,
+                    const std::string& label) {
+  const auto left = [&] {
+    return std::max(Milliseconds(1),
+                    std::chrono::duration_cast<Milliseconds>(deadline - std::chrono::steady_clock::now()));
+  };
+  const auto wanted = [](const at::Tensor& t) { return t.defined() && t.numel() > 0; };
+  struct Pending {
+    WorkPtr work;
+    int peer;
+    bool receiving;
+  };
+  std::vector<Pending> pending;
+  for (int k = 1; k < size; ++k) {
+    const int to = (rank + k) % size, from = (rank - k + size) % size;
+    at::Tensor in = recvs[static_cast<size_t>(from)];
+    if (wanted(in)) pending.push_back({p2p.recv(in, from, tag, left()), from, true});
+    const at::Tensor& out = sends[static_cast<size_t>(to)];
+    if (wanted(out)) pending.push_back({p2p.send(out, to, tag, left()), to, false});
+  }
+  for (const Pending& p : pending) {
+    try {
+      p.work->wait();
+    } catch (const CollectiveError& e) {
+      if (!p.receiving) throw;
+      fail<CollectiveError>("{}: the block from rank {} ({} elements expected): {}", label, p.peer,
+                            recvs[static_cast<size_t>(p.peer)].numel(), e.what());
+    }
+  }
+}
+
 }  // namespace ddp

@@ -35,6 +35,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "framework/comm/process_group.hpp"
 #include "framework/comm/work.hpp"
@@ -62,5 +63,17 @@ class PointToPoint {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// A collective built on point to point (alltoall, gather, scatter where a
+// backend has no better path): every rank sends sends[j] to rank j and
+// receives recvs[i] from rank i, all at once, staggered (rank r first talks
+// to r + 1), and waits for all of them by `deadline`. Undefined or empty
+// tensors (and this rank's own) are skipped. Every message carries `tag`
+// (negative: internal, one per collective). A receive that fails (a peer
+// that sent another count, died, or timed out) throws CollectiveError
+// "<label>: the block from rank i (N elements expected): <why>".
+void exchangeBlocks(PointToPoint& p2p, int rank, int size, const std::vector<at::Tensor>& sends,
+                    const std::vector<at::Tensor>& recvs, int tag, std::chrono::steady_clock::time_point deadline,
+                    const std::string& label);
 
 }  // namespace ddp

@@ -18,6 +18,8 @@ WorkPtr broadcast(Impl& g, at::Tensor& tensor, int root, Milliseconds timeout);
 WorkPtr allgather(Impl& g, const at::Tensor& input, at::Tensor& output, Milliseconds timeout);
 WorkPtr reduceScatter(Impl& g, const at::Tensor& input, at::Tensor& output, ReduceOp op, Milliseconds timeout);
 WorkPtr barrier(Impl& g, Milliseconds timeout);
+WorkPtr gather(Impl& g, const at::Tensor& input, at::Tensor& output, int root, Milliseconds timeout);
+WorkPtr scatter(Impl& g, const at::Tensor& input, at::Tensor& output, int root, Milliseconds timeout);
 WorkPtr alltoall(Impl& g, const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits,
                  const std::vector<int64_t>& outputSplits, Milliseconds timeout);
 

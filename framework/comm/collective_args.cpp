@@ -1,5 +1,5 @@
-// alltoall's arguments (alltoall_splits.hpp).
-#include "framework/comm/alltoall_splits.hpp"
+// The rooted collectives' and alltoall's arguments (collective_args.hpp).
+#include "framework/comm/collective_args.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -16,7 +16,40 @@ int64_t rowElementsOf(const at::Tensor& t) {
   return n;
 }
 
+void checkSameDtype(int rank, int size, const at::Tensor& a, const at::Tensor& b, const char* op) {
+  if (a.scalar_type() != b.scalar_type()) {
+    fail<UsageError>("[rank {}/{}] {}: input is {}, output {}; they must match", rank, size, op, dtypeName(a),
+                     dtypeName(b));
+  }
+}
+
 }  // namespace
+
+void checkRoot(int rank, int size, int root, const char* op) {
+  if (root < 0 || root >= size) {
+    fail<UsageError>("[rank {}/{}] {}: root {} is outside the group's {} ranks", rank, size, op, root, size);
+  }
+}
+
+void checkGather(int rank, int size, const at::Tensor& input, const at::Tensor& output, int root) {
+  checkRoot(rank, size, root, "gather");
+  if (rank != root) return;
+  checkSameDtype(rank, size, input, output, "gather");
+  if (output.numel() != input.numel() * size) {
+    fail<UsageError>("[rank {}/{}] gather: root's output has {} elements, expected {} x {} ranks", rank, size,
+                     output.numel(), input.numel(), size);
+  }
+}
+
+void checkScatter(int rank, int size, const at::Tensor& input, const at::Tensor& output, int root) {
+  checkRoot(rank, size, root, "scatter");
+  if (rank != root) return;
+  checkSameDtype(rank, size, input, output, "scatter");
+  if (input.numel() != output.numel() * size) {
+    fail<UsageError>("[rank {}/{}] scatter: root's input has {} elements, expected {} x {} ranks", rank, size,
+                     input.numel(), output.numel(), size);
+  }
+}
 
 AlltoallSplits checkAlltoall(int rank, int size, const at::Tensor& input, const at::Tensor& output,
                              const std::vector<int64_t>& inputSplits, const std::vector<int64_t>& outputSplits) {

@@ -1,0 +1,60 @@
+// Blocks: one block per ordered pair of ranks, moved straight from the
+// sender's input to the receiver's output: what alltoall, gather and
+// scatter share. A plan says, by rank, which elements of this rank's flat
+// host input go where and where the peers' land; counts may be 0.
+//
+// The path (blockPath):
+// - Local: one rank; its own block is copied.
+// - Shm: rounds through the shared slots, a share of the slot per pair.
+// - Frame (TCP, up to FrameExchange::kAllToAllMaxRanks ranks): a frame to
+//   every rank (descriptor, and the plan's table if any), the blocks right
+//   behind it over the same mesh of connections, all pairs at once.
+// - PointToPoint (TCP, more ranks, where the frames form a ring): a
+//   message per pair (framework/comm/point_to_point.hpp), tagged by the
+//   collective's sequence number; a receiver whose count differs from the
+//   sender's fails naming both. Descriptors are not checked on this path.
+// On Shm and Frame every rank checks every peer's descriptor, and, when the
+// plan has a table (alltoall's splits), every rank's table, before any
+// block moves, so that ranks that disagree fail alike.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "backends/gloo/impl.hpp"
+
+namespace ddp::gloo_backend::collectives {
+
+struct BlockPlan {
+  // By rank, in elements: this rank's block for rank j is input[sendAt[j],
+  // + sendCount[j]); rank i's arrives at output[recvAt[i], + recvCount[i]).
+  std::vector<int64_t> sendAt, sendCount, recvAt, recvCount;
+  // The largest count of any pair, the same on every rank, when the
+  // descriptor implies it (gather, scatter); else checkTables returns it.
+  int64_t largest = 0;
+  // alltoall: this rank's table (its splits), published to every rank
+  // before any block moves, and the check of every rank's table (by rank,
+  // this one's included, and the collective's sequence number), which
+  // throws when they disagree and returns the largest count of any pair.
+  // Empty: nothing is published.
+  std::vector<int64_t> table;
+  std::function<int64_t(const std::vector<const int64_t*>&, uint64_t seq)> checkTables;
+};
+
+// Prefix sums: where each block starts, from the counts.
+std::vector<int64_t> offsetsOf(const std::vector<int64_t>& counts);
+
+// Local, Shm, Frame or PointToPoint, by the group's transports.
+ProcessGroupGloo::Impl::Path blockPath(const ProcessGroupGloo::Impl& g);
+
+// On the thread that runs collective `d`: copies this rank's own block,
+// then moves the others over `path`. `input` and `output` are flat,
+// contiguous host tensors (either may be undefined where the plan moves
+// nothing from or into it).
+void moveBlocks(ProcessGroupGloo::Impl& g, ProcessGroupGloo::Impl::Path path, const Descriptor& d,
+                const at::Tensor& input, const at::Tensor& output, const BlockPlan& plan, Deadline deadline);
+
+}  // namespace ddp::gloo_backend::collectives
