@@ -12,7 +12,7 @@
 using namespace ddp;
 using Catch::Contains;
 
-TEST_CASE("reduce, gather and scatter match their closed forms", "[collectives][rooted]") {
+TEST_CASE("reduce gather and scatter match their closed forms", "[collectives][rooted]") {
   for (const bool shm : {true, false}) {
     for (const int world : {1, 2, 3, 4}) {
       for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{70000}}) {
@@ -97,7 +97,7 @@ void alltoallClosedForms(int r, ProcessGroup& g, int world, int64_t width) {
 }
 }  // namespace
 
-TEST_CASE("alltoall: equal and uneven splits, zero rows included, match their closed forms", "[collectives][rooted]") {
+TEST_CASE("alltoall: equal and uneven splits with zero rows match their closed forms", "[collectives][rooted]") {
   for (const bool shm : {true, false}) {
     for (const int world : {1, 2, 3, 4}) {
       // Rows of 300000 make blocks of several shared-memory rounds (at 3 ranks).
@@ -117,7 +117,7 @@ TEST_CASE("alltoall: equal and uneven splits, zero rows included, match their cl
 // Above 8 ranks gloo's frames form a ring, not a mesh: alltoall over TCP
 // sends one message per pair instead, and a receiver whose outputSplits
 // disagree names the sender and both counts.
-TEST_CASE("alltoall, gather and scatter over TCP at 9 ranks go point to point", "[collectives][rooted]") {
+TEST_CASE("alltoall gather and scatter over TCP at 9 ranks go point to point", "[collectives][rooted]") {
   const int world = 9;
   ProcessGroupOptions options;
   options.sharedMemory = false;
@@ -161,7 +161,7 @@ TEST_CASE("alltoall, gather and scatter over TCP at 9 ranks go point to point", 
 
 // Several simulated hosts with several ranks each (hierarchical_group.hpp):
 // the blocks go straight between the ranks, across hosts too.
-TEST_CASE("alltoall, gather and scatter across simulated hosts match their closed forms",
+TEST_CASE("alltoall gather and scatter across simulated hosts match their closed forms",
           "[collectives][rooted][hierarchical]") {
   ddp::test::ScopedEnv shm("DDP_GLOO_SHM", nullptr);
   ddp::test::ScopedEnv hierarchical("DDP_GLOO_HIERARCHICAL", nullptr);
