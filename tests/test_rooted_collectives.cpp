@@ -279,3 +279,51 @@ TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on ever
   });
   CHECK(ddp::test::joinErrors(more) == "");
 }
+
+// NCCL: the same closed forms at world size 1 and at every GPU count above
+// it (one rank per GPU), CPU tensors staged through the device; send/recv
+// around a ring needs two GPUs. Skipped, with the reason, without NCCL or a
+// GPU (benchmarks/gpu_check.sh runs it on one).
+TEST_CASE("nccl alltoall gather scatter and send/recv match their closed forms", "[collectives][rooted][nccl]") {
+  std::string whyNot;
+  if (!ddp::test::backendRunnable("nccl", &whyNot)) {
+    WARN("SKIPPED: " << whyNot);
+    return;
+  }
+  const int gpus = ddp::test::cudaDevices();
+  if (gpus < 2) WARN("send/recv SKIPPED: NCCL needs a GPU per rank, and this machine has " << gpus);
+  for (int world = 1; world <= gpus; ++world) {
+    INFO("world size " << world);
+    const auto errors = ddp::test::runRanks("nccl", world, [&](int r, ProcessGroup& g) {
+      for (const int64_t width : {int64_t{1}, int64_t{5000}}) alltoallClosedForms(r, g, world, width);
+      const int64_t n = 1000;
+      at::Tensor in = at::full({n}, 10 * r, at::kFloat);
+      at::Tensor out = r == 0 ? at::full({n * world}, -1, at::kFloat) : at::Tensor();
+      g.gather(in, out, {})->wait();
+      if (r == 0) {
+        ddp::test::expectOnRank(at::equal(out, at::arange(world).repeat_interleave(n).to(at::kFloat) * 10), "gather");
+      }
+      at::Tensor whole = r == world - 1 ? at::arange(n * world, at::kFloat) : at::Tensor();
+      at::Tensor mine = at::full({n}, -1, at::kFloat);
+      ScatterOptions so;
+      so.root = world - 1;
+      g.scatter(whole, mine, so)->wait();
+      ddp::test::expectOnRank(at::equal(mine, at::arange(n * r, n * (r + 1), at::kFloat)), "scatter");
+      if (world >= 2) {  // around the ring; even ranks send first, odd ones receive first
+        at::Tensor ping = at::arange(n, at::kFloat) + r, got = at::full({n}, -1, at::kFloat);
+        const int right = (r + 1) % world, left = (r + world - 1) % world;
+        if (r % 2 == 0) {
+          g.send(ping, right)->wait();
+          WorkPtr w = g.recv(got, left);
+          w->wait();
+          ddp::test::expectOnRank(w->sourceRank() == left, "sourceRank");
+        } else {
+          g.recv(got, left)->wait();
+          g.send(ping, right)->wait();
+        }
+        ddp::test::expectOnRank(at::equal(got, at::arange(n, at::kFloat) + left), "ring");
+      }
+    });
+    CHECK(ddp::test::joinErrors(errors) == "");
+  }
+}

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "ddp/config.hpp"
+#include "framework/comm/collective_args.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/help_links.hpp"
 #include "framework/core/log.hpp"
@@ -50,6 +51,17 @@ ncclRedOp_t ncclOpFor(ReduceOp op) {
   }
   return ncclSum;
 }
+
+// A recv's Work: NCCL receives from the named rank only.
+class NcclRecvWork : public Work {
+ public:
+  NcclRecvWork(std::string description, Milliseconds timeout, int source)
+      : Work(std::move(description), timeout), source_(source) {}
+  int sourceRank() const override { return source_; }
+
+ private:
+  const int source_;
+};
 
 std::string tensorSummary(const at::Tensor& t, const std::string& extra = "") {
   return extra.empty() ? fmt::format("{} elements, {}", t.numel(), dtypeName(t))
@@ -178,10 +190,11 @@ ProcessGroupNccl::~ProcessGroupNccl() {
 
 WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at::Tensor& out, bool outputIsInput,
                                  Milliseconds timeout, const std::string& summary,
-                                 const std::function<int(void*, void*, void*)>& issue) {
+                                 const std::function<int(void*, void*, void*)>& issue, int sourceRank) {
   const uint64_t seq = nextSeq_++;
   const std::string description = fmt::format("[rank {}/{}] nccl {} #{} ({})", rank_, size_, op, seq, summary);
-  auto work = std::make_shared<Work>(description, timeout);
+  WorkPtr work = sourceRank >= 0 ? std::make_shared<NcclRecvWork>(description, timeout, sourceRank)
+                                 : std::make_shared<Work>(description, timeout);
   logDebug("{} queued, path {}", description,
            in.is_cuda() || out.is_cuda() ? "device" : "host staged through device buffers");
   {
@@ -415,6 +428,153 @@ WorkPtr ProcessGroupNccl::barrier(const BarrierOptions& opts) {
   AllreduceOptions ao;
   ao.timeout = opts.timeout;
   return allreduce(one, ao);
+}
+
+// ---- point to point, and the collectives built on it ---------------------------------
+
+namespace {
+void checkPeer(int rank, int size, int peer, const char* op, const char* role) {
+  if (peer < 0 || peer >= size || peer == rank) {
+    fail<UsageError>("[rank {}/{}] nccl {}: {} {} is not another rank of the group{}", rank, size, op, role, peer,
+                     peer == kAnySourceRank ? ". HINT: NCCL receives from a named rank only; pass the sender's rank"
+                                            : "");
+  }
+}
+void checkTag(int rank, int size, int tag, const char* op) {
+  if (tag != 0) {
+    fail<UsageError>("[rank {}/{}] nccl {}: tag {}: NCCL has no tags (messages between two ranks match in call "
+                     "order). HINT: leave the tag 0 and post sends and recvs in the same order on both ranks",
+                     rank, size, op, tag);
+  }
+}
+}  // namespace
+
+WorkPtr ProcessGroupNccl::send(const at::Tensor& tensor, int dst, const SendOptions& opts) {
+  checkPeer(rank_, size_, dst, "send", "destination");
+  checkTag(rank_, size_, opts.tag, "send");
+  const ncclDataType_t type = ncclTypeFor(tensor.scalar_type());
+  const size_t count = tensor.numel();
+  ncclComm_t comm = impl_->comm;
+  return launch("send", tensor, tensor, true, resolveTimeout(opts.timeout),
+                tensorSummary(tensor, fmt::format("to rank {}", dst)), [&](void* send, void*, void* stream) {
+                  return ncclSend(send, count, type, dst, comm, static_cast<cudaStream_t>(stream));
+                });
+}
+
+WorkPtr ProcessGroupNccl::recv(at::Tensor& tensor, int src, const RecvOptions& opts) {
+  checkPeer(rank_, size_, src, "recv", "source");
+  checkTag(rank_, size_, opts.tag, "recv");
+  const ncclDataType_t type = ncclTypeFor(tensor.scalar_type());
+  const size_t count = tensor.numel();
+  ncclComm_t comm = impl_->comm;
+  return launch(
+      "recv", tensor, tensor, true, resolveTimeout(opts.timeout),
+      tensorSummary(tensor, fmt::format("from rank {}", src)),
+      [&](void*, void* recv, void* stream) {
+        return ncclRecv(recv, count, type, src, comm, static_cast<cudaStream_t>(stream));
+      },
+      src);
+}
+
+// A block per pair of ranks in one NCCL group call; this rank's own block
+// is a device copy. Counts and offsets are in elements.
+int ProcessGroupNccl::issueBlocks(void* send, void* recv, void* stream, at::ScalarType dtype,
+                                  const std::vector<int64_t>& sendAt, const std::vector<int64_t>& sendCount,
+                                  const std::vector<int64_t>& recvAt, const std::vector<int64_t>& recvCount) {
+  const ncclDataType_t type = ncclTypeFor(dtype);
+  const size_t es = c10::elementSize(dtype);
+  auto* in = static_cast<uint8_t*>(send);
+  auto* out = static_cast<uint8_t*>(recv);
+  auto* s = static_cast<cudaStream_t>(stream);
+  const auto me = static_cast<size_t>(rank_);
+  if (sendCount[me] > 0) {
+    const cudaError_t copied = cudaMemcpyAsync(out + recvAt[me] * es, in + sendAt[me] * es,
+                                               static_cast<size_t>(sendCount[me]) * es, cudaMemcpyDeviceToDevice, s);
+    if (copied != cudaSuccess) {
+      fail<CollectiveError>("[rank {}/{}] nccl: copying this rank's own block: {}", rank_, size_, cudaText(copied));
+    }
+  }
+  ncclResult_t r = ncclGroupStart();
+  for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
+    const auto q = static_cast<size_t>(p);
+    if (p == rank_) continue;
+    if (sendCount[q] > 0) r = ncclSend(in + sendAt[q] * es, static_cast<size_t>(sendCount[q]), type, p, impl_->comm, s);
+    if (r == ncclSuccess && recvCount[q] > 0) {
+      r = ncclRecv(out + recvAt[q] * es, static_cast<size_t>(recvCount[q]), type, p, impl_->comm, s);
+    }
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  return r != ncclSuccess ? r : ended;
+}
+
+WorkPtr ProcessGroupNccl::alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits,
+                                   const std::vector<int64_t>& outputSplits, const AlltoallOptions& opts) {
+  const AlltoallSplits splits = checkAlltoall(rank_, size_, input, output, inputSplits, outputSplits);
+  std::vector<int64_t> sendCount, recvCount;
+  for (size_t j = 0; j < splits.send.size(); ++j) {
+    sendCount.push_back(splits.send[j] * splits.rowElements);
+    recvCount.push_back(splits.recv[j] * splits.rowElements);
+  }
+  std::vector<int64_t> sendAt(sendCount.size(), 0), recvAt(recvCount.size(), 0);
+  for (size_t j = 1; j < sendCount.size(); ++j) {
+    sendAt[j] = sendAt[j - 1] + sendCount[j - 1];
+    recvAt[j] = recvAt[j - 1] + recvCount[j - 1];
+  }
+  if (sendCount[static_cast<size_t>(rank_)] != recvCount[static_cast<size_t>(rank_)]) {
+    fail<UsageError>("[rank {}/{}] alltoall: it sends itself {} row(s) but expects {}", rank_, size_,
+                     splits.send[static_cast<size_t>(rank_)], splits.recv[static_cast<size_t>(rank_)]);
+  }
+  const at::ScalarType dtype = input.scalar_type();
+  return launch("alltoall", input, output, false, resolveTimeout(opts.timeout), tensorSummary(input),
+                [&](void* send, void* recv, void* stream) {
+                  return issueBlocks(send, recv, stream, dtype, sendAt, sendCount, recvAt, recvCount);
+                });
+}
+
+WorkPtr ProcessGroupNccl::gather(const at::Tensor& input, at::Tensor& output, const GatherOptions& opts) {
+  checkGather(rank_, size_, input, output, opts.root);
+  const int64_t n = input.numel();
+  const auto size = static_cast<size_t>(size_);
+  std::vector<int64_t> sendAt(size, 0), sendCount(size, 0), recvAt(size, 0), recvCount(size, 0);
+  sendCount[static_cast<size_t>(opts.root)] = n;
+  const bool isRoot = rank_ == opts.root;
+  if (isRoot) {
+    for (size_t i = 0; i < size; ++i) {
+      recvAt[i] = static_cast<int64_t>(i) * n;
+      recvCount[i] = n;
+    }
+  }
+  const at::ScalarType dtype = input.scalar_type();
+  const std::string summary = tensorSummary(input, fmt::format("root {}", opts.root));
+  const auto issue = [&](void* send, void* recv, void* stream) {
+    return issueBlocks(send, recv, stream, dtype, sendAt, sendCount, recvAt, recvCount);
+  };
+  // Off the root nothing is received: the input stands in for the output.
+  if (!isRoot) return launch("gather", input, input, true, resolveTimeout(opts.timeout), summary, issue);
+  return launch("gather", input, output, false, resolveTimeout(opts.timeout), summary, issue);
+}
+
+WorkPtr ProcessGroupNccl::scatter(const at::Tensor& input, at::Tensor& output, const ScatterOptions& opts) {
+  checkScatter(rank_, size_, input, output, opts.root);
+  const int64_t n = output.numel();
+  const auto size = static_cast<size_t>(size_);
+  std::vector<int64_t> sendAt(size, 0), sendCount(size, 0), recvAt(size, 0), recvCount(size, 0);
+  recvCount[static_cast<size_t>(opts.root)] = n;
+  const bool isRoot = rank_ == opts.root;
+  if (isRoot) {
+    for (size_t j = 0; j < size; ++j) {
+      sendAt[j] = static_cast<int64_t>(j) * n;
+      sendCount[j] = n;
+    }
+  }
+  const at::ScalarType dtype = output.scalar_type();
+  const std::string summary = tensorSummary(output, fmt::format("root {}", opts.root));
+  const auto issue = [&](void* send, void* recv, void* stream) {
+    return issueBlocks(send, recv, stream, dtype, sendAt, sendCount, recvAt, recvCount);
+  };
+  // Off the root nothing is sent: the output stands in for the input.
+  if (!isRoot) return launch("scatter", output, output, true, resolveTimeout(opts.timeout), summary, issue);
+  return launch("scatter", input, output, false, resolveTimeout(opts.timeout), summary, issue);
 }
 
 void registerNcclBackend(BackendRegistry& registry) {

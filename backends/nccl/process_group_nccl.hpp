@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "framework/comm/backend_registry.hpp"
 #include "framework/comm/process_group.hpp"
@@ -49,15 +50,34 @@ class ProcessGroupNccl : public ProcessGroup {
   WorkPtr reduceScatter(const at::Tensor& input, at::Tensor& output,
                         const ReduceScatterOptions& opts = {}) override;
   WorkPtr barrier(const BarrierOptions& opts = {}) override;
+  // alltoall, gather and scatter: ncclSend/ncclRecv of a block per pair of
+  // ranks in one group call (reduce is the allreduce default).
+  WorkPtr alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits = {},
+                   const std::vector<int64_t>& outputSplits = {}, const AlltoallOptions& opts = {}) override;
+  WorkPtr gather(const at::Tensor& input, at::Tensor& output, const GatherOptions& opts = {}) override;
+  WorkPtr scatter(const at::Tensor& input, at::Tensor& output, const ScatterOptions& opts = {}) override;
+  // ncclSend / ncclRecv on the group's stream. NCCL has no tags (a nonzero
+  // tag is a UsageError) and no receive from any source: messages between
+  // two ranks match in call order. Both run on one stream, so two ranks
+  // that each send to the other before receiving wait for each other
+  // until the timeout: let one of them receive first (or use alltoall).
+  WorkPtr send(const at::Tensor& tensor, int dst, const SendOptions& opts = {}) override;
+  WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {}) override;
 
   struct Impl;  // CUDA and NCCL handles; defined in the .cpp
 
  private:
   // Issues one operation: `issue(send, recv, stream)` enqueues the NCCL call
   // on device pointers that launch() prepared and returns its ncclResult_t.
+  // `sourceRank` >= 0: a recv's Work, which names that sender.
   WorkPtr launch(const char* op, const at::Tensor& in, const at::Tensor& out, bool outputIsInput,
                  Milliseconds timeout, const std::string& summary,
-                 const std::function<int(void* send, void* recv, void* stream)>& issue);
+                 const std::function<int(void* send, void* recv, void* stream)>& issue, int sourceRank = -1);
+  // One group call of ncclSend/ncclRecv, a block per pair (counts and
+  // offsets in elements); returns its ncclResult_t.
+  int issueBlocks(void* send, void* recv, void* stream, at::ScalarType dtype, const std::vector<int64_t>& sendAt,
+                  const std::vector<int64_t>& sendCount, const std::vector<int64_t>& recvAt,
+                  const std::vector<int64_t>& recvCount);
   void watchdogLoop();
 
   std::unique_ptr<Impl> impl_;
