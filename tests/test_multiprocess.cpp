@@ -164,6 +164,64 @@ TEST_CASE("a peer process that exits fails the next collective quickly", "[multi
   CHECK(codes[1] == 0);
 }
 
+// Rank 1 is killed (SIGKILL) while it sends a large message that rank 0
+// is receiving: rank 0's recv fails at once, naming rank 1, and so does its
+// next collective, an alltoall; nothing waits for the 60 s timeout.
+TEST_CASE("worker: a peer killed in the middle of a recv", "[.worker-killed-in-recv]") {
+  auto ctx = joinFromEnvironment();
+  ProcessGroup& pg = *ctx.group;
+  const int64_t big = int64_t{16} << 20;  // 64 MiB of float32: more than the sockets hold
+  if (pg.rank() == 1) {
+    pg.send(at::ones({4}), 0)->wait();
+    WorkPtr sending = pg.send(at::ones({big}), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ::kill(::getpid(), SIGKILL);
+  }
+  at::Tensor hello = at::zeros({4});
+  pg.recv(hello, 1)->wait();
+  // The exit code carries the verdict: this process ends with _exit, before
+  // Catch could report.
+  bool ok = true;
+  const auto expect = [&](bool condition, const std::string& what) {
+    if (!condition) {
+      ok = false;
+      FAIL_CHECK(what);
+    }
+  };
+  const auto failsQuickly = [&](const std::function<void()>& call) {
+    const auto start = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      call();
+    } catch (const CollectiveError& e) {
+      message = e.what();
+    }
+    expect(std::chrono::steady_clock::now() - start < std::chrono::seconds(20), "failed quickly: " + message);
+    return message;
+  };
+  at::Tensor large = at::empty({big});
+  const std::string recvError = failsQuickly([&] { pg.recv(large, 1)->wait(); });
+  expect(recvError.find("recv from rank 1") != std::string::npos &&
+             recvError.find("rank 1 closed its connection") != std::string::npos,
+         "the recv names rank 1: " + recvError);
+  at::Tensor in = at::ones({2}), out = at::empty({2});
+  const std::string alltoallError = failsQuickly([&] { pg.alltoall(in, out)->wait(); });
+  expect(alltoallError.find("[rank 0/2] gloo alltoall #") != std::string::npos,
+         "the alltoall fails: " + alltoallError);
+  std::fflush(stdout);
+  ::_exit(ok ? 0 : 1);
+}
+
+TEST_CASE("a peer killed in the middle of a recv fails it and the next collective quickly",
+          "[multiprocess][errors][p2p]") {
+  const bool shm = GENERATE(true, false);
+  INFO((shm ? "shared memory" : "tcp"));
+  const int port = pickFreePort("127.0.0.1");
+  auto codes = runWorkerProcesses(2, port, std::chrono::seconds(90), shm, "[.worker-killed-in-recv]");
+  CHECK(codes[0] == 0);
+  CHECK(codes[1] == -SIGKILL);
+}
+
 TEST_CASE("an unreachable master fails with a clear error", "[multiprocess][errors]") {
   RankEnv env;
   env.rank = 1;

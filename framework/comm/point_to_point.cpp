@@ -426,7 +426,7 @@ struct PointToPoint::Impl {
           if (it->into) {
             it->into->work->finish(std::make_exception_ptr(CollectiveError(fmt::format(
                 "{}: rank {} closed its connection in the middle of a message (it died?)",
-                describe("recv", src, it->into->tag, it->into->staging)))));
+                describe("recv", src, it->into->tag, it->into->staging), src))));
           }
           for (auto p = posted.begin(); p != posted.end();) {
             if ((*p)->src == src) {
