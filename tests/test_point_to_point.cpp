@@ -98,41 +98,67 @@ TEST_CASE("send/recv: tags out of order, any source, a hierarchical group", "[p2
 }
 
 TEST_CASE("send/recv failures: a mismatch, a timeout, a peer gone, bad ranks", "[p2p][errors]") {
-  const auto errors = ddp::test::runRanks("gloo", 2, [&](int r, ProcessGroup& g) {
-    if (r == 0) {
-      g.send(at::ones({5}), 1)->wait();  // 5 float32 to a recv of 4
-      g.send(at::ones({2}), 1)->wait();
-    } else {
-      at::Tensor four = at::empty({4});
-      try {
-        g.recv(four, 0)->wait();
-        throw std::runtime_error("a recv of the wrong size succeeded");
-      } catch (const CollectiveError& e) {
-        ddp::test::expectOnRank(std::string(e.what()).find("rank 0 sent 5 x Float, this recv expects 4 x float32") != std::string::npos,
-               e.what());
-      }
-      at::Tensor two = at::empty({2});
-      g.recv(two, 0)->wait();  // the stream goes on after a mismatch
-      ddp::test::expectOnRank(two.eq(1).all().item<bool>(), "after the mismatch");
-      RecvOptions quick;
-      quick.tag = 4;
-      quick.timeout = std::chrono::milliseconds(300);
-      try {
-        g.recv(two, 0, quick)->wait();
-        throw std::runtime_error("a recv nobody answers succeeded");
-      } catch (const CollectiveError& e) {
-        ddp::test::expectOnRank(std::string(e.what()).find("gloo recv from rank 0 (tag 4, 2 x float32) timed out after 300 ms") !=
-                   std::string::npos,
-               e.what());
-      }
+  const auto contains = [](const std::string& text, const std::string& part) {
+    ddp::test::expectOnRank(text.find(part) != std::string::npos, "expected \"" + part + "\" in: " + text);
+  };
+  const auto failure = [](const std::function<void()>& call) -> std::string {
+    try {
+      call();
+    } catch (const CollectiveError& e) {
+      return e.what();
     }
+    throw std::runtime_error("no CollectiveError");
+  };
+  // A failed send or recv breaks the group, as a failed collective does:
+  // this rank's later calls fail at once with the first error, and the
+  // peers' next collective fails too, rather than at its timeout.
+  for (const bool shm : {true, false}) {
+    INFO((shm ? "shm" : "tcp"));
+    ProcessGroupOptions options;
+    options.sharedMemory = shm;
+    options.timeout = std::chrono::milliseconds(20000);
+    const auto mismatch = ddp::test::runRanks(
+        "gloo", 2,
+        [&](int r, ProcessGroup& g) {
+          if (r == 0) {
+            g.send(at::ones({5}), 1)->wait();  // 5 float32 to a recv of 4
+          } else {
+            at::Tensor four = at::empty({4});
+            contains(failure([&] { g.recv(four, 0)->wait(); }),
+                     "rank 0 sent 5 x Float, this recv expects 4 x float32");
+            contains(failure([&] { g.recv(four, 0)->wait(); }), "not run: the group failed earlier");
+          }
+          const auto start = std::chrono::steady_clock::now();
+          failure([&] { g.barrier()->wait(); });
+          ddp::test::expectOnRank(std::chrono::steady_clock::now() - start < std::chrono::seconds(10),
+                                  "the barrier fails long before its timeout");
+        },
+        options);
+    CHECK(ddp::test::joinErrors(mismatch) == "");
+    const auto timeout = ddp::test::runRanks(
+        "gloo", 2,
+        [&](int r, ProcessGroup& g) {
+          if (r == 1) {
+            at::Tensor two = at::empty({2});
+            RecvOptions quick;
+            quick.tag = 4;
+            quick.timeout = std::chrono::milliseconds(300);
+            contains(failure([&] { g.recv(two, 0, quick)->wait(); }),
+                     "gloo recv from rank 0 (tag 4, 2 x float32) timed out after 300 ms");
+          }
+          failure([&] { g.barrier()->wait(); });
+        },
+        options);
+    CHECK(ddp::test::joinErrors(timeout) == "");
+  }
+  const auto errors = ddp::test::runRanks("gloo", 2, [&](int r, ProcessGroup& g) {
     try {
       g.send(at::ones({1}), r);
       throw std::runtime_error("a send to itself was taken");
     } catch (const UsageError& e) {
       ddp::test::expectOnRank(std::string(e.what()).find("is not another rank") != std::string::npos, e.what());
     }
-    g.barrier()->wait();
+    g.barrier()->wait();  // a refused call breaks nothing
   });
   CHECK(ddp::test::joinErrors(errors) == "");
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -217,6 +218,7 @@ struct HierarchicalGroup::Impl {
   bool running = false, stopping = false;
   uint64_t nextSeq = 0;
   std::exception_ptr broken;
+  std::atomic<bool> closing{false};  // being destroyed: a failed send/recv breaks nothing then
   std::thread worker;
 };
 
@@ -225,19 +227,59 @@ HierarchicalGroup::HierarchicalGroup(int rank, int size, ProcessGroupOptions opt
                                      std::unique_ptr<PointToPoint> p2p)
     : ProcessGroup(rank, size, std::move(options)),
       impl_(std::make_unique<Impl>(rank, size, std::move(layout), std::move(local), std::move(leaders))),
-      p2p_(std::move(p2p)) {}
+      p2p_(std::move(p2p)) {
+  // A failed send or recv breaks the group, as a failed collective does,
+  // and aborts the sub-groups so that this host's other ranks fail at once.
+  Impl* g = impl_.get();
+  p2p_->setFailureHook([g](const std::string& why) {
+    if (g->closing.load()) return;
+    {
+      std::lock_guard<std::mutex> lock(g->mutex);
+      if (!g->broken) g->broken = std::make_exception_ptr(CollectiveError(why));
+    }
+    g->local->abort(why);
+    if (g->leaders) g->leaders->abort(why);
+  });
+}
+
+// A send or recv on a broken group fails at once with the first error.
+static WorkPtr failedIfBroken(std::mutex& mutex, const std::exception_ptr& broken, const std::string& what) {
+  std::exception_ptr first;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    first = broken;
+  }
+  if (!first) return nullptr;
+  auto work = std::make_shared<Work>(what, Milliseconds(0));
+  try {
+    std::rethrow_exception(first);
+  } catch (const std::exception& e) {
+    work->finish(std::make_exception_ptr(
+        CollectiveError(fmt::format("{} not run: the group failed earlier: {}", what, e.what()))));
+  }
+  return work;
+}
 
 WorkPtr HierarchicalGroup::send(const at::Tensor& tensor, int dst, const SendOptions& opts) {
+  if (auto failed = failedIfBroken(impl_->mutex, impl_->broken, fmt::format("[rank {}/{}] gloo send to rank {}",
+                                                                            rank(), size(), dst))) {
+    return failed;
+  }
   return p2p_->send(tensor, dst, opts.tag, resolveTimeout(opts.timeout));
 }
 
 WorkPtr HierarchicalGroup::recv(at::Tensor& tensor, int src, const RecvOptions& opts) {
+  if (auto failed = failedIfBroken(impl_->mutex, impl_->broken, fmt::format("[rank {}/{}] gloo recv from rank {}",
+                                                                            rank(), size(), src))) {
+    return failed;
+  }
   return p2p_->recv(tensor, src, opts.tag, resolveTimeout(opts.timeout));
 }
 
 HierarchicalGroup::~HierarchicalGroup() {
   // A block collective still queued fails on the closed transport instead
   // of touching a destroyed one; then the worker stops.
+  impl_->closing = true;
   p2p_->shutdown();
   impl_.reset();
 }

@@ -85,6 +85,11 @@ struct ProcessGroupGloo::Impl {
   static std::chrono::microseconds callerSpin(int localRanks);
   // ProcessGroupGloo::abort.
   void abort(const std::string& reason);
+  // The first failure, once the group is broken; else null.
+  std::exception_ptr failure();
+  // Set when the group is being destroyed: a send or recv that fails then
+  // does not break it (p2p's failure hook, process_group_gloo.cpp).
+  std::atomic<bool> closing{false};
 
   const int rank, size;
   std::shared_ptr<Store> store;  // "gloo/"-prefixed; also used to close in step

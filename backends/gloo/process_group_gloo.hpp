@@ -76,7 +76,8 @@ class ProcessGroupGloo : public ProcessGroup {
                    const std::vector<int64_t>& outputSplits = {}, const AlltoallOptions& opts = {}) override;
   // send/recv: over TCP connections of their own
   // (framework/comm/point_to_point.hpp), made between a sender and a
-  // receiver on first use, also on one host.
+  // receiver on first use, also on one host. One that fails breaks the
+  // group, as a failed collective does.
   WorkPtr send(const at::Tensor& tensor, int dst, const SendOptions& opts = {}) override;
   WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {}) override;
   // In shared memory when the group uses it, so that allreduce on the
@@ -99,6 +100,9 @@ class ProcessGroupGloo : public ProcessGroup {
   struct Impl;  // queue, worker thread, transports; impl.hpp
 
  private:
+  // A send or recv on a broken group: failed at once with the first error.
+  WorkPtr failedPointToPoint(const char* op, int peer, const std::exception_ptr& broken) const;
+
   std::unique_ptr<Impl> impl_;
 };
 

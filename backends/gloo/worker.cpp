@@ -224,6 +224,11 @@ void ProcessGroupGloo::Impl::abort(const std::string& reason) {
   if (ring) ring->interrupt();
 }
 
+std::exception_ptr ProcessGroupGloo::Impl::failure() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return broken_;
+}
+
 std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
   using gloo_backend::Clock;
   std::exception_ptr error;

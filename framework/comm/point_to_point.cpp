@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <mutex>
@@ -118,9 +119,22 @@ struct PointToPoint::Impl {
   std::list<std::shared_ptr<RecvOp>> posted;
   std::list<Message> unexpected;
   std::vector<bool> closedBy;  // a peer whose connection to us ended
+  std::function<void(const std::string&)> failureHook;
 
   Impl(std::shared_ptr<Store> s, int r, int n, std::string a, std::string l)
       : store(std::move(s)), rank(r), size(n), address(std::move(a)), label(std::move(l)), closedBy(n, false) {}
+
+  // Fails `work`, after telling the failure hook (setFailureHook).
+  void failWork(const WorkPtr& work, std::exception_ptr error) {
+    if (failureHook) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        failureHook(e.what());
+      }
+    }
+    work->finish(error);
+  }
 
   void wake() {
     const char b = 1;
@@ -190,7 +204,7 @@ struct PointToPoint::Impl {
     } else {
       if (fd >= 0) ::close(fd);
       for (auto& op : o.queue) {
-        op->work->finish(std::make_exception_ptr(CollectiveError(
+        failWork(op->work, std::make_exception_ptr(CollectiveError(
             fmt::format("{} send to rank {} (tag {}): cannot connect: {}", label, dst, op->tag, error))));
       }
       o.queue.clear();
@@ -225,7 +239,7 @@ struct PointToPoint::Impl {
   // Under mutex: a recv posted, or a message complete: match them.
   void deliverLocked(RecvOp& r, int src, int dtype, int64_t numel, const char* data) {
     if (dtype != static_cast<int>(r.staging.scalar_type()) || numel != r.staging.numel()) {
-      r.work->finish(std::make_exception_ptr(CollectiveError(fmt::format(
+      failWork(r.work, std::make_exception_ptr(CollectiveError(fmt::format(
           "{} recv from rank {} (tag {}): rank {} sent {} x {}, this recv expects {} x {}", label, src, r.tag, src,
           numel, c10::toString(static_cast<at::ScalarType>(dtype)), r.staging.numel(), dtypeName(r.staging)))));
       return;
@@ -241,12 +255,16 @@ struct PointToPoint::Impl {
       error = std::current_exception();
     }
     r.work->source = src;
-    r.work->finish(error);
+    if (error) {
+      failWork(r.work, error);
+    } else {
+      r.work->finish();
+    }
   }
   static bool matches(const RecvOp& r, int src, int tag) { return r.tag == tag && (r.src == kAnySourceRank || r.src == src); }
 
   void failLocked(std::list<std::shared_ptr<RecvOp>>::iterator it, const std::string& why) {
-    (*it)->work->finish(std::make_exception_ptr(CollectiveError(why)));
+    failWork((*it)->work, std::make_exception_ptr(CollectiveError(why)));
     posted.erase(it);
   }
 
@@ -357,7 +375,7 @@ struct PointToPoint::Impl {
           while (!o.queue.empty() && o.queue.front()->deadline <= now) {
             auto op = o.queue.front();
             o.queue.pop_front();
-            op->work->finish(std::make_exception_ptr(CollectiveError(
+            failWork(op->work, std::make_exception_ptr(CollectiveError(
                 fmt::format("{} send to rank {} (tag {}) timed out after {} ms", label, dst, op->tag, op->timeout.count()))));
             if (op->sent > 0) {  // cut mid-message: the stream cannot go on; the next send connects anew
               ::close(o.fd);
@@ -389,7 +407,7 @@ struct PointToPoint::Impl {
           const ssize_t n = sendSomeOf(o.fd, *op, &why);
           if (n < 0) {
             for (auto& q : o.queue) {
-              q->work->finish(std::make_exception_ptr(CollectiveError(fmt::format(
+              failWork(q->work, std::make_exception_ptr(CollectiveError(fmt::format(
                   "{} send to rank {} (tag {}): the connection broke: {}", label, outFds[k], q->tag, why))));
             }
             o.queue.clear();
@@ -424,7 +442,7 @@ struct PointToPoint::Impl {
         if (src >= 0) {
           closedBy[static_cast<size_t>(src)] = true;
           if (it->into) {
-            it->into->work->finish(std::make_exception_ptr(CollectiveError(fmt::format(
+            failWork(it->into->work, std::make_exception_ptr(CollectiveError(fmt::format(
                 "{}: rank {} closed its connection in the middle of a message (it died?)",
                 describe("recv", src, it->into->tag, it->into->staging), src))));
           }
@@ -448,6 +466,11 @@ PointToPoint::PointToPoint(std::shared_ptr<Store> store, int rank, int size, std
     : impl_(std::make_unique<Impl>(std::move(store), rank, size, std::move(address), std::move(label))) {}
 
 PointToPoint::~PointToPoint() { shutdown(); }
+
+void PointToPoint::setFailureHook(std::function<void(const std::string& why)> hook) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->failureHook = std::move(hook);
+}
 
 void PointToPoint::shutdown() {
   Impl& s = *impl_;
@@ -495,7 +518,7 @@ WorkPtr PointToPoint::send(const at::Tensor& tensor, int dst, int tag, std::chro
   op->header = {Impl::kP2pMagic, tag, static_cast<int32_t>(op->payload.scalar_type()), 0, op->payload.numel()};
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.closed) {
-    op->work->finish(std::make_exception_ptr(CollectiveError(s.label + " send: the group is being destroyed")));
+    op->work->finish(std::make_exception_ptr(CollectiveError(s.label + " send: the group is being destroyed")));  // closed: no hook
     return op->work;
   }
   s.startLocked();
@@ -536,7 +559,7 @@ WorkPtr PointToPoint::recv(at::Tensor& tensor, int src, int tag, std::chrono::mi
   op->work = std::make_shared<Impl::P2pRecvWork>(s.describe("recv", src, tag, tensor), timeout);
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.closed) {
-    op->work->finish(std::make_exception_ptr(CollectiveError(s.label + " recv: the group is being destroyed")));
+    op->work->finish(std::make_exception_ptr(CollectiveError(s.label + " recv: the group is being destroyed")));  // closed: no hook
     return op->work;
   }
   s.startLocked();
@@ -549,7 +572,7 @@ WorkPtr PointToPoint::recv(at::Tensor& tensor, int src, int tag, std::chrono::mi
     }
   }
   if (src != kAnySourceRank && s.closedBy[static_cast<size_t>(src)]) {
-    op->work->finish(std::make_exception_ptr(CollectiveError(
+    s.failWork(op->work, std::make_exception_ptr(CollectiveError(
         fmt::format("{}: rank {} has closed its connection (it died, or destroyed its group)",
                     s.describe("recv", src, tag, tensor), src))));
     return op->work;

@@ -33,6 +33,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,11 @@ class PointToPoint {
   // Closes every connection and fails what is pending; later sends and
   // recvs fail at once. The destructor does it too. Any thread.
   void shutdown();
+  // Called with the error, on the I/O thread (or the caller's), before a
+  // send or recv fails (not for shutdown()): a group breaks itself there,
+  // so that a waiter that sees the failure finds the group broken. It must
+  // not call into this object.
+  void setFailureHook(std::function<void(const std::string& why)> hook);
 
  private:
   struct Impl;

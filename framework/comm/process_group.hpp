@@ -180,8 +180,10 @@ class ProcessGroup {
   // the first message from `src` (kAnySourceRank: any rank; the Work's
   // sourceRank() says which) with that tag: messages of one sender arrive
   // in order, and tags may be received in any order. A peer that dies fails
-  // the recvs waiting on it, naming it; a timeout fails the Work only (the
-  // group's collectives go on). Default: NotSupportedError.
+  // the recvs waiting on it at once, naming it. A send or recv that fails
+  // (a dead peer, a count or dtype mismatch, a timeout) breaks the group as
+  // a failed collective does. Default: NotSupportedError. (NCCL has
+  // neither tags nor any-source receives: backends/nccl.)
   virtual WorkPtr send(const at::Tensor& tensor, int dst, const SendOptions& opts = {});
   virtual WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {});
 
