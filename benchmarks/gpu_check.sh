@@ -96,9 +96,11 @@ ddp_run=$build/ddp-run
 bench=$build/benchmarks/ddp-bench
 
 # ---- collectives -----------------------------------------------------------------
-# Both [nccl] test cases run every collective x dtype x count against closed
+# The [nccl] test cases run every collective x dtype x count against closed
 # forms at world sizes 1..GPUs (ranks as threads, one GPU each): CPU tensors
-# staged through the device, and tensors already on the device.
+# staged through the device, and tensors already on the device; then
+# alltoall (equal and uneven splits), gather, scatter and, from 2 GPUs,
+# send/recv around a ring (ncclSend/ncclRecv in group calls).
 if [ "$device" = cuda ]; then
   run_step 600 nccl-tests.log "$tests" "[nccl]"
   rc=$?

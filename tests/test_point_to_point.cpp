@@ -25,8 +25,10 @@ TEST_CASE("send/recv around a ring match their closed forms", "[p2p]") {
             "gloo", world,
             [&](int r, ProcessGroup& g) {
               const int right = (r + 1) % world, left = (r + world - 1) % world;
-              for (const at::ScalarType type : {at::kFloat, at::kLong}) {
-                at::Tensor out = at::arange(n, at::TensorOptions().dtype(type)) + r;
+              for (const at::ScalarType type :
+                   {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong}) {
+                // Values below 256: exact in every dtype.
+                at::Tensor out = (at::arange(n, at::kLong).remainder(200) + r).to(type);
                 at::Tensor in = at::full({n}, -1, at::TensorOptions().dtype(type));
                 SendOptions s;
                 s.tag = 7;
@@ -37,7 +39,8 @@ TEST_CASE("send/recv around a ring match their closed forms", "[p2p]") {
                 sent->wait();
                 out.fill_(-5);  // once the send has completed, its tensor is the caller's again
                 got->wait();
-                ddp::test::expectOnRank(at::equal(in, at::arange(n, in.options()) + left), "ring values");
+                ddp::test::expectOnRank(at::equal(in, (at::arange(n, at::kLong).remainder(200) + left).to(type)),
+                                        "ring values");
                 ddp::test::expectOnRank(got->sourceRank() == left, "sourceRank");
               }
             },

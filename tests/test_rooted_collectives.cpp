@@ -16,7 +16,7 @@ TEST_CASE("reduce gather and scatter match their closed forms", "[collectives][r
   for (const bool shm : {true, false}) {
     for (const int world : {1, 2, 3, 4}) {
       for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{70000}}) {
-        for (const at::ScalarType type : {at::kFloat, at::kDouble, at::kLong}) {
+        for (const at::ScalarType type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong}) {
           INFO((shm ? "shm" : "tcp") << ", world " << world << ", " << n << " elements, " << c10::toString(type));
           ProcessGroupOptions options;
           options.sharedMemory = shm;
@@ -48,12 +48,16 @@ TEST_CASE("reduce gather and scatter match their closed forms", "[collectives][r
                   }
                 }
                 // scatter from the last rank: rank k gets slice k.
-                at::Tensor whole = at::arange(n * world, opts);
+                // Values below 256: exact in every dtype.
+                const auto pattern = [&](int64_t from, int64_t to) {
+                  return at::arange(from, to, at::kLong).remainder(250).to(type);
+                };
+                at::Tensor whole = pattern(0, n * world);
                 at::Tensor mine = at::full({n}, -1, opts);
                 ScatterOptions scatter;
                 scatter.root = root;
                 g.scatter(r == root ? whole : at::Tensor(), mine, scatter)->wait();
-                ddp::test::expectOnRank(at::equal(mine, at::arange(n * r, n * (r + 1), opts)), "scatter slice");
+                ddp::test::expectOnRank(at::equal(mine, pattern(n * r, n * (r + 1))), "scatter slice");
               },
               options);
           CHECK(ddp::test::joinErrors(errors) == "");
@@ -64,15 +68,20 @@ TEST_CASE("reduce gather and scatter match their closed forms", "[collectives][r
 }
 
 namespace {
-// Equal splits, then uneven ones with zero rows, over rows of `width`.
+// Equal splits (in each dtype), then uneven ones with zero rows, over rows
+// of `width`. Row values source*16 + destination stay below 256 up to 15
+// ranks: exact in every dtype.
 void alltoallClosedForms(int r, ProcessGroup& g, int world, int64_t width) {
-  // Equal: 2 rows to each rank, row values source*100 + destination.
-  at::Tensor in = at::empty({2 * world, width}, at::kDouble);
-  for (int j = 0; j < world; ++j) in.narrow(0, 2 * j, 2).fill_(r * 100 + j);
-  at::Tensor out = at::full({2 * world, width}, -1.0, at::kDouble);
-  g.alltoall(in, out)->wait();
-  for (int i = 0; i < world; ++i) {
-    ddp::test::expectOnRank(out.narrow(0, 2 * i, 2).eq(i * 100 + r).all().item<bool>(), "equal alltoall");
+  for (const at::ScalarType type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong}) {
+    // Equal: 2 rows to each rank.
+    at::Tensor in = at::empty({2 * world, width}, type);
+    for (int j = 0; j < world; ++j) in.narrow(0, 2 * j, 2).fill_(r * 16 + j);
+    at::Tensor out = at::full({2 * world, width}, -1, type);
+    g.alltoall(in, out)->wait();
+    for (int i = 0; i < world; ++i) {
+      ddp::test::expectOnRank(out.narrow(0, 2 * i, 2).eq(i * 16 + r).all().item<bool>(),
+                              std::string("equal alltoall, ") + c10::toString(type));
+    }
   }
   // Uneven: rank i sends (i + j) % 3 rows to rank j (some 0).
   const auto rows = [](int i, int j) { return int64_t((i + j) % 3); };

@@ -26,7 +26,8 @@ import json, sys
 records = json.load(open(sys.argv[1]))
 ops = {r["op"] for r in records}
 impls = {r["impl"] for r in records}
-assert ops == {"allreduce", "allgather", "broadcast", "reduce_scatter"}, ops
+assert ops == {"allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall", "gather", "scatter",
+               "sendrecv"}, ops
 assert "gloo" in impls, impls
 sizes = {r["bytes"] for r in records}
 assert sizes == {4096, 16384, 65536}, sizes
@@ -35,7 +36,7 @@ for r in records:
     # nccl-tests' columns, and the dtype
     assert r["dtype"] == "float32" and r["count"] * 4 == r["bytes"], r
     assert r["redop"] == ("sum" if r["op"] in ("allreduce", "reduce_scatter") else "none"), r
-    assert r["root"] == (0 if r["op"] == "broadcast" else -1), r
+    assert r["root"] == (0 if r["op"] in ("broadcast", "gather", "scatter") else -1), r
     assert r["wrong"] == (0 if r["supported"] else None), r
 assert all(r["supported"] for r in records if r["impl"] == "gloo"), "gloo lacks a collective"
 print("collectives:", sorted(impls), len(records), "records")
@@ -51,13 +52,25 @@ python3 - "$out/wire.json" <<'PY'
 import json, sys
 records = json.load(open(sys.argv[1]))
 wire = [r for r in records if r["impl"] == "tcp-wire"]
-assert len(wire) == 4 * 4, wire  # 4 ops x 4 sizes
+assert len(wire) == 8 * 4, wire  # 8 ops x 4 sizes
 for r in wire:
     assert r["supported"] and r["time_us"] > 0, r
-    assert r["wrong"] == (0 if r["op"] in ("allgather", "broadcast") else None), r
+    assert r["wrong"] == (None if r["op"] in ("allreduce", "reduce_scatter") else 0), r
 PY
 grep -q "^ratio gloo-tcp/tcp-wire allreduce 262144 bytes: busbw [0-9.]*x" "$out/wire.log" || fail "no ratio to tcp-wire"
 grep -q "^ratio tcp-wire/" "$out/wire.log" && fail "tcp-wire compared with itself"
+
+# alltoall and sendrecv against both references: one target line per point
+# of ours from 64 KiB (met or MISSED: timings are reported, not judged).
+if grep -q "skipping c10d-gloo" "$out/collectives.log"; then
+  echo "SKIPPED targets: $(grep -m1 'skipping c10d-gloo' "$out/collectives.log")"
+else
+  run targets collectives --ops alltoall,sendrecv --impls gloo,c10d-gloo,tcp-wire --min-bytes 64K --max-bytes 256K \
+    --warmup 1 --iters 2 --verify
+  [ "$(grep -c "^target gloo \(alltoall\|sendrecv\) [0-9]* bytes: busbw [0-9.]* GB/s, needs [0-9.]*: \(met\|MISSED\)$" \
+    "$out/targets.log")" -eq 4 ] || { cat "$out/targets.log"; fail "no target line per point"; }
+  grep -q "^# targets met at [0-9]* of 4 points$" "$out/targets.log" || fail "no targets summary"
+fi
 
 # Train step: 1 and 2 ranks, two repeats each, the machine's ceiling included.
 run train-step train-step --steps 2 --warmup 1 --repeats 2 --no-reference --json "$out/train-step.json"
