@@ -166,6 +166,28 @@ TEST_CASE("alltoall gather and scatter over TCP at 9 ranks go point to point", "
   INFO(ddp::test::joinErrors(errors));
   CHECK_THAT(errors[0], Contains("gloo alltoall #0: the block from rank 1 (4 elements expected)") &&
                             Contains("rank 1 sent 2 x Float, this recv expects 4 x float32"));
+  // A pair with no rows is a message too: rank 2 expects none from rank 5,
+  // which sends one; rank 6 expects one from rank 7, which sends none.
+  const auto zeros = ddp::test::runRanks(
+      "gloo", world,
+      [&](int r, ProcessGroup& g) {
+        std::vector<int64_t> send(world, 1), recv(world, 1);
+        if (r == 2) recv[5] = 0;
+        if (r == 7) send[6] = 0;
+        int64_t sent = 0, received = 0;
+        for (int j = 0; j < world; ++j) {
+          sent += send[static_cast<size_t>(j)];
+          received += recv[static_cast<size_t>(j)];
+        }
+        at::Tensor in = at::ones({sent, 2}), out = at::empty({received, 2});
+        g.alltoall(in, out, send, recv)->wait();
+      },
+      options);
+  INFO(ddp::test::joinErrors(zeros));
+  CHECK_THAT(zeros[2], Contains("the block from rank 5 (0 elements expected)") &&
+                           Contains("rank 5 sent 2 x Float, this recv expects 0 x float32"));
+  CHECK_THAT(zeros[6], Contains("the block from rank 7 (2 elements expected)") &&
+                           Contains("rank 7 sent 0 x Float, this recv expects 2 x float32"));
 }
 
 // Several simulated hosts with several ranks each (hierarchical_group.hpp):
@@ -181,6 +203,15 @@ TEST_CASE("alltoall gather and scatter across simulated hosts match their closed
         "gloo", world,
         [&](int r, ProcessGroup& g) {
           ddp::test::expectOnRank(g.describeEndpoint().find(" on host ") != std::string::npos, "a hierarchical group");
+          try {
+            SendOptions internal;
+            internal.tag = -1;
+            g.send(at::ones({1}), (r + 1) % world, internal);
+            throw std::runtime_error("a negative tag was taken");
+          } catch (const UsageError& e) {
+            ddp::test::expectOnRank(std::string(e.what()).find("negative tags are internal") != std::string::npos,
+                                    e.what());
+          }
           for (const int64_t width : {int64_t{1}, int64_t{5000}}) alltoallClosedForms(r, g, world, width);
           for (const int64_t n : {int64_t{0}, int64_t{3}, int64_t{70000}}) {
             const int root = world - 1;
@@ -216,24 +247,28 @@ TEST_CASE("alltoall gather and scatter across simulated hosts match their closed
 
 TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on every rank alike",
           "[collectives][rooted][errors]") {
-  // Rank 0 expects 2 rows from rank 1, which sends 1.
-  const auto disagree = [](int r, ProcessGroup& g) {
-    at::Tensor in = at::ones({3, 2});
-    std::vector<int64_t> recv = {1, r == 0 ? 2 : 1, 1};
-    at::Tensor out = at::empty({r == 0 ? 4 : 3, 2});
-    g.alltoall(in, out, {1, 1, 1}, recv)->wait();
-  };
-  // Through shared memory and over the frames' mesh every rank sees every
-  // rank's splits, and all fail alike before any row moves.
-  for (const bool shm : {true, false}) {
-    ProcessGroupOptions options;
-    options.sharedMemory = shm;
-    const auto errors = ddp::test::runRanks("gloo", 3, disagree, options);
-    INFO((shm ? "shm: " : "tcp: ") << ddp::test::joinErrors(errors));
-    for (int r = 0; r < 3; ++r) {
-      CHECK_THAT(errors[static_cast<size_t>(r)],
-                 Contains("gloo alltoall #0: rank 1 sends 1 row(s) to rank 0, which expects 2 (its outputSplits[1])") &&
-                     Contains("HINT: rank 0's outputSplits[1] must equal rank 1's inputSplits[0]"));
+  // Rank 0 expects 2 rows from rank 1, which sends 1. Rows of 2M elements
+  // (8 MiB) keep the senders busy when the first rank finds the mistake.
+  for (const int64_t width : {int64_t{2}, int64_t{2} << 20}) {
+    const auto disagree = [width](int r, ProcessGroup& g) {
+      at::Tensor in = at::ones({3, width});
+      std::vector<int64_t> recv = {1, r == 0 ? 2 : 1, 1};
+      at::Tensor out = at::empty({r == 0 ? 4 : 3, width});
+      g.alltoall(in, out, {1, 1, 1}, recv)->wait();
+    };
+    // Through shared memory and over the frames' mesh every rank sees every
+    // rank's splits, and all fail alike before any row moves.
+    for (const bool shm : {true, false}) {
+      ProcessGroupOptions options;
+      options.sharedMemory = shm;
+      const auto errors = ddp::test::runRanks("gloo", 3, disagree, options);
+      INFO((shm ? "shm: " : "tcp: ") << "rows of " << width << ": " << ddp::test::joinErrors(errors));
+      for (int r = 0; r < 3; ++r) {
+        CHECK_THAT(errors[static_cast<size_t>(r)],
+                   Contains("gloo alltoall #0: rank 1 sends 1 row(s) to rank 0, which expects 2 (its "
+                            "outputSplits[1])") &&
+                       Contains("HINT: rank 0's outputSplits[1] must equal rank 1's inputSplits[0]"));
+      }
     }
   }
   // Ranks that name different roots fail alike, naming both calls.
@@ -276,6 +311,17 @@ TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on ever
                e.what());
       }
     }
+    at::Tensor both = at::ones({4, 1});
+    try {
+      g.alltoall(both, both);
+      throw std::runtime_error("no error for alltoall in place");
+    } catch (const UsageError& e) {
+      ddp::test::expectOnRank(std::string(e.what()).find("input and output share memory") != std::string::npos,
+                              e.what());
+    }
+    at::Tensor halves = at::ones({8, 1});
+    at::Tensor low = halves.narrow(0, 0, 4), high = halves.narrow(0, 4, 4);
+    g.alltoall(low, high)->wait();  // one storage, apart: fine
     at::Tensor odd = at::ones({3, 1});
     at::Tensor out = at::empty({3, 1});
     try {

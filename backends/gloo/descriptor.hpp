@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "framework/core/errors.hpp"
+
 namespace ddp::gloo_backend {
 
 enum OpCode : uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter, kBarrier, kAlltoall, kGather, kScatter };
@@ -29,6 +31,16 @@ const char* opName(uint32_t op);
 // "[rank 1/4] gloo allreduce #7 (1000 elements, float32, sum)": the start of
 // every message about one collective.
 std::string describeCall(int rank, int size, const Descriptor& d, const std::string& summary);
+
+// A failure that every rank detects by itself from the same facts
+// (alltoall's splits, which every rank reads before any row moves): the
+// worker does not reset its connections after it (as after other
+// failures, to end the peers' waits), so that each rank reports the facts
+// rather than a reset by the first rank to fail.
+class AgreedFailure : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
 
 // Throws CollectiveError naming both calls when `theirs` (from rank `from`)
 // differs from `mine`.

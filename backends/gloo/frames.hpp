@@ -69,9 +69,10 @@ class FrameExchange {
   // the mesh (isMesh()): sends this rank's frame (`mine`, then `payload`)
   // and right behind it sendBlocks[p] to each peer p, without waiting;
   // reads and checks every peer's frame; once all are in, calls
-  // check(payloads by rank, null for this rank), which may throw (nothing
-  // of the blocks has been read then); then reads recvBlocks[p] from each
-  // peer. One poll loop (transferAll), all pairs at once.
+  // check(payloads by rank, null for this rank), which may throw (no block
+  // has been read then); then reads recvBlocks[p] from each peer. One poll
+  // loop (transferAll), all pairs at once. (Sending the blocks only after
+  // the check took twice as long at 4 KiB to 4 MiB.)
   struct Span {
     void* data = nullptr;
     size_t bytes = 0;

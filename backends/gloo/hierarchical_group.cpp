@@ -205,6 +205,11 @@ struct HierarchicalGroup::Impl {
   }
 
   bool leads() const { return leaders != nullptr; }
+  // The first failure, once broken; else null.
+  std::exception_ptr failure() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return broken;
+  }
 
   const int rank, size;
   const HostLayout layout;
@@ -231,47 +236,35 @@ HierarchicalGroup::HierarchicalGroup(int rank, int size, ProcessGroupOptions opt
   // A failed send or recv breaks the group, as a failed collective does,
   // and aborts the sub-groups so that this host's other ranks fail at once.
   Impl* g = impl_.get();
-  p2p_->setFailureHook([g](const std::string& why) {
+  p2p_->setFailureHook([g](const std::string& why, bool timedOut) {
     if (g->closing.load()) return;
     {
       std::lock_guard<std::mutex> lock(g->mutex);
       if (!g->broken) g->broken = std::make_exception_ptr(CollectiveError(why));
     }
+    if (timedOut) return;  // the peers time out by themselves, as after a collective's timeout
     g->local->abort(why);
     if (g->leaders) g->leaders->abort(why);
   });
 }
 
-// A send or recv on a broken group fails at once with the first error.
-static WorkPtr failedIfBroken(std::mutex& mutex, const std::exception_ptr& broken, const std::string& what) {
-  std::exception_ptr first;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    first = broken;
-  }
-  if (!first) return nullptr;
-  auto work = std::make_shared<Work>(what, Milliseconds(0));
-  try {
-    std::rethrow_exception(first);
-  } catch (const std::exception& e) {
-    work->finish(std::make_exception_ptr(
-        CollectiveError(fmt::format("{} not run: the group failed earlier: {}", what, e.what()))));
-  }
-  return work;
-}
 
 WorkPtr HierarchicalGroup::send(const at::Tensor& tensor, int dst, const SendOptions& opts) {
-  if (auto failed = failedIfBroken(impl_->mutex, impl_->broken, fmt::format("[rank {}/{}] gloo send to rank {}",
-                                                                            rank(), size(), dst))) {
-    return failed;
+  if (opts.tag < 0) {
+    fail<UsageError>("[rank {}/{}] gloo send: tag {} is negative (negative tags are internal)", rank(), size(), opts.tag);
+  }
+  if (std::exception_ptr broken = impl_->failure()) {
+    return Work::failedEarlier(fmt::format("[rank {}/{}] gloo send to rank {}", rank(), size(), dst), broken);
   }
   return p2p_->send(tensor, dst, opts.tag, resolveTimeout(opts.timeout));
 }
 
 WorkPtr HierarchicalGroup::recv(at::Tensor& tensor, int src, const RecvOptions& opts) {
-  if (auto failed = failedIfBroken(impl_->mutex, impl_->broken, fmt::format("[rank {}/{}] gloo recv from rank {}",
-                                                                            rank(), size(), src))) {
-    return failed;
+  if (opts.tag < 0) {
+    fail<UsageError>("[rank {}/{}] gloo recv: tag {} is negative (negative tags are internal)", rank(), size(), opts.tag);
+  }
+  if (std::exception_ptr broken = impl_->failure()) {
+    return Work::failedEarlier(fmt::format("[rank {}/{}] gloo recv from rank {}", rank(), size(), src), broken);
   }
   return p2p_->recv(tensor, src, opts.tag, resolveTimeout(opts.timeout));
 }
@@ -442,13 +435,11 @@ at::Tensor HierarchicalGroup::allocateCommunicationBuffer(int64_t numel, const a
 
 // ---- a block per pair of ranks, point to point -------------------------------------
 
-WorkPtr HierarchicalGroup::blocks(const std::string& what, size_t bytes, Milliseconds timeout,
+WorkPtr HierarchicalGroup::blocks(int tag, const std::string& what, size_t bytes, Milliseconds timeout,
                                   std::vector<at::Tensor> sends, std::vector<at::Tensor> recvs,
                                   std::function<void()> after) {
   Impl* g = impl_.get();
   PointToPoint* p2p = p2p_.get();
-  // Internal tags are negative (users' are >= 0), one per collective.
-  const int tag = -1 - static_cast<int>(blockCalls_++ % (uint64_t(1) << 30));
   const std::string label = fmt::format("[rank {}/{}] gloo ({} hosts) {}", rank(), size(), g->layout.hosts(), what);
   return g->enqueue(what, bytes, timeout, [=]() {
     const auto mine = static_cast<size_t>(g->rank);
@@ -467,48 +458,48 @@ std::function<void()> copyBack(const at::Tensor& staged, at::Tensor target) {
   if (staged.data_ptr() == target.data_ptr() || target.numel() == 0) return {};
   return [staged, target]() mutable { target.copy_(staged.view(target.sizes())); };
 }
+// The blocks of the exchanging pairs as views of a flat tensor, empty ones
+// included (undefined: the pair exchanges nothing).
+std::vector<at::Tensor> views(const at::Tensor& flat, const std::vector<int64_t>& at, const std::vector<int64_t>& count,
+                              const std::vector<bool>& exchanges) {
+  std::vector<at::Tensor> out(count.size());
+  for (size_t p = 0; p < count.size(); ++p) {
+    if (exchanges[p]) out[p] = flat.narrow(0, at[p], count[p]);
+  }
+  return out;
+}
 }  // namespace
 
 WorkPtr HierarchicalGroup::gather(const at::Tensor& input, at::Tensor& output, const GatherOptions& opts) {
+  const int tag = nextBlockTag();
   checkGather(rank(), size(), input, output, opts.root);
   requireSupported(input, "gather");
   const bool isRoot = rank() == opts.root;
   if (isRoot) requireSupported(output, "gather");
-  const int64_t n = input.numel();
-  std::vector<at::Tensor> sends(static_cast<size_t>(size())), recvs(static_cast<size_t>(size()));
-  sends[static_cast<size_t>(opts.root)] = flatHost(input);
-  std::function<void()> after;
-  if (isRoot) {
-    at::Tensor out = flatHost(output);
-    for (int i = 0; i < size(); ++i) recvs[static_cast<size_t>(i)] = out.narrow(0, i * n, n);
-    after = copyBack(out, output);
-  }
-  return blocks(fmt::format("gather ({}, root {})", summarize(input, nullptr), opts.root),
-                isRoot ? output.nbytes() : input.nbytes(), resolveTimeout(opts.timeout), std::move(sends),
-                std::move(recvs), std::move(after));
+  const BlockCounts b = gatherBlocks(rank(), size(), opts.root, input.numel());
+  at::Tensor in = flatHost(input), out = isRoot ? flatHost(output) : at::Tensor();
+  return blocks(tag, fmt::format("gather ({}, root {})", summarize(input, nullptr), opts.root),
+                isRoot ? output.nbytes() : input.nbytes(), resolveTimeout(opts.timeout), views(in, b.sendAt, b.sendCount, b.sendsTo),
+                views(out, b.recvAt, b.recvCount, b.receivesFrom), isRoot ? copyBack(out, output) : nullptr);
 }
 
 WorkPtr HierarchicalGroup::scatter(const at::Tensor& input, at::Tensor& output, const ScatterOptions& opts) {
+  const int tag = nextBlockTag();
   checkScatter(rank(), size(), input, output, opts.root);
   requireSupported(output, "scatter");
   const bool isRoot = rank() == opts.root;
   if (isRoot) requireSupported(input, "scatter");
-  const int64_t n = output.numel();
-  std::vector<at::Tensor> sends(static_cast<size_t>(size())), recvs(static_cast<size_t>(size()));
-  if (isRoot) {
-    at::Tensor in = flatHost(input);
-    for (int j = 0; j < size(); ++j) sends[static_cast<size_t>(j)] = in.narrow(0, j * n, n);
-  }
-  at::Tensor out = flatHost(output);
-  recvs[static_cast<size_t>(opts.root)] = out;
-  return blocks(fmt::format("scatter ({}, root {})", summarize(output, nullptr), opts.root),
-                isRoot ? input.nbytes() : output.nbytes(), resolveTimeout(opts.timeout), std::move(sends),
-                std::move(recvs), copyBack(out, output));
+  const BlockCounts b = scatterBlocks(rank(), size(), opts.root, output.numel());
+  at::Tensor in = isRoot ? flatHost(input) : at::Tensor(), out = flatHost(output);
+  return blocks(tag, fmt::format("scatter ({}, root {})", summarize(output, nullptr), opts.root),
+                isRoot ? input.nbytes() : output.nbytes(), resolveTimeout(opts.timeout), views(in, b.sendAt, b.sendCount, b.sendsTo),
+                views(out, b.recvAt, b.recvCount, b.receivesFrom), copyBack(out, output));
 }
 
 WorkPtr HierarchicalGroup::alltoall(const at::Tensor& input, at::Tensor& output,
                                     const std::vector<int64_t>& inputSplits, const std::vector<int64_t>& outputSplits,
                                     const AlltoallOptions& opts) {
+  const int tag = nextBlockTag();
   requireSupported(input, "alltoall");
   requireSupported(output, "alltoall");
   const AlltoallSplits splits = checkAlltoall(rank(), size(), input, output, inputSplits, outputSplits);
@@ -517,18 +508,11 @@ WorkPtr HierarchicalGroup::alltoall(const at::Tensor& input, at::Tensor& output,
     fail<UsageError>("[rank {}/{}] alltoall: it sends itself {} row(s) but expects {}", rank(), size(),
                      splits.send[me], splits.recv[me]);
   }
+  const BlockCounts b = alltoallBlocks(splits);
   at::Tensor in = flatHost(input), out = flatHost(output);
-  std::vector<at::Tensor> sends, recvs;
-  int64_t sendAt = 0, recvAt = 0;
-  for (size_t j = 0; j < splits.send.size(); ++j) {
-    const int64_t sendCount = splits.send[j] * splits.rowElements, recvCount = splits.recv[j] * splits.rowElements;
-    sends.push_back(in.narrow(0, sendAt, sendCount));
-    recvs.push_back(out.narrow(0, recvAt, recvCount));
-    sendAt += sendCount;
-    recvAt += recvCount;
-  }
-  return blocks(fmt::format("alltoall ({})", summarize(input, nullptr)), std::max(input.nbytes(), output.nbytes()),
-                resolveTimeout(opts.timeout), std::move(sends), std::move(recvs), copyBack(out, output));
+  return blocks(tag, fmt::format("alltoall ({})", summarize(input, nullptr)), std::max(input.nbytes(), output.nbytes()),
+                resolveTimeout(opts.timeout), views(in, b.sendAt, b.sendCount, b.sendsTo), views(out, b.recvAt, b.recvCount, b.receivesFrom),
+                copyBack(out, output));
 }
 
 }  // namespace ddp::gloo_backend

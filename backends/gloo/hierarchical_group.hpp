@@ -32,6 +32,7 @@
 //   shared memory is allowed, and DDP_GLOO_HIERARCHICAL is not 0.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -105,13 +106,17 @@ class HierarchicalGroup : public ProcessGroup {
   // Queues a collective that sends sends[j] to rank j and fills recvs[i]
   // from rank i (flat host views; this rank's own pair is copied), then
   // runs `after` (a copy back into a non-contiguous output).
-  WorkPtr blocks(const std::string& what, size_t bytes, Milliseconds timeout, std::vector<at::Tensor> sends,
+  // `tag`: nextBlockTag(), taken before any argument check, so that a
+  // call refused on one rank still keeps the numbering alike everywhere.
+  WorkPtr blocks(int tag, const std::string& what, size_t bytes, Milliseconds timeout, std::vector<at::Tensor> sends,
                  std::vector<at::Tensor> recvs, std::function<void()> after);
+  // Internal tags are negative (users' are >= 0), one per block collective.
+  int nextBlockTag() { return -1 - static_cast<int>(blockCalls_.fetch_add(1) % (uint64_t(1) << 30)); }
 
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<PointToPoint> p2p_;  // shut down before impl_'s worker stops (the destructor)
-  uint64_t blockCalls_ = 0;            // numbers the block collectives alike on every rank: their tags
+  std::atomic<uint64_t> blockCalls_{0};  // numbers the block collectives alike on every rank: their tags
 };
 
 }  // namespace ddp::gloo_backend

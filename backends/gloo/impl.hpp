@@ -85,6 +85,9 @@ struct ProcessGroupGloo::Impl {
   static std::chrono::microseconds callerSpin(int localRanks);
   // ProcessGroupGloo::abort.
   void abort(const std::string& reason);
+  // Breaks this rank's group only: later collectives fail at once with
+  // `reason`; the peers are not told.
+  void markBroken(const std::string& reason);
   // The first failure, once the group is broken; else null.
   std::exception_ptr failure();
   // Set when the group is being destroyed: a send or recv that fails then

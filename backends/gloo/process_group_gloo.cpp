@@ -87,10 +87,17 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     impl_->p2p = std::make_unique<PointToPoint>(impl_->store, rank, size,
                                                 gloo_backend::listenIp(impl_->listenAddress),
                                                 fmt::format("[rank {}/{}] gloo", rank, size));
-    // A failed send or recv breaks the group, as a failed collective does.
+    // A failed send or recv breaks the group, as a failed collective does:
+    // after a timeout only this rank's (the peers time out by themselves,
+    // as after a collective's timeout); else the peers learn it at once.
     Impl* impl = impl_.get();
-    impl_->p2p->setFailureHook([impl](const std::string& why) {
-      if (!impl->closing.load()) impl->abort(why);
+    impl_->p2p->setFailureHook([impl](const std::string& why, bool timedOut) {
+      if (impl->closing.load()) return;
+      if (timedOut) {
+        impl->markBroken(why);
+      } else {
+        impl->abort(why);
+      }
     });
   }
   if (size_ == 1) {
@@ -217,28 +224,20 @@ WorkPtr ProcessGroupGloo::alltoall(const at::Tensor& input, at::Tensor& output, 
 WorkPtr ProcessGroupGloo::send(const at::Tensor& tensor, int dst, const SendOptions& opts) {
   if (!impl_->p2p) fail<UsageError>("[rank 0/1] gloo send: a group of one rank has no one to send to");
   if (opts.tag < 0) fail<UsageError>("[rank {}/{}] gloo send: tag {} is negative (negative tags are internal)", rank_, size_, opts.tag);
-  if (std::exception_ptr broken = impl_->failure()) return failedPointToPoint("send", dst, broken);
+  if (std::exception_ptr broken = impl_->failure()) {
+    return Work::failedEarlier(fmt::format("[rank {}/{}] gloo send to rank {}", rank_, size_, dst), broken);
+  }
   return impl_->p2p->send(tensor, dst, opts.tag, resolveTimeout(opts.timeout));
 }
 
 WorkPtr ProcessGroupGloo::recv(at::Tensor& tensor, int src, const RecvOptions& opts) {
   if (!impl_->p2p) fail<UsageError>("[rank 0/1] gloo recv: a group of one rank has no one to receive from");
   if (opts.tag < 0) fail<UsageError>("[rank {}/{}] gloo recv: tag {} is negative (negative tags are internal)", rank_, size_, opts.tag);
-  if (std::exception_ptr broken = impl_->failure()) return failedPointToPoint("recv", src, broken);
+  if (std::exception_ptr broken = impl_->failure()) {
+    return Work::failedEarlier(fmt::format("[rank {}/{}] gloo recv from rank {}", rank_, size_, src), broken);
+  }
   return impl_->p2p->recv(tensor, src, opts.tag, resolveTimeout(opts.timeout));
 }
 
-WorkPtr ProcessGroupGloo::failedPointToPoint(const char* op, int peer, const std::exception_ptr& broken) const {
-  const std::string what = fmt::format("[rank {}/{}] gloo {} {} rank {}", rank_, size_, op,
-                                       std::string(op) == "send" ? "to" : "from", peer);
-  auto work = std::make_shared<Work>(what, options_.timeout);
-  try {
-    std::rethrow_exception(broken);
-  } catch (const std::exception& e) {
-    work->finish(std::make_exception_ptr(
-        CollectiveError(fmt::format("{} not run: the group failed earlier: {}", what, e.what()))));
-  }
-  return work;
-}
 
 }  // namespace ddp

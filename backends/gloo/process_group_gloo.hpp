@@ -100,9 +100,6 @@ class ProcessGroupGloo : public ProcessGroup {
   struct Impl;  // queue, worker thread, transports; impl.hpp
 
  private:
-  // A send or recv on a broken group: failed at once with the first error.
-  WorkPtr failedPointToPoint(const char* op, int peer, const std::exception_ptr& broken) const;
-
   std::unique_ptr<Impl> impl_;
 };
 

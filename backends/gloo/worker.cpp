@@ -224,6 +224,11 @@ void ProcessGroupGloo::Impl::abort(const std::string& reason) {
   if (ring) ring->interrupt();
 }
 
+void ProcessGroupGloo::Impl::markBroken(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!broken_) broken_ = std::make_exception_ptr(CollectiveError(reason));
+}
+
 std::exception_ptr ProcessGroupGloo::Impl::failure() {
   std::lock_guard<std::mutex> lock(mutex_);
   return broken_;
@@ -245,9 +250,12 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
     }
   } else {
     const auto started = Clock::now();
-    bool timedOut = false;
+    bool timedOut = false, agreed = false;
     try {
       task.run(task.descriptor, task.deadline);
+    } catch (const gloo_backend::AgreedFailure&) {
+      error = std::current_exception();
+      agreed = true;
     } catch (const CollectiveError&) {
       error = std::current_exception();
     } catch (const std::exception& e) {
@@ -269,7 +277,8 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
       // connection) ends the peers' waits on this rank at once, instead of
       // at their timeout. After a timeout every peer waiting times out too,
       // each naming whom it waited for; closing here would blame this rank.
-      if (!timedOut) {
+      // A failure every rank agrees on needs no help either.
+      if (!timedOut && !agreed) {
         if (frames) frames->reset();
         if (ring) ring->reset();
       }

@@ -188,9 +188,12 @@ ProcessGroupNccl::~ProcessGroupNccl() {
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
-WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at::Tensor& out, bool outputIsInput,
+WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at::Tensor& out, Flow flow,
                                  Milliseconds timeout, const std::string& summary,
                                  const std::function<int(void*, void*, void*)>& issue, int sourceRank) {
+  const bool outputIsInput = flow != Flow::OutOfPlace;
+  const bool upload = flow != Flow::ReceiveOnly;   // the input's bytes matter
+  const bool download = flow != Flow::SendOnly;    // the result goes back into a tensor
   const uint64_t seq = nextSeq_++;
   const std::string description = fmt::format("[rank {}/{}] nccl {} #{} ({})", rank_, size_, op, seq, summary);
   WorkPtr work = sourceRank >= 0 ? std::make_shared<NcclRecvWork>(description, timeout, sourceRank)
@@ -244,7 +247,7 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
     sendPtr = sendTensor.data_ptr();
     recvPtr = recvTensor.data_ptr();
     const at::Tensor& target = outputIsInput ? in : out;
-    if (!recvTensor.is_same(target)) {
+    if (download && !recvTensor.is_same(target)) {
       const int device = device_;
       p.afterSuccess = [target, recvTensor, device]() mutable {
         target.copy_(recvTensor);
@@ -269,7 +272,7 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
       impl_->check(cudaMalloc(&recvPtr, std::max<size_t>(outBytes, 1)), description + ": cudaMalloc");
       p.deviceBuffers.push_back(recvPtr);
     }
-    if (inBytes) {
+    if (inBytes && upload) {
       impl_->check(cudaMemcpyAsync(sendPtr, hostIn.data_ptr(), inBytes, cudaMemcpyHostToDevice, stream),
                    description + ": copy to device");
     }
@@ -282,7 +285,9 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
     if (p.done) cudaEventDestroy(p.done);
     throw;
   }
-  if (!onDevice) {
+  if (!onDevice && !download) {
+    p.afterSuccess = [hostIn] {};  // keeps the host tensor alive until the upload is done
+  } else if (!onDevice) {
     const at::Tensor& result = outputIsInput ? hostIn : hostOut;
     if (result.nbytes()) {
       impl_->check(cudaMemcpyAsync(result.data_ptr(), recvPtr, result.nbytes(), cudaMemcpyDeviceToHost, stream),
@@ -370,7 +375,7 @@ WorkPtr ProcessGroupNccl::allreduce(at::Tensor& tensor, const AllreduceOptions& 
   const ncclDataType_t type = ncclTypeFor(tensor.scalar_type());
   const size_t count = tensor.numel();
   ncclComm_t comm = impl_->comm;
-  return launch("allreduce", tensor, tensor, true, resolveTimeout(opts.timeout),
+  return launch("allreduce", tensor, tensor, Flow::InPlace, resolveTimeout(opts.timeout),
                 tensorSummary(tensor, reduceOpName(opts.op)), [&](void* send, void* recv, void* stream) {
                   return ncclAllReduce(send, recv, count, type, ncclOpFor(opts.op), comm,
                                        static_cast<cudaStream_t>(stream));
@@ -384,7 +389,7 @@ WorkPtr ProcessGroupNccl::broadcast(at::Tensor& tensor, const BroadcastOptions& 
   const ncclDataType_t type = ncclTypeFor(tensor.scalar_type());
   const size_t count = tensor.numel();
   ncclComm_t comm = impl_->comm;
-  return launch("broadcast", tensor, tensor, true, resolveTimeout(opts.timeout),
+  return launch("broadcast", tensor, tensor, Flow::InPlace, resolveTimeout(opts.timeout),
                 tensorSummary(tensor, fmt::format("root {}", opts.root)), [&](void* send, void* recv, void* stream) {
                   return ncclBroadcast(send, recv, count, type, opts.root, comm, static_cast<cudaStream_t>(stream));
                 });
@@ -399,7 +404,7 @@ WorkPtr ProcessGroupNccl::allgather(const at::Tensor& input, at::Tensor& output,
   const ncclDataType_t type = ncclTypeFor(input.scalar_type());
   const size_t count = input.numel();
   ncclComm_t comm = impl_->comm;
-  return launch("allgather", input, output, false, resolveTimeout(opts.timeout), tensorSummary(input),
+  return launch("allgather", input, output, Flow::OutOfPlace, resolveTimeout(opts.timeout), tensorSummary(input),
                 [&](void* send, void* recv, void* stream) {
                   return ncclAllGather(send, recv, count, type, comm, static_cast<cudaStream_t>(stream));
                 });
@@ -415,7 +420,7 @@ WorkPtr ProcessGroupNccl::reduceScatter(const at::Tensor& input, at::Tensor& out
   const ncclDataType_t type = ncclTypeFor(input.scalar_type());
   const size_t count = output.numel();
   ncclComm_t comm = impl_->comm;
-  return launch("reduce_scatter", input, output, false, resolveTimeout(opts.timeout),
+  return launch("reduce_scatter", input, output, Flow::OutOfPlace, resolveTimeout(opts.timeout),
                 tensorSummary(input, reduceOpName(opts.op)), [&](void* send, void* recv, void* stream) {
                   return ncclReduceScatter(send, recv, count, type, ncclOpFor(opts.op), comm,
                                            static_cast<cudaStream_t>(stream));
@@ -455,7 +460,7 @@ WorkPtr ProcessGroupNccl::send(const at::Tensor& tensor, int dst, const SendOpti
   const ncclDataType_t type = ncclTypeFor(tensor.scalar_type());
   const size_t count = tensor.numel();
   ncclComm_t comm = impl_->comm;
-  return launch("send", tensor, tensor, true, resolveTimeout(opts.timeout),
+  return launch("send", tensor, tensor, Flow::SendOnly, resolveTimeout(opts.timeout),
                 tensorSummary(tensor, fmt::format("to rank {}", dst)), [&](void* send, void*, void* stream) {
                   return ncclSend(send, count, type, dst, comm, static_cast<cudaStream_t>(stream));
                 });
@@ -468,7 +473,7 @@ WorkPtr ProcessGroupNccl::recv(at::Tensor& tensor, int src, const RecvOptions& o
   const size_t count = tensor.numel();
   ncclComm_t comm = impl_->comm;
   return launch(
-      "recv", tensor, tensor, true, resolveTimeout(opts.timeout),
+      "recv", tensor, tensor, Flow::ReceiveOnly, resolveTimeout(opts.timeout),
       tensorSummary(tensor, fmt::format("from rank {}", src)),
       [&](void*, void* recv, void* stream) {
         return ncclRecv(recv, count, type, src, comm, static_cast<cudaStream_t>(stream));
@@ -479,8 +484,11 @@ WorkPtr ProcessGroupNccl::recv(at::Tensor& tensor, int src, const RecvOptions& o
 // A block per pair of ranks in one NCCL group call; this rank's own block
 // is a device copy. Counts and offsets are in elements.
 int ProcessGroupNccl::issueBlocks(void* send, void* recv, void* stream, at::ScalarType dtype,
-                                  const std::vector<int64_t>& sendAt, const std::vector<int64_t>& sendCount,
-                                  const std::vector<int64_t>& recvAt, const std::vector<int64_t>& recvCount) {
+                                  const BlockCounts& blocks) {
+  const std::vector<int64_t>& sendAt = blocks.sendAt;
+  const std::vector<int64_t>& sendCount = blocks.sendCount;
+  const std::vector<int64_t>& recvAt = blocks.recvAt;
+  const std::vector<int64_t>& recvCount = blocks.recvCount;
   const ncclDataType_t type = ncclTypeFor(dtype);
   const size_t es = c10::elementSize(dtype);
   auto* in = static_cast<uint8_t*>(send);
@@ -495,6 +503,7 @@ int ProcessGroupNccl::issueBlocks(void* send, void* recv, void* stream, at::Scal
     }
   }
   ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return r;
   for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
     const auto q = static_cast<size_t>(p);
     if (p == rank_) continue;
@@ -510,71 +519,43 @@ int ProcessGroupNccl::issueBlocks(void* send, void* recv, void* stream, at::Scal
 WorkPtr ProcessGroupNccl::alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits,
                                    const std::vector<int64_t>& outputSplits, const AlltoallOptions& opts) {
   const AlltoallSplits splits = checkAlltoall(rank_, size_, input, output, inputSplits, outputSplits);
-  std::vector<int64_t> sendCount, recvCount;
-  for (size_t j = 0; j < splits.send.size(); ++j) {
-    sendCount.push_back(splits.send[j] * splits.rowElements);
-    recvCount.push_back(splits.recv[j] * splits.rowElements);
+  const auto me = static_cast<size_t>(rank_);
+  if (splits.send[me] != splits.recv[me]) {
+    fail<UsageError>("[rank {}/{}] alltoall: it sends itself {} row(s) but expects {}", rank_, size_, splits.send[me],
+                     splits.recv[me]);
   }
-  std::vector<int64_t> sendAt(sendCount.size(), 0), recvAt(recvCount.size(), 0);
-  for (size_t j = 1; j < sendCount.size(); ++j) {
-    sendAt[j] = sendAt[j - 1] + sendCount[j - 1];
-    recvAt[j] = recvAt[j - 1] + recvCount[j - 1];
-  }
-  if (sendCount[static_cast<size_t>(rank_)] != recvCount[static_cast<size_t>(rank_)]) {
-    fail<UsageError>("[rank {}/{}] alltoall: it sends itself {} row(s) but expects {}", rank_, size_,
-                     splits.send[static_cast<size_t>(rank_)], splits.recv[static_cast<size_t>(rank_)]);
-  }
+  const BlockCounts blocks = alltoallBlocks(splits);
   const at::ScalarType dtype = input.scalar_type();
-  return launch("alltoall", input, output, false, resolveTimeout(opts.timeout), tensorSummary(input),
-                [&](void* send, void* recv, void* stream) {
-                  return issueBlocks(send, recv, stream, dtype, sendAt, sendCount, recvAt, recvCount);
-                });
+  return launch("alltoall", input, output, Flow::OutOfPlace, resolveTimeout(opts.timeout), tensorSummary(input),
+                [&](void* send, void* recv, void* stream) { return issueBlocks(send, recv, stream, dtype, blocks); });
 }
 
 WorkPtr ProcessGroupNccl::gather(const at::Tensor& input, at::Tensor& output, const GatherOptions& opts) {
   checkGather(rank_, size_, input, output, opts.root);
-  const int64_t n = input.numel();
-  const auto size = static_cast<size_t>(size_);
-  std::vector<int64_t> sendAt(size, 0), sendCount(size, 0), recvAt(size, 0), recvCount(size, 0);
-  sendCount[static_cast<size_t>(opts.root)] = n;
+  const BlockCounts blocks = gatherBlocks(rank_, size_, opts.root, input.numel());
   const bool isRoot = rank_ == opts.root;
-  if (isRoot) {
-    for (size_t i = 0; i < size; ++i) {
-      recvAt[i] = static_cast<int64_t>(i) * n;
-      recvCount[i] = n;
-    }
-  }
   const at::ScalarType dtype = input.scalar_type();
   const std::string summary = tensorSummary(input, fmt::format("root {}", opts.root));
   const auto issue = [&](void* send, void* recv, void* stream) {
-    return issueBlocks(send, recv, stream, dtype, sendAt, sendCount, recvAt, recvCount);
+    return issueBlocks(send, recv, stream, dtype, blocks);
   };
   // Off the root nothing is received: the input stands in for the output.
-  if (!isRoot) return launch("gather", input, input, true, resolveTimeout(opts.timeout), summary, issue);
-  return launch("gather", input, output, false, resolveTimeout(opts.timeout), summary, issue);
+  if (!isRoot) return launch("gather", input, input, Flow::SendOnly, resolveTimeout(opts.timeout), summary, issue);
+  return launch("gather", input, output, Flow::OutOfPlace, resolveTimeout(opts.timeout), summary, issue);
 }
 
 WorkPtr ProcessGroupNccl::scatter(const at::Tensor& input, at::Tensor& output, const ScatterOptions& opts) {
   checkScatter(rank_, size_, input, output, opts.root);
-  const int64_t n = output.numel();
-  const auto size = static_cast<size_t>(size_);
-  std::vector<int64_t> sendAt(size, 0), sendCount(size, 0), recvAt(size, 0), recvCount(size, 0);
-  recvCount[static_cast<size_t>(opts.root)] = n;
+  const BlockCounts blocks = scatterBlocks(rank_, size_, opts.root, output.numel());
   const bool isRoot = rank_ == opts.root;
-  if (isRoot) {
-    for (size_t j = 0; j < size; ++j) {
-      sendAt[j] = static_cast<int64_t>(j) * n;
-      sendCount[j] = n;
-    }
-  }
   const at::ScalarType dtype = output.scalar_type();
   const std::string summary = tensorSummary(output, fmt::format("root {}", opts.root));
   const auto issue = [&](void* send, void* recv, void* stream) {
-    return issueBlocks(send, recv, stream, dtype, sendAt, sendCount, recvAt, recvCount);
+    return issueBlocks(send, recv, stream, dtype, blocks);
   };
   // Off the root nothing is sent: the output stands in for the input.
-  if (!isRoot) return launch("scatter", output, output, true, resolveTimeout(opts.timeout), summary, issue);
-  return launch("scatter", input, output, false, resolveTimeout(opts.timeout), summary, issue);
+  if (!isRoot) return launch("scatter", output, output, Flow::ReceiveOnly, resolveTimeout(opts.timeout), summary, issue);
+  return launch("scatter", input, output, Flow::OutOfPlace, resolveTimeout(opts.timeout), summary, issue);
 }
 
 void registerNcclBackend(BackendRegistry& registry) {

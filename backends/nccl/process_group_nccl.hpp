@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "framework/comm/backend_registry.hpp"
+#include "framework/comm/collective_args.hpp"
 #include "framework/comm/process_group.hpp"
 #include "framework/store/store.hpp"
 
@@ -69,15 +70,17 @@ class ProcessGroupNccl : public ProcessGroup {
  private:
   // Issues one operation: `issue(send, recv, stream)` enqueues the NCCL call
   // on device pointers that launch() prepared and returns its ncclResult_t.
+  // How the operation uses its tensors: in place (in is out), in to out,
+  // or one way only: a send's input is only read (nothing comes back into
+  // it), a recv's output only written (nothing goes up from it).
+  enum class Flow { InPlace, OutOfPlace, SendOnly, ReceiveOnly };
   // `sourceRank` >= 0: a recv's Work, which names that sender.
-  WorkPtr launch(const char* op, const at::Tensor& in, const at::Tensor& out, bool outputIsInput,
+  WorkPtr launch(const char* op, const at::Tensor& in, const at::Tensor& out, Flow flow,
                  Milliseconds timeout, const std::string& summary,
                  const std::function<int(void* send, void* recv, void* stream)>& issue, int sourceRank = -1);
   // One group call of ncclSend/ncclRecv, a block per pair (counts and
   // offsets in elements); returns its ncclResult_t.
-  int issueBlocks(void* send, void* recv, void* stream, at::ScalarType dtype, const std::vector<int64_t>& sendAt,
-                  const std::vector<int64_t>& sendCount, const std::vector<int64_t>& recvAt,
-                  const std::vector<int64_t>& recvCount);
+  int issueBlocks(void* send, void* recv, void* stream, at::ScalarType dtype, const BlockCounts& blocks);
   void watchdogLoop();
 
   std::unique_ptr<Impl> impl_;

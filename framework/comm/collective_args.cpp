@@ -58,6 +58,15 @@ AlltoallSplits checkAlltoall(int rank, int size, const at::Tensor& input, const 
     bad(fmt::format("input is {}, output {}; they must match", dtypeName(input), dtypeName(output)));
   }
   if (input.dim() == 0 || output.dim() == 0) bad("input and output need a dim 0 of rows");
+  if (input.numel() > 0 && output.numel() > 0 && input.is_alias_of(output)) {
+    // Views of one storage may still be apart; contiguous ones are checked
+    // byte by byte, strided ones are refused.
+    const auto* a = static_cast<const char*>(input.data_ptr());
+    const auto* b = static_cast<const char*>(output.data_ptr());
+    const bool apart = input.is_contiguous() && output.is_contiguous() &&
+                       (a + input.nbytes() <= b || b + output.nbytes() <= a);
+    if (!apart) bad("input and output share memory. HINT: give alltoall an output tensor of its own");
+  }
   AlltoallSplits out;
   out.rowElements = rowElementsOf(input);
   if (rowElementsOf(output) != out.rowElements) {
@@ -86,6 +95,66 @@ AlltoallSplits checkAlltoall(int rank, int size, const at::Tensor& input, const 
   out.send = splitsOr(inputSplits, input.size(0), "input");
   out.recv = splitsOr(outputSplits, output.size(0), "output");
   return out;
+}
+
+namespace {
+
+std::vector<int64_t> offsetsOf(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> at(counts.size(), 0);
+  for (size_t j = 1; j < counts.size(); ++j) at[j] = at[j - 1] + counts[j - 1];
+  return at;
+}
+
+// Every rank's n elements meet at `root`: from the root's point of view
+// its input is sliced (scatter) or its output is (gather).
+BlockCounts rootedBlocks(int rank, int size, int root, int64_t n, bool rootSends) {
+  const auto ranks = static_cast<size_t>(size), r = static_cast<size_t>(root);
+  BlockCounts b;
+  b.sendAt.assign(ranks, 0);
+  b.sendCount.assign(ranks, 0);
+  b.recvAt.assign(ranks, 0);
+  b.recvCount.assign(ranks, 0);
+  std::vector<int64_t>& sliced = rootSends ? b.sendCount : b.recvCount;
+  std::vector<int64_t>& slicedAt = rootSends ? b.sendAt : b.recvAt;
+  std::vector<int64_t>& single = rootSends ? b.recvCount : b.sendCount;
+  std::vector<bool>& slicedPairs = rootSends ? b.sendsTo : b.receivesFrom;
+  std::vector<bool>& singlePair = rootSends ? b.receivesFrom : b.sendsTo;
+  b.sendsTo.assign(ranks, false);
+  b.receivesFrom.assign(ranks, false);
+  single[r] = n;
+  singlePair[r] = true;
+  if (rank == root) {
+    for (size_t j = 0; j < ranks; ++j) {
+      slicedAt[j] = static_cast<int64_t>(j) * n;
+      sliced[j] = n;
+      slicedPairs[j] = true;
+    }
+  }
+  b.largest = n;
+  return b;
+}
+
+}  // namespace
+
+BlockCounts alltoallBlocks(const AlltoallSplits& splits) {
+  BlockCounts b;
+  for (size_t j = 0; j < splits.send.size(); ++j) {
+    b.sendCount.push_back(splits.send[j] * splits.rowElements);
+    b.recvCount.push_back(splits.recv[j] * splits.rowElements);
+  }
+  b.sendAt = offsetsOf(b.sendCount);
+  b.recvAt = offsetsOf(b.recvCount);
+  b.sendsTo.assign(splits.send.size(), true);
+  b.receivesFrom.assign(splits.recv.size(), true);
+  return b;
+}
+
+BlockCounts gatherBlocks(int rank, int size, int root, int64_t n) {
+  return rootedBlocks(rank, size, root, n, /*rootSends=*/false);
+}
+
+BlockCounts scatterBlocks(int rank, int size, int root, int64_t n) {
+  return rootedBlocks(rank, size, root, n, /*rootSends=*/true);
 }
 
 }  // namespace ddp

@@ -214,6 +214,13 @@ void transferAll(Links& links, std::vector<LinkTransfer>& sends, std::vector<Lin
     throw std::runtime_error(fmt::format("the connection to rank {} failed ({}): {}", peer, what, why));
   };
   int stage = 0;  // receives of this stage and below may move
+  // A send that failed: the peer closed or reset the connection. Raised
+  // only once the receives have run their course, so that what they say
+  // (what is still in the kernel's buffer from that peer, the stages'
+  // checks) comes first: a peer that found a mistake every rank sees and
+  // closed is then reported as that mistake, not as a reset.
+  std::string sendFailure;
+  std::vector<int> deadPeers;
   // Moves each transfer of `list` until the kernel would block, then waits
   // for that socket to be ready for more. True when all are done.
   const auto advance = [&](std::vector<LinkTransfer>& list, bool sending) {
@@ -222,6 +229,10 @@ void transferAll(Links& links, std::vector<LinkTransfer>& sends, std::vector<Lin
     for (size_t k = 0; k < list.size(); ++k) {  // by index: afterStage may append
       LinkTransfer& t = list[k];
       if (t.done >= t.bytes) continue;
+      if (sending && std::find(deadPeers.begin(), deadPeers.end(), t.peer) != deadPeers.end()) {
+        t.done = t.bytes;  // abandoned: sendFailure says why
+        continue;
+      }
       all = false;
       if ((!sending && t.stage > stage) ||
           std::find(busyPeers.begin(), busyPeers.end(), t.peer) != busyPeers.end()) {
@@ -232,6 +243,14 @@ void transferAll(Links& links, std::vector<LinkTransfer>& sends, std::vector<Lin
       while (t.done < t.bytes) {
         const ssize_t n = sending ? sendSome(fd, data + t.done, t.bytes - t.done, &why)
                                   : recvSome(fd, data + t.done, t.bytes - t.done, &why);
+        if (n < 0 && sending && !links.interrupted()) {
+          if (sendFailure.empty()) {
+            sendFailure = fmt::format("the connection to rank {} failed ({}): {}", t.peer, what, why);
+          }
+          deadPeers.push_back(t.peer);
+          t.done = t.bytes;
+          break;
+        }
         if (n < 0) failed(t.peer);
         if (n == 0) {
           waiting.push_back({fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0});
@@ -257,15 +276,20 @@ void transferAll(Links& links, std::vector<LinkTransfer>& sends, std::vector<Lin
   };
   for (;;) {
     waiting.clear();
-    const bool sent = advance(sends, /*sending=*/true);
+    bool sent = advance(sends, /*sending=*/true);
     advance(recvs, /*sending=*/false);
-    // A stage that is in lets the next one move (afterStage may add more).
+    // A stage that is in lets the next one move (afterStage may add
+    // receives, and sends).
     while (stageDone() && stage <= lastStage()) {
       if (afterStage) afterStage(stage);
       ++stage;
+      sent = advance(sends, /*sending=*/true);
       advance(recvs, /*sending=*/false);
     }
-    if (sent && stage > lastStage()) return;
+    if (sent && stage > lastStage()) {
+      if (!sendFailure.empty()) throw std::runtime_error(sendFailure);
+      return;
+    }
     if (waiting.empty()) continue;
     const int ready = pollUntil(waiting.data(), waiting.size(), deadline);
     if (ready == 0) {

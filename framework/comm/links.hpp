@@ -106,9 +106,13 @@ struct LinkTransfer {
 // - Receives are staged: those of stage s + 1 start once every receive of
 //   stages up to s is done and afterStage(s) has returned (when given; it
 //   may throw, e.g. to refuse what a header said, or append receives of
-//   later stages). Sends are not staged.
+//   later stages, or sends). Sends are not staged: they move from the
+//   moment they are in the list.
 // Throws std::runtime_error "the connection to rank P failed (<what>): <why>"
-// (or "interrupted" after interrupt()), and at the deadline "rank P did not
+// (or "interrupted" after interrupt()): at once for a receive; for a send,
+// once the receives have run their course (a peer that closed after
+// finding a mistake is then reported by what it sent, the mistake, rather
+// than by its reset). At the deadline: "rank P did not
 // send its bytes of <what> before the timeout (D of N received)" naming
 // the first peer still owing bytes (or still to take ours).
 void transferAll(Links& links, std::vector<LinkTransfer>& sends, std::vector<LinkTransfer>& recvs,

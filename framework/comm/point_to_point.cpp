@@ -119,18 +119,18 @@ struct PointToPoint::Impl {
   std::list<std::shared_ptr<RecvOp>> posted;
   std::list<Message> unexpected;
   std::vector<bool> closedBy;  // a peer whose connection to us ended
-  std::function<void(const std::string&)> failureHook;
+  std::function<void(const std::string&, bool)> failureHook;
 
   Impl(std::shared_ptr<Store> s, int r, int n, std::string a, std::string l)
       : store(std::move(s)), rank(r), size(n), address(std::move(a)), label(std::move(l)), closedBy(n, false) {}
 
   // Fails `work`, after telling the failure hook (setFailureHook).
-  void failWork(const WorkPtr& work, std::exception_ptr error) {
+  void failWork(const WorkPtr& work, std::exception_ptr error, bool timedOut = false) {
     if (failureHook) {
       try {
         std::rethrow_exception(error);
       } catch (const std::exception& e) {
-        failureHook(e.what());
+        failureHook(e.what(), timedOut);
       }
     }
     work->finish(error);
@@ -263,8 +263,8 @@ struct PointToPoint::Impl {
   }
   static bool matches(const RecvOp& r, int src, int tag) { return r.tag == tag && (r.src == kAnySourceRank || r.src == src); }
 
-  void failLocked(std::list<std::shared_ptr<RecvOp>>::iterator it, const std::string& why) {
-    failWork((*it)->work, std::make_exception_ptr(CollectiveError(why)));
+  void failLocked(std::list<std::shared_ptr<RecvOp>>::iterator it, const std::string& why, bool timedOut = false) {
+    failWork((*it)->work, std::make_exception_ptr(CollectiveError(why)), timedOut);
     posted.erase(it);
   }
 
@@ -364,8 +364,10 @@ struct PointToPoint::Impl {
         for (auto it = posted.begin(); it != posted.end();) {
           if ((*it)->deadline <= now) {
             const auto& r = **it;
-            failLocked(it++, fmt::format("{} timed out after {} ms", describe("recv", r.src, r.tag, r.staging),
-                                         r.timeout.count()));
+            failLocked(it++,
+                       fmt::format("{} timed out after {} ms", describe("recv", r.src, r.tag, r.staging),
+                                   r.timeout.count()),
+                       /*timedOut=*/true);
           } else {
             next = std::min(next, (*it)->deadline);
             ++it;
@@ -376,7 +378,8 @@ struct PointToPoint::Impl {
             auto op = o.queue.front();
             o.queue.pop_front();
             failWork(op->work, std::make_exception_ptr(CollectiveError(
-                fmt::format("{} send to rank {} (tag {}) timed out after {} ms", label, dst, op->tag, op->timeout.count()))));
+                fmt::format("{} send to rank {} (tag {}) timed out after {} ms", label, dst, op->tag, op->timeout.count()))),
+                     /*timedOut=*/true);
             if (op->sent > 0) {  // cut mid-message: the stream cannot go on; the next send connects anew
               ::close(o.fd);
               o.fd = -1;
@@ -467,7 +470,7 @@ PointToPoint::PointToPoint(std::shared_ptr<Store> store, int rank, int size, std
 
 PointToPoint::~PointToPoint() { shutdown(); }
 
-void PointToPoint::setFailureHook(std::function<void(const std::string& why)> hook) {
+void PointToPoint::setFailureHook(std::function<void(const std::string& why, bool timedOut)> hook) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   impl_->failureHook = std::move(hook);
 }
@@ -590,7 +593,6 @@ void exchangeBlocks(PointToPoint& p2p, int rank, int size, const std::vector<at:
     return std::max(Milliseconds(1),
                     std::chrono::duration_cast<Milliseconds>(deadline - std::chrono::steady_clock::now()));
   };
-  const auto wanted = [](const at::Tensor& t) { return t.defined() && t.numel() > 0; };
   struct Pending {
     WorkPtr work;
     int peer;
@@ -600,19 +602,24 @@ void exchangeBlocks(PointToPoint& p2p, int rank, int size, const std::vector<at:
   for (int k = 1; k < size; ++k) {
     const int to = (rank + k) % size, from = (rank - k + size) % size;
     at::Tensor in = recvs[static_cast<size_t>(from)];
-    if (wanted(in)) pending.push_back({p2p.recv(in, from, tag, left()), from, true});
+    if (in.defined()) pending.push_back({p2p.recv(in, from, tag, left()), from, true});
     const at::Tensor& out = sends[static_cast<size_t>(to)];
-    if (wanted(out)) pending.push_back({p2p.send(out, to, tag, left()), to, false});
+    if (out.defined()) pending.push_back({p2p.send(out, to, tag, left()), to, false});
   }
+  // Every Work ends by its deadline: all are waited for, so that none still
+  // writes into an output (or reads an input) once this returns.
+  std::string first;
   for (const Pending& p : pending) {
     try {
       p.work->wait();
     } catch (const CollectiveError& e) {
-      if (!p.receiving) throw;
-      fail<CollectiveError>("{}: the block from rank {} ({} elements expected): {}", label, p.peer,
-                            recvs[static_cast<size_t>(p.peer)].numel(), e.what());
+      if (!first.empty()) continue;
+      first = p.receiving ? fmt::format("{}: the block from rank {} ({} elements expected): {}", label, p.peer,
+                                        recvs[static_cast<size_t>(p.peer)].numel(), e.what())
+                          : fmt::format("{}: the block to rank {}: {}", label, p.peer, e.what());
     }
   }
+  if (!first.empty()) throw CollectiveError(first);
 }
 
 }  // namespace ddp

@@ -59,11 +59,11 @@ class PointToPoint {
   // Closes every connection and fails what is pending; later sends and
   // recvs fail at once. The destructor does it too. Any thread.
   void shutdown();
-  // Called with the error, on the I/O thread (or the caller's), before a
-  // send or recv fails (not for shutdown()): a group breaks itself there,
-  // so that a waiter that sees the failure finds the group broken. It must
-  // not call into this object.
-  void setFailureHook(std::function<void(const std::string& why)> hook);
+  // Called with the error (and whether it is a timeout), on the I/O thread
+  // (or the caller's), before a send or recv fails (not for shutdown()): a
+  // group breaks itself there, so that a waiter that sees the failure finds
+  // the group broken. It must not call into this object.
+  void setFailureHook(std::function<void(const std::string& why, bool timedOut)> hook);
 
  private:
   struct Impl;
@@ -73,11 +73,12 @@ class PointToPoint {
 // A collective built on point to point (alltoall, gather, scatter where a
 // backend has no better path): every rank sends sends[j] to rank j and
 // receives recvs[i] from rank i, all at once, staggered (rank r first talks
-// to r + 1), and waits for all of them by `deadline`. Undefined or empty
-// tensors (and this rank's own) are skipped. Every message carries `tag`
-// (negative: internal, one per collective). A receive that fails (a peer
-// that sent another count, died, or timed out) throws CollectiveError
-// "<label>: the block from rank i (N elements expected): <why>".
+// to r + 1), and waits for all of them by `deadline`. Undefined tensors
+// (and this rank's own) are skipped; an empty one is still a message, so
+// that a receiver that expects another count fails. Every message carries
+// `tag` (negative: internal, one per collective). Once all have ended, the
+// first failure throws CollectiveError "<label>: the block from rank i (N
+// elements expected): <why>" (or "the block to rank j").
 void exchangeBlocks(PointToPoint& p2p, int rank, int size, const std::vector<at::Tensor>& sends,
                     const std::vector<at::Tensor>& recvs, int tag, std::chrono::steady_clock::time_point deadline,
                     const std::string& label);

@@ -63,6 +63,20 @@ void Work::onFinish(std::function<void()> callback) {
   callback();
 }
 
+std::shared_ptr<Work> Work::failedEarlier(std::string description, const std::exception_ptr& first) {
+  auto work = std::make_shared<Work>(std::move(description), std::chrono::milliseconds(0));
+  std::string why = "unknown failure";
+  try {
+    std::rethrow_exception(first);
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+  }
+  work->finish(std::make_exception_ptr(
+      CollectiveError(fmt::format("{} not run: the group failed earlier: {}", work->description(), why))));
+  return work;
+}
+
 std::shared_ptr<Work> Work::completed(std::string description) {
   auto work = std::make_shared<Work>(std::move(description), std::chrono::milliseconds(0));
   work->finish();

@@ -50,6 +50,9 @@ class Work {
 
   // A Work that is already complete (world size 1, zero elements).
   static std::shared_ptr<Work> completed(std::string description);
+  // A Work already failed because its group broke before it: CollectiveError
+  // "<description> not run: the group failed earlier: <first's message>".
+  static std::shared_ptr<Work> failedEarlier(std::string description, const std::exception_ptr& first);
 
  private:
   const std::string description_;

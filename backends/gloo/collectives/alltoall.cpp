@@ -35,12 +35,7 @@ WorkPtr alltoall(Impl& g, const at::Tensor& input, at::Tensor& output, const std
   d.numel = row;  // the row shape is common; the row counts are the splits, checked apart
 
   BlockPlan plan;
-  for (size_t j = 0; j < send.size(); ++j) {
-    plan.sendCount.push_back(send[j] * row);
-    plan.recvCount.push_back(recv[j] * row);
-  }
-  plan.sendAt = offsetsOf(plan.sendCount);
-  plan.recvAt = offsetsOf(plan.recvCount);
+  static_cast<BlockCounts&>(plan) = alltoallBlocks(splits);
   plan.table = send;
   plan.table.insert(plan.table.end(), recv.begin(), recv.end());
   // Every pair in the same order on every rank: the first that disagrees
@@ -52,7 +47,7 @@ WorkPtr alltoall(Impl& g, const at::Tensor& input, at::Tensor& output, const std
         const int64_t sends = tables[static_cast<size_t>(i)][k];
         const int64_t expects = tables[static_cast<size_t>(k)][size + i];
         if (sends != expects) {
-          fail<CollectiveError>(
+          fail<AgreedFailure>(
               "[rank {}/{}] gloo alltoall #{}: rank {} sends {} row(s) to rank {}, which expects {} (its "
               "outputSplits[{}]); every rank fails this call. HINT: rank {}'s outputSplits[{}] must equal rank {}'s "
               "inputSplits[{}]",
@@ -64,17 +59,7 @@ WorkPtr alltoall(Impl& g, const at::Tensor& input, at::Tensor& output, const std
     return largest * row;
   };
 
-  const Impl::Path path = blockPath(g);
-  const size_t payload = std::max(input.nbytes(), output.nbytes());
-  at::Tensor in = input, out = output;
-  auto run = [g = &g, path, in, out, plan](const Descriptor& d, Deadline deadline) mutable {
-    at::Tensor src = in.detach().to(at::kCPU).contiguous().view({-1});
-    const bool direct = out.device().is_cpu() && out.is_contiguous();
-    at::Tensor dst = direct ? out.view({-1}) : at::empty({out.numel()}, out.options().device(at::kCPU));
-    moveBlocks(*g, path, d, src, dst, plan, deadline);
-    if (!direct) out.copy_(dst.view(out.sizes()));
-  };
-  return g.enqueue(d, summarize(input), timeout, path, std::move(run), payload);
+  return enqueueBlocks(g, d, summarize(input), timeout, input, output, std::move(plan));
 }
 
 }  // namespace ddp::gloo_backend::collectives

@@ -14,12 +14,6 @@ namespace ddp::gloo_backend::collectives {
 
 using Impl = ProcessGroupGloo::Impl;
 
-std::vector<int64_t> offsetsOf(const std::vector<int64_t>& counts) {
-  std::vector<int64_t> at(counts.size(), 0);
-  for (size_t j = 1; j < counts.size(); ++j) at[j] = at[j - 1] + counts[j - 1];
-  return at;
-}
-
 Impl::Path blockPath(const Impl& g) {
   if (g.size == 1) return Impl::Path::Local;
   if (g.shm) return Impl::Path::Shm;
@@ -50,9 +44,9 @@ int64_t checkAll(const std::vector<std::vector<int64_t>>& tables, const BlockPla
 void overPointToPoint(Impl& g, const Descriptor& d, const at::Tensor& input, const at::Tensor& output,
                       const BlockPlan& plan, Deadline deadline) {
   std::vector<at::Tensor> sends(static_cast<size_t>(g.size)), recvs(static_cast<size_t>(g.size));
-  for (size_t p = 0; p < sends.size(); ++p) {
-    if (plan.sendCount[p] > 0) sends[p] = input.narrow(0, plan.sendAt[p], plan.sendCount[p]);
-    if (plan.recvCount[p] > 0) recvs[p] = output.narrow(0, plan.recvAt[p], plan.recvCount[p]);
+  for (size_t p = 0; p < sends.size(); ++p) {  // empty blocks of an exchanging pair too
+    if (plan.sendsTo[p]) sends[p] = input.narrow(0, plan.sendAt[p], plan.sendCount[p]);
+    if (plan.receivesFrom[p]) recvs[p] = output.narrow(0, plan.recvAt[p], plan.recvCount[p]);
   }
   // Internal tags are negative (users' are >= 0), one per collective.
   const int tag = -1 - static_cast<int>(d.seq % (uint64_t(1) << 30));
@@ -104,6 +98,24 @@ void moveBlocks(Impl& g, Impl::Path path, const Descriptor& d, const at::Tensor&
     case Impl::Path::PointToPoint: overPointToPoint(g, d, input, output, plan, deadline); return;
     default: DDP_CHECK(false, "no block path");
   }
+}
+
+WorkPtr enqueueBlocks(Impl& g, const Descriptor& d, const std::string& summary, Milliseconds timeout,
+                      const at::Tensor& input, const at::Tensor& output, BlockPlan plan) {
+  const Impl::Path path = blockPath(g);
+  // Whether it may run in the caller: by what this rank moves.
+  const size_t payload = std::max(input.defined() ? input.nbytes() : 0, output.defined() ? output.nbytes() : 0);
+  at::Tensor in = input, out = output;
+  auto run = [g = &g, path, in, out, plan = std::move(plan)](const Descriptor& d, Deadline deadline) mutable {
+    at::Tensor src = in.defined() ? in.detach().to(at::kCPU).contiguous().view({-1}) : at::Tensor();
+    const bool direct = !out.defined() || (out.device().is_cpu() && out.is_contiguous());
+    at::Tensor dst = !out.defined() ? at::Tensor()
+                     : direct       ? out.view({-1})
+                                    : at::empty({out.numel()}, out.options().device(at::kCPU));
+    moveBlocks(*g, path, d, src, dst, plan, deadline);
+    if (!direct) out.copy_(dst.view(out.sizes()));
+  };
+  return g.enqueue(d, summary, timeout, path, std::move(run), payload);
 }
 
 }  // namespace ddp::gloo_backend::collectives

@@ -22,33 +22,36 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "backends/gloo/impl.hpp"
+#include "framework/comm/collective_args.hpp"
 
 namespace ddp::gloo_backend::collectives {
 
-struct BlockPlan {
-  // By rank, in elements: this rank's block for rank j is input[sendAt[j],
-  // + sendCount[j]); rank i's arrives at output[recvAt[i], + recvCount[i]).
-  std::vector<int64_t> sendAt, sendCount, recvAt, recvCount;
-  // The largest count of any pair, the same on every rank, when the
-  // descriptor implies it (gather, scatter); else checkTables returns it.
-  int64_t largest = 0;
+// BlockCounts (framework/comm/collective_args.hpp), and for alltoall the
+// splits that every rank publishes before any block moves.
+struct BlockPlan : BlockCounts {
   // alltoall: this rank's table (its splits), published to every rank
   // before any block moves, and the check of every rank's table (by rank,
   // this one's included, and the collective's sequence number), which
   // throws when they disagree and returns the largest count of any pair.
-  // Empty: nothing is published.
+  // Empty: nothing is published (gather, scatter: `largest` is known).
   std::vector<int64_t> table;
   std::function<int64_t(const std::vector<const int64_t*>&, uint64_t seq)> checkTables;
 };
 
-// Prefix sums: where each block starts, from the counts.
-std::vector<int64_t> offsetsOf(const std::vector<int64_t>& counts);
-
 // Local, Shm, Frame or PointToPoint, by the group's transports.
 ProcessGroupGloo::Impl::Path blockPath(const ProcessGroupGloo::Impl& g);
+
+// Queues collective `d` (its descriptor filled in but for seq) that moves
+// the blocks of `plan` from `input` to `output`, either undefined where the
+// plan moves nothing from or into it (gather off the root, scatter's input
+// off the root). Tensors of any device and layout are staged through flat
+// host ones; the result is copied back into `output`.
+WorkPtr enqueueBlocks(ProcessGroupGloo::Impl& g, const Descriptor& d, const std::string& summary,
+                      Milliseconds timeout, const at::Tensor& input, const at::Tensor& output, BlockPlan plan);
 
 // On the thread that runs collective `d`: copies this rank's own block,
 // then moves the others over `path`. `input` and `output` are flat,

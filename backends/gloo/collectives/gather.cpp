@@ -4,8 +4,6 @@
 // input once, not the size() times of the allgather default.
 #include <ATen/ATen.h>
 
-#include <algorithm>
-
 #include "backends/gloo/collectives/blocks.hpp"
 #include "backends/gloo/collectives/collectives.hpp"
 #include "backends/gloo/impl.hpp"
@@ -24,35 +22,9 @@ WorkPtr gather(Impl& g, const at::Tensor& input, at::Tensor& output, int root, M
   d.numel = input.numel();
   d.root = root;
 
-  const int64_t n = input.numel();
-  const size_t size = static_cast<size_t>(g.size);
   BlockPlan plan;
-  plan.sendAt.assign(size, 0);
-  plan.sendCount.assign(size, 0);
-  plan.recvAt.assign(size, 0);
-  plan.recvCount.assign(size, 0);
-  plan.sendCount[static_cast<size_t>(root)] = n;
-  if (isRoot) {
-    for (size_t i = 0; i < size; ++i) {
-      plan.recvAt[i] = static_cast<int64_t>(i) * n;
-      plan.recvCount[i] = n;
-    }
-  }
-  plan.largest = n;
-
-  const Impl::Path path = blockPath(g);
-  const size_t payload = isRoot ? output.nbytes() : input.nbytes();
-  at::Tensor in = input, out = isRoot ? output : at::Tensor();
-  auto run = [g = &g, path, in, out, plan, isRoot](const Descriptor& d, Deadline deadline) mutable {
-    at::Tensor src = in.detach().to(at::kCPU).contiguous().view({-1});
-    const bool direct = !isRoot || (out.device().is_cpu() && out.is_contiguous());
-    at::Tensor dst = !isRoot ? at::Tensor()
-                     : direct ? out.view({-1})
-                              : at::empty({out.numel()}, out.options().device(at::kCPU));
-    moveBlocks(*g, path, d, src, dst, plan, deadline);
-    if (!direct) out.copy_(dst.view(out.sizes()));
-  };
-  return g.enqueue(d, summarize(input), timeout, path, std::move(run), payload);
+  static_cast<BlockCounts&>(plan) = gatherBlocks(g.rank, g.size, root, input.numel());
+  return enqueueBlocks(g, d, summarize(input), timeout, input, isRoot ? output : at::Tensor(), std::move(plan));
 }
 
 }  // namespace ddp::gloo_backend::collectives

@@ -4,8 +4,6 @@
 // the whole input to every rank as the broadcast default does.
 #include <ATen/ATen.h>
 
-#include <algorithm>
-
 #include "backends/gloo/collectives/blocks.hpp"
 #include "backends/gloo/collectives/collectives.hpp"
 #include "backends/gloo/impl.hpp"
@@ -24,33 +22,9 @@ WorkPtr scatter(Impl& g, const at::Tensor& input, at::Tensor& output, int root, 
   d.numel = output.numel();
   d.root = root;
 
-  const int64_t n = output.numel();
-  const size_t size = static_cast<size_t>(g.size);
   BlockPlan plan;
-  plan.sendAt.assign(size, 0);
-  plan.sendCount.assign(size, 0);
-  plan.recvAt.assign(size, 0);
-  plan.recvCount.assign(size, 0);
-  plan.recvCount[static_cast<size_t>(root)] = n;
-  if (isRoot) {
-    for (size_t j = 0; j < size; ++j) {
-      plan.sendAt[j] = static_cast<int64_t>(j) * n;
-      plan.sendCount[j] = n;
-    }
-  }
-  plan.largest = n;
-
-  const Impl::Path path = blockPath(g);
-  const size_t payload = isRoot ? input.nbytes() : output.nbytes();
-  at::Tensor in = isRoot ? input : at::Tensor(), out = output;
-  auto run = [g = &g, path, in, out, plan, isRoot](const Descriptor& d, Deadline deadline) mutable {
-    at::Tensor src = isRoot ? in.detach().to(at::kCPU).contiguous().view({-1}) : at::Tensor();
-    const bool direct = out.device().is_cpu() && out.is_contiguous();
-    at::Tensor dst = direct ? out.view({-1}) : at::empty({out.numel()}, out.options().device(at::kCPU));
-    moveBlocks(*g, path, d, src, dst, plan, deadline);
-    if (!direct) out.copy_(dst.view(out.sizes()));
-  };
-  return g.enqueue(d, summarize(output), timeout, path, std::move(run), payload);
+  static_cast<BlockCounts&>(plan) = scatterBlocks(g.rank, g.size, root, output.numel());
+  return enqueueBlocks(g, d, summarize(output), timeout, isRoot ? input : at::Tensor(), output, std::move(plan));
 }
 
 }  // namespace ddp::gloo_backend::collectives
