@@ -33,7 +33,7 @@ const char* opName(uint32_t op);
 std::string describeCall(int rank, int size, const Descriptor& d, const std::string& summary);
 
 // A failure that every rank detects by itself from the same facts
-// (alltoall's splits, which every rank reads before any row moves): the
+// (alltoall's splits, which every rank reads before it reads any row): the
 // worker does not reset its connections after it (as after other
 // failures, to end the peers' waits), so that each rank reports the facts
 // rather than a reset by the first rank to fail.

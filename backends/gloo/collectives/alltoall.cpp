@@ -2,7 +2,7 @@
 // pair (blocks.hpp). Through shared memory and over the frames' mesh every
 // rank first publishes its splits (rows to and from every rank) and checks
 // every pair against them, so a pair that disagrees fails the call on
-// every rank alike, before any row moves; point to point (above 8 TCP
+// every rank alike, before any row is read; point to point (above 8 TCP
 // ranks), the receiver of an unexpected count fails, naming the sender.
 #include <ATen/ATen.h>
 

@@ -14,8 +14,9 @@
 //   collective's sequence number; a receiver whose count differs from the
 //   sender's fails naming both. Descriptors are not checked on this path.
 // On Shm and Frame every rank checks every peer's descriptor, and, when the
-// plan has a table (alltoall's splits), every rank's table, before any
-// block moves, so that ranks that disagree fail alike.
+// plan has a table (alltoall's splits), every rank's table, before it
+// reads any block (over TCP the blocks follow the frames at once), so that
+// ranks that disagree fail alike.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -31,10 +32,10 @@
 namespace ddp::gloo_backend::collectives {
 
 // BlockCounts (framework/comm/collective_args.hpp), and for alltoall the
-// splits that every rank publishes before any block moves.
+// splits that every rank publishes before any block is read.
 struct BlockPlan : BlockCounts {
   // alltoall: this rank's table (its splits), published to every rank
-  // before any block moves, and the check of every rank's table (by rank,
+  // before any block is read, and the check of every rank's table (by rank,
   // this one's included, and the collective's sequence number), which
   // throws when they disagree and returns the largest count of any pair.
   // Empty: nothing is published (gather, scatter: `largest` is known).
