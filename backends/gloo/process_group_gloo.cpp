@@ -239,5 +239,4 @@ WorkPtr ProcessGroupGloo::recv(at::Tensor& tensor, int src, const RecvOptions& o
   return impl_->p2p->recv(tensor, src, opts.tag, resolveTimeout(opts.timeout));
 }
 
-
 }  // namespace ddp
