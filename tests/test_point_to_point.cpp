@@ -149,8 +149,9 @@ TEST_CASE("send/recv failures: a mismatch, a timeout, a peer gone, bad ranks", "
             contains(failure([&] { g.recv(two, 0, quick)->wait(); }),
                      "gloo recv from rank 0 (tag 4, 2 x float32) timed out after 300 ms");
           }
-          // After a timeout the peers are not told (as after a collective's):
-          // rank 1 fails at once, rank 0 by its own timeout.
+          // After a timeout, as after a collective's: rank 1 fails at once;
+          // rank 0 at once through shared memory, by its own timeout over TCP
+          // (the connections are not reset, so no one blames rank 1).
           BarrierOptions soon;
           soon.timeout = std::chrono::milliseconds(1500);
           contains(failure([&] { g.barrier(soon)->wait(); }), r == 1 ? "not run: the group failed earlier" : "barrier");

@@ -85,8 +85,9 @@ struct ProcessGroupGloo::Impl {
   static std::chrono::microseconds callerSpin(int localRanks);
   // ProcessGroupGloo::abort.
   void abort(const std::string& reason);
-  // Breaks this rank's group only: later collectives fail at once with
-  // `reason`; the peers are not told.
+  // Breaks this rank's group as a collective's timeout does: later
+  // collectives fail at once with `reason`; peers on this host stop
+  // waiting for it (shared memory), the TCP connections stay open.
   void markBroken(const std::string& reason);
   // The first failure, once the group is broken; else null.
   std::exception_ptr failure();

@@ -225,8 +225,12 @@ void ProcessGroupGloo::Impl::abort(const std::string& reason) {
 }
 
 void ProcessGroupGloo::Impl::markBroken(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!broken_) broken_ = std::make_exception_ptr(CollectiveError(reason));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_) broken_ = std::make_exception_ptr(CollectiveError(reason));
+  }
+  // As after a collective's timeout: this host's peers stop waiting for it.
+  if (shm) shm->markFailed();
 }
 
 std::exception_ptr ProcessGroupGloo::Impl::failure() {
@@ -258,6 +262,7 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
       agreed = true;
     } catch (const CollectiveError&) {
       error = std::current_exception();
+      timedOut = Clock::now() >= task.deadline;  // e.g. a block collective's send/recv
     } catch (const std::exception& e) {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
       timedOut = Clock::now() >= task.deadline;

@@ -293,10 +293,12 @@ void transferAll(Links& links, std::vector<LinkTransfer>& sends, std::vector<Lin
     if (waiting.empty()) continue;
     const int ready = pollUntil(waiting.data(), waiting.size(), deadline);
     if (ready == 0) {
+      const std::string also = sendFailure.empty() ? "" : "; before that, " + sendFailure;
       for (const auto& t : recvs) {
         if (t.done < t.bytes) {
-          throw std::runtime_error(fmt::format("rank {} did not send its bytes of {} before the timeout ({} of {} received)",
-                                               t.peer, what, t.done, t.bytes));
+          throw std::runtime_error(fmt::format(
+              "rank {} did not send its bytes of {} before the timeout ({} of {} received){}", t.peer, what, t.done,
+              t.bytes, also));
         }
       }
       for (const auto& t : sends) {

@@ -599,20 +599,24 @@ void exchangeBlocks(PointToPoint& p2p, int rank, int size, const std::vector<at:
     bool receiving;
   };
   std::vector<Pending> pending;
-  for (int k = 1; k < size; ++k) {
-    const int to = (rank + k) % size, from = (rank - k + size) % size;
-    at::Tensor in = recvs[static_cast<size_t>(from)];
-    if (in.defined()) pending.push_back({p2p.recv(in, from, tag, left()), from, true});
-    const at::Tensor& out = sends[static_cast<size_t>(to)];
-    if (out.defined()) pending.push_back({p2p.send(out, to, tag, left()), to, false});
+  std::string first;
+  try {
+    for (int k = 1; k < size; ++k) {
+      const int to = (rank + k) % size, from = (rank - k + size) % size;
+      at::Tensor in = recvs[static_cast<size_t>(from)];
+      if (in.defined()) pending.push_back({p2p.recv(in, from, tag, left()), from, true});
+      const at::Tensor& out = sends[static_cast<size_t>(to)];
+      if (out.defined()) pending.push_back({p2p.send(out, to, tag, left()), to, false});
+    }
+  } catch (const std::exception& e) {  // posting failed: what was posted is still waited for
+    first = fmt::format("{}: {}", label, e.what());
   }
   // Every Work ends by its deadline: all are waited for, so that none still
   // writes into an output (or reads an input) once this returns.
-  std::string first;
   for (const Pending& p : pending) {
     try {
       p.work->wait();
-    } catch (const CollectiveError& e) {
+    } catch (const std::exception& e) {
       if (!first.empty()) continue;
       first = p.receiving ? fmt::format("{}: the block from rank {} ({} elements expected): {}", label, p.peer,
                                         recvs[static_cast<size_t>(p.peer)].numel(), e.what())
