@@ -451,16 +451,18 @@ void printTable(const json& records, const std::vector<std::string>& impls) {
   }
 }
 
+// The record of one (implementation, op, size), or null.
+const json* findRecord(const json& records, const std::string& impl, const std::string& op, int64_t bytes) {
+  for (const auto& r : records) {
+    if (r["impl"] == impl && r["op"] == op && r["bytes"] == bytes) return &r;
+  }
+  return nullptr;
+}
+
 // One line per (implementation, op, size) against `reference`, when it
 // ran. busbw ratio > 1 and time ratio < 1 mean the implementation is faster.
 void printRatios(const json& records, const std::vector<std::string>& impls, const std::string& reference,
                  const std::string& meaning) {
-  auto find = [&](const std::string& impl, const std::string& op, int64_t bytes) -> const json* {
-    for (const auto& r : records) {
-      if (r["impl"] == impl && r["op"] == op && r["bytes"] == bytes) return &r;
-    }
-    return nullptr;
-  };
   if (std::find(impls.begin(), impls.end(), reference) == impls.end()) return;
   bool header = false;
   for (const auto& impl : impls) {
@@ -474,7 +476,7 @@ void printRatios(const json& records, const std::vector<std::string>& impls, con
       if (r["impl"] != impl) continue;
       const std::string op = r["op"];
       const int64_t bytes = r["bytes"];
-      const json* base = find(reference, op, bytes);
+      const json* base = findRecord(records, reference, op, bytes);
       std::string line = fmt::format("ratio {}/{} {} {} bytes: ", impl, reference, op, bytes);
       if (!base || !r["supported"].get<bool>() || !(*base)["supported"].get<bool>()) {
         const std::string who = !r["supported"].get<bool>() ? impl : reference;
@@ -497,12 +499,6 @@ void printTargets(const json& records, const std::vector<std::string>& impls) {
   constexpr double kOverC10d = 1.5, kOfWire = 0.85;
   const auto has = [&](const std::string& impl) { return std::find(impls.begin(), impls.end(), impl) != impls.end(); };
   if (!has(kC10dGloo) || !has(kTcpWire)) return;
-  auto find = [&](const std::string& impl, const std::string& op, int64_t bytes) -> const json* {
-    for (const auto& r : records) {
-      if (r["impl"] == impl && r["op"] == op && r["bytes"] == bytes && r["supported"].get<bool>()) return &r;
-    }
-    return nullptr;
-  };
   int points = 0, missed = 0;
   for (const auto& r : records) {
     const std::string impl = r["impl"], op = r["op"];
@@ -511,9 +507,9 @@ void printTargets(const json& records, const std::vector<std::string>& impls) {
         !r["supported"].get<bool>()) {
       continue;
     }
-    const json* c10d = find(kC10dGloo, op, bytes);
-    const json* wire = find(kTcpWire, op, bytes);
-    if (!c10d || !wire) continue;
+    const json* c10d = findRecord(records, kC10dGloo, op, bytes);
+    const json* wire = findRecord(records, kTcpWire, op, bytes);
+    if (!c10d || !wire || !(*c10d)["supported"].get<bool>() || !(*wire)["supported"].get<bool>()) continue;
     if (points == 0) {
       std::cout << fmt::format("\n# targets: {} and sendrecv from {} bytes, busbw >= min({}x {}, {}x {})\n",
                                "alltoall", kFrom, kOverC10d, kC10dGloo, kOfWire, kTcpWire);

@@ -451,9 +451,7 @@ WorkPtr HierarchicalGroup::blocks(int tag, const std::string& what, size_t bytes
 
 namespace {
 // The flat, contiguous host tensor behind `t`, and whether it is `t` itself.
-at::Tensor flatHost(const at::Tensor& t) {
-  return t.device().is_cpu() && t.is_contiguous() ? t.view({-1}) : t.detach().to(at::kCPU).contiguous().view({-1});
-}
+at::Tensor flatHost(const at::Tensor& t) { return hostView(t).view({-1}); }
 std::function<void()> copyBack(const at::Tensor& staged, at::Tensor target) {
   if (staged.data_ptr() == target.data_ptr() || target.numel() == 0) return {};
   return [staged, target]() mutable { target.copy_(staged.view(target.sizes())); };
@@ -503,11 +501,7 @@ WorkPtr HierarchicalGroup::alltoall(const at::Tensor& input, at::Tensor& output,
   requireSupported(input, "alltoall");
   requireSupported(output, "alltoall");
   const AlltoallSplits splits = checkAlltoall(rank(), size(), input, output, inputSplits, outputSplits);
-  const size_t me = static_cast<size_t>(rank());
-  if (splits.send[me] != splits.recv[me]) {
-    fail<UsageError>("[rank {}/{}] alltoall: it sends itself {} row(s) but expects {}", rank(), size(),
-                     splits.send[me], splits.recv[me]);
-  }
+  checkOwnRows(rank(), size(), splits);
   const BlockCounts b = alltoallBlocks(splits);
   at::Tensor in = flatHost(input), out = flatHost(output);
   return blocks(tag, fmt::format("alltoall ({})", summarize(input, nullptr)), std::max(input.nbytes(), output.nbytes()),

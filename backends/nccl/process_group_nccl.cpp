@@ -519,11 +519,7 @@ int ProcessGroupNccl::issueBlocks(void* send, void* recv, void* stream, at::Scal
 WorkPtr ProcessGroupNccl::alltoall(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& inputSplits,
                                    const std::vector<int64_t>& outputSplits, const AlltoallOptions& opts) {
   const AlltoallSplits splits = checkAlltoall(rank_, size_, input, output, inputSplits, outputSplits);
-  const auto me = static_cast<size_t>(rank_);
-  if (splits.send[me] != splits.recv[me]) {
-    fail<UsageError>("[rank {}/{}] alltoall: it sends itself {} row(s) but expects {}", rank_, size_, splits.send[me],
-                     splits.recv[me]);
-  }
+  checkOwnRows(rank_, size_, splits);
   const BlockCounts blocks = alltoallBlocks(splits);
   const at::ScalarType dtype = input.scalar_type();
   return launch("alltoall", input, output, Flow::OutOfPlace, resolveTimeout(opts.timeout), tensorSummary(input),

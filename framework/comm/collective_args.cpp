@@ -136,6 +136,14 @@ BlockCounts rootedBlocks(int rank, int size, int root, int64_t n, bool rootSends
 
 }  // namespace
 
+void checkOwnRows(int rank, int size, const AlltoallSplits& splits) {
+  const auto me = static_cast<size_t>(rank);
+  if (splits.send[me] != splits.recv[me]) {
+    fail<UsageError>("[rank {}/{}] alltoall: it sends itself {} row(s) but expects {}", rank, size, splits.send[me],
+                     splits.recv[me]);
+  }
+}
+
 BlockCounts alltoallBlocks(const AlltoallSplits& splits) {
   BlockCounts b;
   for (size_t j = 0; j < splits.send.size(); ++j) {

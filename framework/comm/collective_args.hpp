@@ -33,6 +33,11 @@ void checkScatter(int rank, int size, const at::Tensor& input, const at::Tensor&
 AlltoallSplits checkAlltoall(int rank, int size, const at::Tensor& input, const at::Tensor& output,
                              const std::vector<int64_t>& inputSplits, const std::vector<int64_t>& outputSplits);
 
+// That this rank sends itself as many rows as it expects from itself
+// (UsageError otherwise): what a backend that copies a rank's own rows
+// locally must know before it copies.
+void checkOwnRows(int rank, int size, const AlltoallSplits& splits);
+
 // By rank, in elements of flat tensors: this rank's block for rank j is
 // input[sendAt[j], + sendCount[j]); rank i's arrives at output[recvAt[i],
 // + recvCount[i]). Counts may be 0; this rank's own pair is a local copy.

@@ -25,10 +25,7 @@ WorkPtr alltoall(Impl& g, const at::Tensor& input, at::Tensor& output, const std
   const std::vector<int64_t>& recv = splits.recv;
   const int64_t row = splits.rowElements;
   const int rank = g.rank, size = g.size;
-  if (send[static_cast<size_t>(rank)] != recv[static_cast<size_t>(rank)]) {
-    fail<UsageError>("[rank {}/{}] alltoall: it sends itself {} row(s) but expects {}", rank, size,
-                     send[static_cast<size_t>(rank)], recv[static_cast<size_t>(rank)]);
-  }
+  checkOwnRows(rank, size, splits);
   Descriptor d;
   d.op = kAlltoall;
   d.dtype = static_cast<uint32_t>(input.scalar_type());

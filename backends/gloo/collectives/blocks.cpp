@@ -107,7 +107,7 @@ WorkPtr enqueueBlocks(Impl& g, const Descriptor& d, const std::string& summary, 
   const size_t payload = std::max(input.defined() ? input.nbytes() : 0, output.defined() ? output.nbytes() : 0);
   at::Tensor in = input, out = output;
   auto run = [g = &g, path, in, out, plan = std::move(plan)](const Descriptor& d, Deadline deadline) mutable {
-    at::Tensor src = in.defined() ? in.detach().to(at::kCPU).contiguous().view({-1}) : at::Tensor();
+    at::Tensor src = in.defined() ? hostView(in).view({-1}) : at::Tensor();
     const bool direct = !out.defined() || (out.device().is_cpu() && out.is_contiguous());
     at::Tensor dst = !out.defined() ? at::Tensor()
                      : direct       ? out.view({-1})
