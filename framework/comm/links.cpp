@@ -182,8 +182,16 @@ void Links::interrupt() {
 }
 
 ssize_t sendSome(int fd, const void* data, size_t bytes, std::string* why) {
+  iovec part{const_cast<void*>(data), bytes};
+  return sendSomeParts(fd, &part, 1, why);
+}
+
+ssize_t sendSomeParts(int fd, const iovec* parts, int count, std::string* why) {
+  msghdr message{};
+  message.msg_iov = const_cast<iovec*>(parts);
+  message.msg_iovlen = static_cast<size_t>(count);
   for (;;) {
-    const ssize_t n = ::send(fd, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) return n;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
     if (n < 0 && errno == EINTR) continue;

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <poll.h>
+#include <sys/uio.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -82,6 +83,9 @@ class Links {
 // moved (> 0), 0 when the kernel would block, or -1 when the connection
 // failed or (recv) was closed, with *why saying how.
 ssize_t sendSome(int fd, const void* data, size_t bytes, std::string* why);
+// The same for `count` parts sent as one (sendmsg): a header and its
+// payload without copying them together.
+ssize_t sendSomeParts(int fd, const iovec* parts, int count, std::string* why);
 ssize_t recvSome(int fd, void* data, size_t bytes, std::string* why);
 
 // poll() on `fds` until `deadline`: 0 once it has passed (without calling

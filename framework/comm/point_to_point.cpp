@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
@@ -223,17 +222,7 @@ struct PointToPoint::Impl {
     if (at < op.payload.nbytes()) {
       parts[count++] = {static_cast<char*>(op.payload.data_ptr()) + at, op.payload.nbytes() - at};
     }
-    msghdr message{};
-    message.msg_iov = parts;
-    message.msg_iovlen = static_cast<size_t>(count);
-    for (;;) {
-      const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) return n;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-      if (n < 0 && errno == EINTR) continue;
-      *why = n == 0 ? "nothing could be sent" : std::strerror(errno);
-      return -1;
-    }
+    return sendSomeParts(fd, parts, count, why);
   }
 
   // Under mutex: a recv posted, or a message complete: match them.
