@@ -66,6 +66,9 @@ void Trainer::addCallback(std::shared_ptr<TrainerCallback> callback) {
 
 void Trainer::addStandardCallbacks() {
   if (auto slow = SlowRank::fromEnvironment(rank())) addCallback(slow);
+  if (options_.minRanks > 0) {
+    if (auto await = AwaitJoin::fromEnvironment()) addCallback(await);
+  }
   if (ProgressLine::wanted(*this)) addCallback(std::make_shared<ProgressLine>(ProgressLine::terminal()));
   // Every rank (one collective per epoch), before the metrics files that
   // write what it adds.
@@ -77,7 +80,7 @@ void Trainer::addStandardCallbacks() {
   }
   addCallback(std::make_shared<StepMetrics>(tensorboard));
   // After the step's record: a rank killed after step S leaves S's record.
-  if (auto fault = FaultInjection::fromEnvironment(rank())) addCallback(fault);
+  if (auto fault = FaultInjection::fromEnvironment(rank(), dist_.store)) addCallback(fault);
   // Every rank (it gathers the ranks' spans).
   // Not in elastic runs: the ranks whose spans it gathers may change.
   if (options_.minRanks == 0 && TraceWriter::wanted(*this)) addCallback(std::make_shared<TraceWriter>());
@@ -431,6 +434,8 @@ TrainResult Trainer::runStages() {
     }
     result.history.push_back(std::move(m));
   }
+  // No step boundary is left to admit a joiner at.
+  if (s.rendezvous) s.rendezvous->finish();
   for (auto& callback : s.callbacks) callback->onTrainEnd(*this);
   result.signal = s.signal;
   result.stopReason = s.stopReason;

@@ -87,6 +87,7 @@
 //   previous handlers are restored when run() returns.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <optional>
@@ -213,6 +214,9 @@ class Trainer {
   int64_t startEpoch() const;  // epochs done before this call (resume)
   int64_t steps() const;       // optimizer steps so far, resumed ones included
   int64_t trainSamples() const;  // the training split's size, after build()
+  // Elastic runs (tests): waits until a rank asks to join or `timeout`
+  // passes; true when one asks, and then this step's agreement sees it.
+  bool awaitJoinRequest(std::chrono::milliseconds timeout);
 
  private:
   TrainResult runStages();

@@ -117,12 +117,29 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
                           broken ? fmt::format(" (after: {})", cause) : ""));
 }
 
+bool Trainer::awaitJoinRequest(std::chrono::milliseconds timeout) {
+  Impl& s = *impl_;
+  if (!s.rendezvous) return false;
+  const auto deadline = trainer_detail::Clock::now() + timeout;
+  while (!s.rendezvous->joinPending()) {
+    if (trainer_detail::Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  s.lastJoinPoll = {};  // the step's agreement asks the store again
+  return true;
+}
+
 void Trainer::joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer) {
   Impl& s = *impl_;
   const auto start = trainer_detail::Clock::now();
+  // join() returns only a membership this rank was admitted to, or throws
+  // (ElasticExcluded: not admitted, with the reason); only once admitted
+  // may a failure while the group forms send it on to the next generation,
+  // as any member.
+  s.membership = s.rendezvous->join();
   for (int attempt = 1;; ++attempt) {
     try {
-      s.membership = attempt == 1 ? s.rendezvous->join() : s.rendezvous->next(s.membership, s.steps);
+      if (attempt > 1) s.membership = s.rendezvous->next(s.membership, s.steps);
       if (s.membership.belowMinimum) fail<ElasticBelowMinimum>("elastic: the job went below --min-ranks while this rank joined");
       formGroup(*optimizer);
       break;

@@ -28,6 +28,7 @@ std::string deadKey(int id) { return fmt::format("elastic/dead/{}", id); }
 std::string joinKey(int id) { return fmt::format("elastic/join/{}", id); }
 std::string admittedKey(int id) { return fmt::format("elastic/admitted/{}", id); }
 std::string whereKey(int id) { return fmt::format("elastic/where/{}", id); }
+std::string claimKey(int64_t request) { return fmt::format("elastic/join-claim/{}", request); }
 
 std::string thisHost() {
   char host[256] = {0};
@@ -155,7 +156,11 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
   std::vector<int> joiners;
   for (int id = 0; id < options_.maxId; ++id) {
     if (std::any_of(members.begin(), members.end(), [&](const auto& p) { return p.first == id; })) continue;
-    if (!store_->check({joinKey(id)}) || store_->getString(joinKey(id)) != "1") continue;
+    if (!store_->check({joinKey(id)})) continue;
+    const std::string request = store_->getString(joinKey(id));
+    if (request == "0") continue;
+    // A joiner that gave up claimed its request first: withdrawn.
+    if (store_->add(claimKey(std::stoll(request)), 1) != 1) continue;
     store_->setString(joinKey(id), "0");
     store_->add("elastic/join-admitted", 1);
     members.emplace_back(id, counter(*store_, deadKey(id)));
@@ -210,18 +215,52 @@ void ElasticRendezvous::awaitMembers(const ElasticMembership& m) {
 
 ElasticMembership ElasticRendezvous::join() {
   store_->setString(admittedKey(id_), "-1");
-  store_->setString(joinKey(id_), "1");
+  // This request's number: the coordinator that admits it and this rank
+  // giving up on it both claim it (claimKey), and only the first claim
+  // counts, so a request is either admitted or withdrawn, never both.
+  const int64_t request = store_->add("elastic/join-seq", 1);
+  store_->setString(joinKey(id_), std::to_string(request));
   store_->add("elastic/join-requests", 1);
   const auto deadline = ElasticClock::now() + options_.decisionTimeout;
+  const auto admission = [&]() -> ElasticMembership {
+    // Claimed by a coordinator: its decision names this rank; wait for it.
+    for (;;) {
+      const std::string admitted = store_->getString(admittedKey(id_));
+      if (admitted != "-1") return awaitDecision(std::stoll(admitted));
+      if (ElasticClock::now() >= deadline + options_.decisionTimeout) {
+        fail<std::runtime_error>("elastic: rank id {} was admitted but its generation was not announced within {} s",
+                                 id_, options_.decisionTimeout.count() / 1000);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  };
   for (;;) {
     const std::string admitted = store_->getString(admittedKey(id_));
     if (admitted != "-1") return awaitDecision(std::stoll(admitted));
-    if (ElasticClock::now() >= deadline) {
-      fail<std::runtime_error>("elastic: rank id {} asked to join but was not admitted within {} s", id_,
-                               options_.decisionTimeout.count() / 1000);
+    const bool over = finished();
+    if (over || ElasticClock::now() >= deadline) {
+      if (store_->add(claimKey(request), 1) != 1) return admission();
+      store_->setString(joinKey(id_), "0");
+      store_->add("elastic/join-admitted", 1);  // withdrawn: no longer pending
+      if (over) {
+        throw ElasticExcluded(fmt::format(
+            "elastic: rank id {} asked to join, but the job finished its training before another step boundary; "
+            "there is nothing to rejoin",
+            id_));
+      }
+      throw ElasticExcluded(fmt::format(
+          "elastic: rank id {} asked to join but was not admitted within {} s (the members reached no step "
+          "boundary in that time, or are gone); it stays out. HINT: the wait is twice distributed.timeout_s",
+          id_, options_.decisionTimeout.count() / 1000));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
+
+void ElasticRendezvous::finish() { store_->setString("elastic/finished", "1"); }
+
+bool ElasticRendezvous::finished() { return finished(*store_); }
+
+bool ElasticRendezvous::finished(Store& store) { return store.check({"elastic/finished"}); }
 
 }  // namespace ddp

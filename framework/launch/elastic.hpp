@@ -21,7 +21,7 @@
 //   admitted; or, on the coordinator's host, seen exiting through
 //   "elastic/where/<id>" = "HOST PID"), at most `settle`; a member that neither arrives nor dies in that
 //   time (hung) is left out. It then admits every id waiting to join
-//   ("elastic/join/<id>" = 1, cleared as it is admitted), and writes
+//   ("elastic/join/<id>" = its request number, set to 0 as it is admitted), and writes
 //   "elastic/g<G+1>/members": the ids in increasing order (a member's rank in
 //   G + 1 is its position), the id whose state every member takes (the
 //   arrived one with the most steps, the smallest id among equals), and
@@ -41,11 +41,22 @@
 //   meanwhile sends the rest on at once. A failure during a rendezvous or
 //   while the new group forms (another death) sends the members of G + 1
 //   to G + 2, with G + 1's membership.
-// - Joining: a process started with DDP_ELASTIC_JOIN=1 sets
-//   "elastic/join/<id>" and increments "elastic/join-requests"; the ranks
+// - Joining: a process started with DDP_ELASTIC_JOIN=1 takes a request
+//   number R ("elastic/join-seq"), sets "elastic/join/<id>" = R and
+//   increments "elastic/join-requests"; the ranks
 //   in training compare it with "elastic/join-admitted" (rank 0, throttled) and agree at a step
 //   boundary to move to the next generation; the coordinator admits the
-//   joiner, which learns its generation from "elastic/admitted/<id>".
+//   joiner (it first claims "elastic/join-claim/<R>" by an add: the first
+//   claim wins), which learns its generation from "elastic/admitted/<id>".
+//   A joiner that gives up claims the same key; if it wins, its request is
+//   withdrawn (counted in "elastic/join-admitted", so nothing stays
+//   pending), else it was admitted after all and takes that decision.
+//   A joiner only ever acts on a generation it was admitted to: one that
+//   is not admitted (the job finished its training first: the members set
+//   "elastic/finished" once they are past their last step boundary; or no
+//   boundary within the decision timeout) gets ElasticExcluded with the
+//   reason, never a membership of its own making. Only after admission to
+//   G may a joiner move on to G + 1 like any member.
 //
 // Checked against a simulation of random deaths, hangs and joins with
 // threads over one in-memory store (tests/test_elastic.cpp): every
@@ -112,12 +123,20 @@ class ElasticRendezvous {
   // Leaves `current` for the next generation (see the protocol), reporting
   // `steps` done; returns it. Throws ElasticExcluded when left out.
   ElasticMembership next(const ElasticMembership& current, int64_t steps);
-  // A joiner: asks to join, waits (up to the decision timeout, repeatedly
-  // while the job is alive) to be admitted, and returns its membership.
+  // A joiner: asks to join, waits to be admitted (at most the decision
+  // timeout) and returns the membership it was admitted to; throws
+  // ElasticExcluded, its request withdrawn, when the job finished first or
+  // the wait ran out.
   ElasticMembership join();
   // Rank 0, between steps: whether someone waits to join (a store
   // round trip; call it throttled).
   bool joinPending();
+  // Every member once training is over (no step boundary is left to admit
+  // a joiner at): a joiner that still waits is told so and stays out, and
+  // a launcher does not start another.
+  void finish();
+  bool finished();
+  static bool finished(Store& store);
 
   // After the decision, before the group forms: every member says it is
   // ready and waits for the others, so that a member that died meanwhile

@@ -373,12 +373,15 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
             ::close(p.outputFd);
             p.outputFd = -1;
           }
-          const bool again = attempt + elasticRestarts < o.maxRestarts;
+          // Nothing to rejoin once the members are past their last step.
+          const bool over = gElasticStore && ElasticRendezvous::finished(*gElasticStore);
+          const bool again = attempt + elasticRestarts < o.maxRestarts && !over;
           std::cerr << fmt::format("ddp-run: rank {} (pid {}) {}; the others carry on{}\n", p.rank, p.pid,
                                    describeExitStatus(status),
                                    again ? fmt::format(", and it restarts to rejoin (restart {} of {})",
                                                        attempt + elasticRestarts + 1, o.maxRestarts)
-                                         : "")
+                                   : over ? std::string(" to the end of their training; it does not restart")
+                                          : "")
                     << std::flush;
           if (again) {
             ++elasticRestarts;

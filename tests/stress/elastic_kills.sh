@@ -3,7 +3,7 @@
 # 4 ranks with ddp-run --min-ranks 2, each with a random rank (rank 0
 # included) killed after a random step; every other round a second rank
 # too, or the first rank restarted to rejoin (--max-restarts 1), or a rank
-# that hangs past the collective timeout. Each round must exit with 0 and
+# that hangs past the collective timeout until the others went on without it. Each round must exit with 0 and
 # lose nothing: every epoch's record, every step once (steps.jsonl numbers
 # them 1..N without a gap), and a final test accuracy of at least 0.8.
 #
@@ -11,7 +11,9 @@
 set -uo pipefail
 ddp_run=$(realpath "${1:?usage: elastic_kills.sh path/to/ddp-run [ROUNDS] [SEED]}")
 rounds="${2:-20}"
-RANDOM="${3:-$$}"
+seed="${3:-$$}"
+RANDOM="$seed"
+echo "elastic_kills: $rounds rounds, seed $seed (pass it as the third argument to repeat them)"
 src=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -23,7 +25,7 @@ for round in $(seq 1 "$rounds"); do
   case $((RANDOM % 4)) in
     1) other=$(((rank + 1 + RANDOM % 3) % 4)); fault="$fault,$other@$((step + 1 + RANDOM % 10))" ;;
     2) flags="$flags --max-restarts 1"; env_extra="DDP_FAULT_SLOW=$(((rank + 1) % 4)):10" ;;
-    3) fault="$rank@$step:sleep=4000"; timeout_s=2 ;;
+    3) fault="$rank@$step:until-replaced"; timeout_s=5 ;;
   esac
   out="$work/r$round"
   log="$work/r$round.log"

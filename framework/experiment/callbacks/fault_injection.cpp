@@ -8,9 +8,12 @@
 #include <string>
 #include <thread>
 
+#include "framework/core/log.hpp"
+#include "framework/experiment/trainer.hpp"
+
 namespace ddp {
 
-std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank) {
+std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank, std::shared_ptr<Store> store) {
   const char* fault = std::getenv("DDP_FAULT_INJECT");
   if (!fault) return nullptr;
   for (const char* name : {"DDP_RESTART", "TORCHELASTIC_RESTART_COUNT"}) {
@@ -45,20 +48,30 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank) {
     } else if (action.rfind("sleep=", 0) == 0) {
       f.signal = 0;
       f.sleepMs = std::atoi(action.c_str() + 6);
+    } else if (action == "until-replaced") {
+      f.signal = 0;
+      f.untilReplaced = true;
     }
     faults.push_back(f);
   }
   if (faults.empty()) return nullptr;
-  return std::make_shared<FaultInjection>(std::move(faults));
+  return std::make_shared<FaultInjection>(std::move(faults), std::move(store));
 }
 
-FaultInjection::FaultInjection(std::vector<Fault> faults) : faults_(std::move(faults)) {
+FaultInjection::FaultInjection(std::vector<Fault> faults, std::shared_ptr<Store> store)
+    : faults_(std::move(faults)), store_(std::move(store)) {
   for (const Fault& f : faults_) steps_ = steps_ || f.atStep;
 }
 
 void FaultInjection::act(const Fault& f) {
   if (f.signal != 0) ::raise(f.signal);
   if (f.sleepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.sleepMs));
+  if (f.untilReplaced && store_) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!store_->check({"elastic/generation"}) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
 }
 
 void FaultInjection::onEpochBegin(Trainer&, int64_t epoch) {
@@ -89,6 +102,21 @@ std::shared_ptr<SlowRank> SlowRank::fromEnvironment(int rank) {
 
 void SlowRank::onStepEnd(Trainer&, const StepEnd& step) {
   if (step.stepped) std::this_thread::sleep_for(std::chrono::milliseconds(milliseconds_));
+}
+
+std::shared_ptr<AwaitJoin> AwaitJoin::fromEnvironment() {
+  const char* await = std::getenv("DDP_FAULT_AWAIT_JOIN");
+  long long step = 0;
+  if (!await || std::sscanf(await, "%lld", &step) != 1 || step <= 0) return nullptr;
+  if (const char* join = std::getenv("DDP_ELASTIC_JOIN"); join && std::string(join) == "1") return nullptr;
+  return std::make_shared<AwaitJoin>(step);
+}
+
+void AwaitJoin::onStepEnd(Trainer& trainer, const StepEnd& step) {
+  if (!step.stepped || step.steps != step_) return;
+  const bool asked = trainer.awaitJoinRequest(std::chrono::seconds(120));
+  logInfo("DDP_FAULT_AWAIT_JOIN: after step {}: {}", step.steps,
+          asked ? "a rank asks to join" : "no rank asked to join within 120 s");
 }
 
 }  // namespace ddp

@@ -6,15 +6,25 @@
 // optimizer step STEP (counted from 1) instead: mid-epoch; "RANK#EPOCH"
 // among the callbacks at the end of epoch EPOCH (from 1), after the
 // straggler report's collective; ":sleep=MS"
-// makes it sleep (a rank that hangs for a while, then wakes). Several
+// makes it sleep (a rank that hangs for a while, then wakes);
+// ":until-replaced" makes it hang until the others have decided a new
+// elastic membership without it ("elastic/generation" in the store), then
+// wake: a hung rank that comes back late, whatever the machine's speed. Several
 // faults: a comma-separated list ("1@10,2@30").
 // SlowRank: for the straggler report's tests, DDP_FAULT_SLOW="RANK:MS"
 // makes that rank sleep MS milliseconds after each optimizer step.
+// AwaitJoin: for the rejoin tests, DDP_FAULT_AWAIT_JOIN="STEP" makes every
+// member of an elastic job (not a joiner) wait after optimizer step STEP
+// until a rank asks to join (at most 120 s), so that a restarted rank finds
+// the job still running however slowly it starts: the test waits on that
+// event, not on slower steps.
 #pragma once
 
 #include <csignal>
 #include <memory>
 #include <vector>
+
+#include "framework/store/store.hpp"
 
 #include "framework/experiment/callbacks/callback.hpp"
 
@@ -23,23 +33,25 @@ namespace ddp {
 class FaultInjection : public TrainerCallback {
  public:
   // The callback DDP_FAULT_INJECT asks of this rank, or null.
-  static std::shared_ptr<FaultInjection> fromEnvironment(int rank);
+  static std::shared_ptr<FaultInjection> fromEnvironment(int rank, std::shared_ptr<Store> store);
   struct Fault {
     bool atStep = false;  // when: an optimizer step (from 1), else an epoch (from 0)
     bool atEpochEnd = false;  // when: the end of an epoch (from 1), among its callbacks
     int64_t when = 0;
     int signal = SIGKILL;  // 0: none
     int sleepMs = 0;
+    bool untilReplaced = false;
   };
-  explicit FaultInjection(std::vector<Fault> faults);
+  FaultInjection(std::vector<Fault> faults, std::shared_ptr<Store> store);
   bool wantsSteps() const override { return steps_; }
   void onEpochBegin(Trainer&, int64_t epoch) override;
   void onStepEnd(Trainer&, const StepEnd& step) override;
   void onEpochEnd(Trainer&, EpochEnd& end) override;
 
  private:
-  static void act(const Fault& f);
+  void act(const Fault& f);
   std::vector<Fault> faults_;
+  std::shared_ptr<Store> store_;
   bool steps_ = false;
 };
 
@@ -52,6 +64,17 @@ class SlowRank : public TrainerCallback {
 
  private:
   int milliseconds_;
+};
+
+class AwaitJoin : public TrainerCallback {
+ public:
+  static std::shared_ptr<AwaitJoin> fromEnvironment();
+  explicit AwaitJoin(int64_t step) : step_(step) {}
+  bool wantsSteps() const override { return true; }
+  void onStepEnd(Trainer& trainer, const StepEnd& step) override;
+
+ private:
+  int64_t step_;
 };
 
 }  // namespace ddp
