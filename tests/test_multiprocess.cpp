@@ -201,8 +201,11 @@ TEST_CASE("worker: a peer killed in the middle of a recv", "[.worker-killed-in-r
   };
   at::Tensor large = at::empty({big});
   const std::string recvError = failsQuickly([&] { pg.recv(large, 1)->wait(); });
+  // "closed" when the recv was waiting as the peer died, "has closed"
+  // when a slow start posted it after the end was seen: both name rank 1.
   expect(recvError.find("recv from rank 1") != std::string::npos &&
-             recvError.find("rank 1 closed its connection") != std::string::npos,
+             (recvError.find("rank 1 closed its connection") != std::string::npos ||
+              recvError.find("rank 1 has closed its connection") != std::string::npos),
          "the recv names rank 1: " + recvError);
   at::Tensor in = at::ones({2}), out = at::empty({2});
   const std::string alltoallError = failsQuickly([&] { pg.alltoall(in, out)->wait(); });
@@ -258,7 +261,9 @@ RankEnv threadRank(int rank, int world, int port) {
 TEST_CASE("ranks that disagree on the world size fail at once, naming both", "[multiprocess][errors][rendezvous]") {
   const int port = pickFreePort("127.0.0.1");
   DistributedOptions options;
-  options.timeout = std::chrono::milliseconds(8000);
+  // Far above the limit checked at the end: failing by the timeout fails
+  // the test, and a slow start on a busy machine does not.
+  options.timeout = std::chrono::milliseconds(30000);
   std::string errors[2];
   const auto start = std::chrono::steady_clock::now();
   std::thread second([&] {
@@ -282,7 +287,7 @@ TEST_CASE("ranks that disagree on the world size fail at once, naming both", "[m
   CHECK(errors[1].find("has 2") != std::string::npos);
   CHECK(errors[1].find("has 3") != std::string::npos);
   CHECK(errors[1].find("HINT:") != std::string::npos);
-  CHECK(took < std::chrono::seconds(6));
+  CHECK(took < std::chrono::seconds(15));
 }
 
 TEST_CASE("a rendezvous that waits for a rank says which, every interval", "[multiprocess][errors][rendezvous]") {

@@ -670,9 +670,9 @@ TEST_CASE("training wine with the built-ins is fast and accurate", "[plugins]") 
                                                   << torchSeconds * 1e3 << " ms");
   CHECK(ourAccuracy >= 0.9);
   CHECK(ourAccuracy == Approx(torchAccuracy).margin(0.06));
-  // Generous: a loaded CI machine must not fail this, but a regression to
-  // many tensor ops per parameter would show.
-  CHECK(ourSeconds < 5.0);
+  // Against torch's Adam timed alike, in the same sitting (a loaded machine
+  // slows both): a regression to many tensor ops per parameter would show.
+  CHECK(ourSeconds < 3.0 * torchSeconds);
 }
 
 // ---- schedulers and losses ---------------------------------------------------------

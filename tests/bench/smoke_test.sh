@@ -13,10 +13,11 @@ unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DDP_ST
 export DDP_REFERENCE_WATCHDOG_S=150
 
 run() {  # run NAME ARGS...: ddp-bench ARGS, log in $out/NAME.log, must succeed
-  local name=$1 rc=0
+  local name=$1 rc=0 started=$SECONDS
   shift
   timeout -k 5 240 "$bench" "$@" >"$out/$name.log" 2>&1 || rc=$?
   [ "$rc" -eq 0 ] || { sed 's/^/  | /' "$out/$name.log"; fail "ddp-bench $* exited with $rc"; }
+  echo "ran $name in $((SECONDS - started)) s"
 }
 
 # Collectives: every CPU implementation, small sizes, results checked.

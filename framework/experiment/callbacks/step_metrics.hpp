@@ -14,7 +14,7 @@
 //   that wait) and its communication wait go into metrics.jsonl
 //   (rank_R_compute_s, rank_R_comm_wait_s). At the end, one line in
 //   train.log names the slowest rank when its compute took over 10% (and
-//   0.1 s) more than the fastest's.
+//   0.5 s over the run) more than the fastest's.
 // - It runs one collective per epoch (a small allreduce), so every rank
 //   adds it, in the same place among the callbacks.
 #pragma once
