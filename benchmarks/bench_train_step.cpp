@@ -86,6 +86,7 @@ struct Options {
   double bucketCapMb = 25;
   bool noOverlap = false;
   bool sweep = false;        // bucket size x overlap at world size 2, no reference
+  std::vector<double> sweepBucketsMb = {1, 4, 25, 100};  // the bucket sizes --sweep times
   bool noReference = false;  // skip PyTorch
   int timeoutSeconds = 600;
   std::string device = "cpu";  // or "cuda": rank r on cuda:r
@@ -535,7 +536,7 @@ void runLauncher(Options o) {
   if (o.sweep) {
     configs.push_back({"ddp", 1, false});
     configs.push_back({"independent", 2, false});
-    for (double mb : {1.0, 4.0, 25.0, 100.0}) {
+    for (double mb : o.sweepBucketsMb) {
       for (bool overlap : {true, false}) configs.push_back({"ddp", 2, true, mb, overlap});
     }
   }
@@ -707,7 +708,11 @@ void registerTrainStepCommand(CLI::App& app) {
   cmd->add_option("--bucket-cap-mb", options->bucketCapMb, "DDP gradient bucket size in MiB")->capture_default_str();
   cmd->add_flag("--no-overlap", options->noOverlap, "Start every allreduce after backward, not during it");
   cmd->add_flag("--sweep", options->sweep,
-                "Instead: world size 2 with buckets of 1, 4, 25 and 100 MiB, overlap on and off (no reference)");
+                "Instead: world size 2 with each of --sweep-buckets, overlap on and off (no reference)");
+  cmd->add_option("--sweep-buckets", options->sweepBucketsMb, "Bucket sizes in MiB that --sweep times")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--no-reference", options->noReference, "Do not run PyTorch's DDP");
   cmd->add_option("--device", options->device, "cpu, or cuda (rank r on cuda:r; one GPU per rank)")
       ->capture_default_str();

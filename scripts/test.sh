@@ -7,6 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
 ./scripts/setup.sh
+# The Debian package's own tree (for /usr, CPU only), which ctest's
+# install test packs and installs: built here, with the rest of the build.
+./scripts/package.sh build/package > build/package.log 2>&1 || {
+  tail -30 build/package.log; echo "test.sh: scripts/package.sh failed (log: build/package.log)"; exit 1; }
+export DDP_PACKAGE_BUILD_DIR=$PWD/build/package
 built=$(date +%s)
 echo "test.sh: set-up and build took $((built - started)) s"
 cd build

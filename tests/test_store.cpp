@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <cerrno>
@@ -875,15 +876,20 @@ TEST_CASE("worker: a client that waits for the server", "[.store_log_worker]") {
   const uint16_t port = closedPort();
   std::fprintf(stderr, "worker port %u\n", static_cast<unsigned>(port));
   std::string clientError;
+  std::atomic<bool> connecting{false};
   std::thread early([&] {
     try {
       TCPStoreOptions options = clientOptions(port);
+      connecting = true;
       TCPStore client(options);
       client.setString("early", "here");
     } catch (const std::exception& e) {
       clientError = e.what();
     }
   });
+  // The server comes 300 ms after the client started connecting (however
+  // late a busy machine ran the client's thread).
+  while (!connecting.load()) std::this_thread::sleep_for(milliseconds(1));
   std::this_thread::sleep_for(milliseconds(300));
   TCPStore server(serverOptions(port));
   early.join();

@@ -2,8 +2,18 @@
 # Keeps ddp-bench from rotting: every subcommand runs briefly, with --verify
 # where it has one, and what it writes is checked. Timings are not judged
 # here (targets live in the benchmark's own output, not in tests).
+#
+#   smoke_test.sh path/to/ddp-bench [PART]
+# PART: collectives, train-step, wine-lm, strategies or errors (default: all
+# of them); ctest runs each part as a test of its own (bench.smoke.PART), so
+# that each stays short and they run side by side.
 set -euo pipefail
-bench=$(realpath "${1:?usage: $0 path/to/ddp-bench}")
+bench=$(realpath "${1:?usage: $0 path/to/ddp-bench [PART]}")
+part=${2:-all}
+case "$part" in all | collectives | train-step | wine-lm | strategies | errors) ;;
+  *) echo "smoke_test.sh: unknown part \"$part\" (collectives, train-step, wine-lm, strategies, errors or all)" >&2; exit 2 ;;
+esac
+want() { [ "$part" = all ] || [ "$part" = "$1" ]; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 fail() { echo "FAILED: $*" >&2; exit 1; }
@@ -20,6 +30,7 @@ run() {  # run NAME ARGS...: ddp-bench ARGS, log in $out/NAME.log, must succeed
   echo "ran $name in $((SECONDS - started)) s"
 }
 
+if want collectives; then
 # Collectives: every CPU implementation, small sizes, results checked.
 run collectives collectives --min-bytes 4K --max-bytes 64K --warmup 1 --iters 2 --verify --json "$out/collectives.json"
 python3 - "$out/collectives.json" <<'PY'
@@ -73,6 +84,9 @@ else
   grep -q "^# targets met at [0-9]* of 4 points$" "$out/targets.log" || fail "no targets summary"
 fi
 
+fi
+
+if want train-step; then
 # Train step: 1 and 2 ranks, two repeats each, the machine's ceiling included.
 run train-step train-step --steps 2 --warmup 1 --repeats 2 --no-reference --json "$out/train-step.json"
 grep -q "^ceiling: 2 independent ranks" "$out/train-step.log" || fail "train-step printed no ceiling line"
@@ -135,6 +149,9 @@ assert four - one == 3 * 198272, (four, one)
 print("train-step --set model.n_layer=1:", one, "parameters, 4 layers:", four)
 PY
 
+fi
+
+if want wine-lm; then
 # Wine: ours (and PyTorch's, where python3-torch is installed) train to the
 # baseline's quality.
 run wine wine --repeats 1 --json "$out/wine.json"
@@ -168,6 +185,9 @@ else
   echo "SKIPPED lm: /usr/share/games/fortunes/computers is absent (scripts/setup.sh installs fortunes)"
 fi
 
+fi
+
+if want strategies; then
 # Strategies on a small MLP, with PyTorch's DDP and ZeRO where installed:
 # every strategy (and PyTorch) ends with ddp's parameters, zero1 holds half
 # of ddp's Adam state at 2 ranks, fsdp half of the parameters as well.
@@ -229,6 +249,9 @@ expect_strategy_error() {
 }
 expect_strategy_error
 
+fi
+
+if want errors; then
 # Bad input: one clear line and a non-zero exit, before any rank starts.
 expect_error() {  # expect_error TEXT ARGS...
   local text=$1 rc=0
@@ -250,4 +273,5 @@ expect_error "--json /nonexistent-ddp-dir/x.json: the folder /nonexistent-ddp-di
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   expect_error "--device cuda needs a CUDA build of LibTorch and a GPU; found 0 devices" train-step --device cuda
 fi
-echo "ddp-bench smoke test passed"
+fi
+echo "ddp-bench smoke test passed ($part)"

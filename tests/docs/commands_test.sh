@@ -26,7 +26,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT DDP_STORE_TOKEN
 /usr/bin/python3 - "$src" "$ddp_run" "$work" "$ddp_bench" <<'PY'
-import importlib.util, os, re, shlex, shutil, subprocess, sys, time
+import importlib.util, os, re, shlex, shutil, subprocess, sys, threading, time
 src, ddp_run, work, ddp_bench = sys.argv[1:5]
 docs = [os.path.join(src, "README.md")] + sorted(
     os.path.join(src, "docs", f) for f in os.listdir(os.path.join(src, "docs")) if f.endswith(".md"))
@@ -58,8 +58,8 @@ elsewhere = {"./scripts/run.sh": "runs ddp-run as set-up does; scripts/test.sh r
 bench_short = {
     "collectives": {"--min-bytes": "4K", "--max-bytes": "64K", "--size-factor": "16", "--warmup": "1", "--iters": "2"},
     "wine": {"--repeats": "1"},
-    "train-step": {"--steps": "2", "--warmup": "1", "--repeats": "1"},
-    "lm": {"--seeds": "0", "--tolerance": "100"},
+    "train-step": {"--steps": "2", "--warmup": "1", "--repeats": "1"},  # at world size 2 where it names none (below)
+    "lm": {"--seeds": "0", "--tolerance": "100"},  # and a toy gpt on a slice of the text (below)
     # A toy model: every strategy and the PyTorch side still run.
     "strategies": {"--steps": "1", "--warmup": "1", "--batch": "2"},
 }
@@ -82,20 +82,44 @@ def shorten(words):
         informational = any(w in words for w in ("--describe", "--list-plugins", "--schema", "--version", "--sample",
                                                  "--export", "--demo", "--help"))
         if informational:
-            return words
+            # A sample of a few tokens: the same model, loaded the same way.
+            return with_options(words, {"--tokens": "20"}) if "--sample" in words else words
         return words + ["--set", "training.epochs=1", "--set", "training.max_steps=4", "--set", "training.save_every=1"]
     if program == "build/benchmarks/ddp-bench":
         sub = words[1] if len(words) > 1 else ""
         if "--plan" in words or "--help" in words:
             return words
         words = with_options(words, bench_short.get(sub, {}))
+        # Every process starts LibTorch (0.7 s of CPU): world size 2 alone,
+        # the DDP path with its communication (tests/bench/smoke_test.sh
+        # runs world size 1 and the wrapped single rank).
+        if sub == "train-step" and "--world-sizes" not in words and "--sweep" not in words:
+            words += ["--world-sizes", "2"]
+        if sub == "train-step" and "--sweep" in words:  # one bucket size, overlap on and off
+            words = with_options(words, {"--sweep-buckets": "25"})
         if sub == "strategies":
             model = words[words.index("--model") + 1] if "--model" in words else "mlp"
             words = with_options(words, strategies_toy.get(model, {}))
         if sub == "lm":
-            words += ["--set", "training.max_steps=4"]
+            words += ["--set", "training.max_steps=4", "--set", "dataset.max_bytes=20000", "--set", "model.n_layer=1",
+                      "--set", "model.n_embd=32", "--set", "model.n_head=2"]
         return words
     return words
+
+def canonical(words):
+    """A command with its options in a fixed order: the same command however its options are ordered."""
+    head, pairs, i = [], [], 0
+    while i < len(words) and not words[i].startswith("-"):
+        head.append(words[i])
+        i += 1
+    while i < len(words):
+        if i + 1 < len(words) and not words[i + 1].startswith("-"):
+            pairs.append((words[i], words[i + 1]))
+            i += 2
+        else:
+            pairs.append((words[i], ""))
+            i += 1
+    return tuple(head) + tuple(sorted(pairs))
 
 def written(words, redirect):
     """The paths a command writes that a later one may read."""
@@ -106,13 +130,13 @@ def written(words, redirect):
         paths.append(target.split()[0])
     return [p for p in paths if not os.path.isabs(p)]
 
-ran = skipped = failed = 0
-done = {}  # a shortened command that ran and passed -> the folder it ran in
-started_all = time.monotonic()
+# The plan: every document's entries in its order, each a line to print
+# (skipped), a command to run, or a command run already elsewhere.
+first = {}             # a shortened command -> the entry that runs it
+plan = {}
 for doc in docs:
-    folder = os.path.join(work, os.path.basename(doc))
-    os.makedirs(folder)
-    os.symlink(os.path.join(src, "experiments"), os.path.join(folder, "experiments"))
+    entries = plan[doc] = []
+    name = os.path.relpath(doc, src)
     lines = open(doc).read().splitlines()
     i = 0
     while i < len(lines):
@@ -122,8 +146,7 @@ for doc in docs:
             line = line[2:]
         bare = line[5:] if line.startswith("sudo ") else line
         if bare.split(" ")[0] in elsewhere:
-            print(f"SKIPPED ({elsewhere[bare.split(' ')[0]]}): {os.path.relpath(doc, src)}: {line}")
-            skipped += 1
+            entries.append({"print": f"SKIPPED ({elsewhere[bare.split(' ')[0]]}): {name}: {line}"})
             continue
         if not any(bare.startswith(p + " ") for p in programs):
             continue
@@ -132,25 +155,63 @@ for doc in docs:
             i += 1
         command = re.sub(r"\s+#.*$", "", line).strip()
         reason = next((why for key, why in skips if key in command), None)
-        where = f"{os.path.relpath(doc, src)}: {command}"
+        where = f"{name}: {command}"
         if reason:
-            print(f"SKIPPED ({reason}): {where}")
-            skipped += 1
+            entries.append({"print": f"SKIPPED ({reason}): {where}"})
             continue
         redirect = ""
         if ">" in command:
             command, redirect = command.split(">", 1)
             redirect = " >" + redirect
         words = shorten(shlex.split(command))
-        key = (tuple(words), redirect.strip())
-        if key in done:
-            for path in written(words, redirect):
-                source, target = os.path.join(done[key][0], path), os.path.join(folder, path)
+        key = (canonical(words), redirect.strip())
+        if key in first:
+            entries.append({"same": first[key], "where": where, "words": words, "redirect": redirect})
+            continue
+        # PyTorch's side of train-step and strategies: seconds of Python a
+        # line, run by ctest's bench.smoke.* (tests/bench/smoke_test.sh, for
+        # the mlp, the cnn and the gpt); here the lines add --no-reference.
+        if words[0] == "build/benchmarks/ddp-bench" and len(words) > 1 and words[1] in ("train-step", "strategies"):
+            if "--no-reference" not in words and "--plan" not in words and "--sweep" not in words:
+                words = words + ["--no-reference"]
+                where += "  [--no-reference: bench.smoke.* runs PyTorch's side]"
+        entry = {"run": words, "redirect": redirect, "where": where, "doc": name, "done": threading.Event()}
+        first[key] = entry
+        entries.append(entry)
+
+# Each document in its order, on a thread of its own; at most two commands
+# run at once (the machine's cores). A command run already elsewhere waits
+# for that run, then takes a copy of what it wrote.
+slots = threading.Semaphore(2)
+lock = threading.Lock()
+counts = {"ran": 0, "failed": 0, "skipped": 0}
+report = {doc: [] for doc in docs}
+
+def run_document(doc):
+    folder = os.path.join(work, os.path.basename(doc))
+    os.makedirs(folder)
+    os.symlink(os.path.join(src, "experiments"), os.path.join(folder, "experiments"))
+    out = report[doc]
+    for entry in plan[doc]:
+        if "print" in entry:
+            out.append(entry["print"])
+            with lock:
+                counts["skipped"] += 1
+            continue
+        if "same" in entry:
+            original = entry["same"]
+            original["done"].wait()
+            if not original.get("ok"):
+                out.append(f"not run (it failed in {original['doc']}): {entry['where']}")
+                continue
+            for path in written(entry["words"], entry["redirect"]):
+                source, target = os.path.join(original["folder"], path), os.path.join(folder, path)
                 if os.path.exists(source) and not os.path.exists(target):
                     os.makedirs(os.path.dirname(target) or folder, exist_ok=True)
                     (shutil.copytree if os.path.isdir(source) else shutil.copy2)(source, target)
-            print(f"ran already ({done[key][1]}): {where}")
+            out.append(f"ran already ({original['doc']}): {entry['where']}")
             continue
+        words, redirect = entry["run"], entry["redirect"]
         # Files the command writes (--json, --plot, -o) go where it says, below the scratch folder.
         for flag in ("--json", "--plot", "-o", "--out"):
             if flag in words and words.index(flag) + 1 < len(words):
@@ -158,18 +219,35 @@ for doc in docs:
                 if parent and not os.path.isabs(parent):
                     os.makedirs(os.path.join(folder, parent), exist_ok=True)
         run = " ".join([shlex.quote(programs[words[0]])] + [shlex.quote(w) for w in words[1:]]) + redirect
-        started = time.monotonic()
-        result = subprocess.run(["bash", "-c", run], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, timeout=300)
-        took = time.monotonic() - started
-        ran += 1
-        if result.returncode != 0:
-            failed += 1
-            print(f"FAILED (exit code {result.returncode}): {where}")
-            print("\n".join("    | " + l for l in result.stdout.splitlines()[-15:]))
+        with slots:
+            started = time.monotonic()
+            try:
+                result = subprocess.run(["bash", "-c", run], cwd=folder, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, timeout=300)
+                code, output = result.returncode, result.stdout
+            except subprocess.TimeoutExpired as e:
+                code, output = "timeout after 300 s", (e.stdout or b"").decode(errors="replace")
+            took = time.monotonic() - started
+        entry["folder"], entry["ok"] = folder, code == 0
+        entry["done"].set()
+        with lock:
+            counts["ran"] += 1
+            counts["failed"] += code != 0
+        if code != 0:
+            out.append(f"FAILED (exit code {code}): {entry['where']}")
+            out.extend("    | " + l for l in output.splitlines()[-15:])
         else:
-            done[key] = (folder, os.path.relpath(doc, src))
-            print(f"ok ({took:.1f} s): {where}")
-print(f"docs commands: {ran} run, {failed} failed, {skipped} skipped, in {time.monotonic() - started_all:.0f} s")
-sys.exit(1 if failed else 0)
+            out.append(f"ok ({took:.1f} s): {entry['where']}")
+
+started_all = time.monotonic()
+threads = [threading.Thread(target=run_document, args=(doc,)) for doc in docs]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+for doc in docs:
+    print("\n".join(report[doc]))
+print(f"docs commands: {counts['ran']} run, {counts['failed']} failed, {counts['skipped']} skipped, "
+      f"in {time.monotonic() - started_all:.0f} s")
+sys.exit(1 if counts["failed"] else 0)
 PY

@@ -15,7 +15,10 @@
 #  5. scripts/package.sh makes a .deb that depends on Debian's packages of
 #     what ddp links (and on no CUDA); unpacked into a scratch root (dpkg -x),
 #     the consumer builds against it and runs, and its ddp-run trains on its
-#     own data files.
+#     own data files. The package's own build (minutes of compiling, a
+#     build like any other) goes to $DDP_PACKAGE_BUILD_DIR when it is set:
+#     scripts/test.sh makes it there in its build phase, and this test then
+#     finds it built (package.sh builds only what changed) and packs it.
 #
 # Usage: install_test.sh <ddp build dir>
 # Work files go to <build>/install_test (kept for a look after a failure;
@@ -34,7 +37,7 @@ command -v ninja > /dev/null && generator=(-G Ninja)
 launcher=()
 command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fail() { echo "FAILED: $*"; exit 1; }
-step() { echo "== $*"; }
+step() { echo "== $* (at $SECONDS s)"; }
 # Runs a command with its output in $work/<name>.log, shown if it fails.
 logged() {
   local name=$1; shift
@@ -123,7 +126,7 @@ echo "ok: add_subdirectory configures; ddp/config.hpp names $repo"
 
 step "scripts/package.sh: the .deb, unpacked into a scratch root"
 # Its own build tree (for /usr, CPU backends only): what a user packages.
-logged package "$repo/scripts/package.sh" "$work/deb-build"
+logged package "$repo/scripts/package.sh" "${DDP_PACKAGE_BUILD_DIR:-$work/deb-build}"
 deb=$(tail -1 "$work/package.log")
 [ -f "$deb" ] || fail "scripts/package.sh did not end with the path of a .deb (log: $work/package.log)"
 [ "$(dpkg-deb -f "$deb" Package)" = ddp ] || fail "$deb: Package is not ddp"
