@@ -34,6 +34,7 @@
 #include "framework/comm/backend_registry.hpp"
 #include "framework/launch/distributed.hpp"
 #include "framework/core/malloc_tuning.hpp"
+#include "framework/core/compute_threads.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/log.hpp"
 #include "framework/experiment/experiment_config.hpp"
@@ -195,7 +196,7 @@ void shareCoresAmongHostRanks(const ddp::RankEnv& env, int ranksOnHost) {
   if (automatic == nullptr || std::string(automatic) != "1" || ranksOnHost <= env.localWorldSize) return;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const int threads = static_cast<int>(std::max(1u, cores / static_cast<unsigned>(ranksOnHost)));
-  at::set_num_threads(threads);
+  ddp::setComputeThreads(threads);
   if (env.localRank == 0) {
     std::cerr << fmt::format("ddp-run: {} ranks of this job share this host ({} cores), more than this launcher's {}; "
                              "{} thread(s) per rank\n",
@@ -284,6 +285,9 @@ int main(int argc, char** argv) {
   } else {
     ddp::logInfo("malloc: left as it is: {}", malloc.reason);
   }
+  // OpenBLAS's own pool follows ATen's count (OMP_NUM_THREADS, which the
+  // launcher, torchrun or SLURM set per rank), unless the user sized it.
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) ddp::setComputeThreads(at::get_num_threads());
   CLI::App app{"ddp-run: train an experiment on one process, every core of a machine, or a cluster"};
   Args args;
   app.add_option("experiment", args.experiment, "experiment JSON file");

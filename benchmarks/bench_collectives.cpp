@@ -34,6 +34,7 @@
 
 #include "backends/builtin.hpp"
 #include "benchmarks/bench_util.hpp"
+#include "framework/core/compute_threads.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/system.hpp"
 #include "benchmarks/collective_impls.hpp"
@@ -338,7 +339,7 @@ int runWorker(const Options& o) {
     // Share the cores among the ranks for the work that LibTorch does here
     // (filling, checking), so ranks do not oversubscribe them.
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    at::set_num_threads(std::max(1, cores / o.worldSize));
+    setComputeThreads(std::max(1, cores / o.worldSize));
 
     Rendezvous rendezvous;
     rendezvous.rank = o.workerRank;

@@ -103,7 +103,7 @@ json runSeed(const Options& o, const TempDir& dir, int64_t seed) {
   if (pythonTorchUnavailable()) return records;
   std::cerr << "ddp-bench lm: seed " << seed << ": training the PyTorch reference\n";
   const auto lines = runJsonLines(
-      pythonCommand() + " " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/char_gpt_torch.py") +
+      pythonCommandForThreads(1) + " " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/char_gpt_torch.py") +
       " --config " + shellQuote(runDir + "/config.json"));
   if (lines.empty()) throw BenchError("char_gpt_torch.py printed no JSON line");
   json theirs = lines.back();

@@ -62,6 +62,11 @@ std::string& chosenPython() {
 
 std::string pythonCommand() { return chosenPython().empty() ? "python3" : chosenPython(); }
 
+std::string pythonCommandForThreads(int threads) {
+  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) return pythonCommand();
+  return "OPENBLAS_NUM_THREADS=" + std::to_string(threads) + " " + pythonCommand();
+}
+
 std::optional<std::string> pythonTorchUnavailable() {
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("DDP_PYTHON")) candidates.push_back(env);

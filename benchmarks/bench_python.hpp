@@ -18,6 +18,11 @@ std::optional<std::string> pythonTorchUnavailable();
 
 // The interpreter pythonTorchUnavailable() found (shell-quoted).
 std::string pythonCommand();
+// The same, for a reference whose every rank computes on `threads` threads
+// (torch.set_num_threads): OpenBLAS's own pool sized alike through
+// OPENBLAS_NUM_THREADS, unless the user set it, as our workers size theirs
+// (framework/core/compute_threads.hpp), so both sides get the same cores.
+std::string pythonCommandForThreads(int threads);
 
 // Runs `command` through the shell and returns every stdout line that parses
 // as a JSON object (the references print one per measurement, among any

@@ -33,6 +33,7 @@
 #include "benchmarks/sim_cluster.hpp"
 #include "framework/comm/backend_registry.hpp"
 #include "framework/comm/sub_groups.hpp"
+#include "framework/core/compute_threads.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/strings.hpp"
 #include "framework/core/system.hpp"
@@ -203,7 +204,7 @@ int shardSizeOf(const Options& o) {
 }
 
 void runWorker(const Options& o) {
-  at::set_num_threads(1);
+  setComputeThreads(1);  // ATen's and OpenBLAS's (compute_threads.hpp)
   const int rank = o.workerRank;
   const std::chrono::milliseconds timeout(o.timeoutSeconds * 1000);
   std::shared_ptr<Store> store;
@@ -397,7 +398,7 @@ void runLauncher(Options o) {
       for (int64_t w : o.widths) widths += (widths.empty() ? "" : ",") + std::to_string(w);
       std::cerr << "running PyTorch's DDP, ZeroRedundancyOptimizer and FSDP...\n";
       const auto lines = runJsonLines(fmt::format(
-          "{} {} --widths {} --world-size {} --batch {} --steps {} --warmup {} --lr {}{}", pythonCommand(),
+          "{} {} --widths {} --world-size {} --batch {} --steps {} --warmup {} --lr {}{}", pythonCommandForThreads(1),
           shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/strategies_torch.py"), widths, o.worldSize,
           o.batch, o.steps, o.warmup, o.lr, gptReferenceArguments(o)));
       for (const json& line : lines) {

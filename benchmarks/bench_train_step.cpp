@@ -51,6 +51,7 @@
 #include "backends/builtin.hpp"
 #include "benchmarks/bench_python.hpp"
 #include "benchmarks/bench_util.hpp"
+#include "framework/core/compute_threads.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/system.hpp"
 #include "benchmarks/commands.hpp"
@@ -299,7 +300,7 @@ torch::Device workerDevice(const Options& o, int rank) {
 }
 
 void runWorker(const Options& o) {
-  at::set_num_threads(1);
+  setComputeThreads(1);  // ATen's and OpenBLAS's (compute_threads.hpp)
   const int rank = o.workerRank;
   const torch::Device device = workerDevice(o, rank);
   const std::string tag = workerTag(o);
@@ -607,7 +608,8 @@ void runLauncher(Options o) {
   } else {
     std::cerr << "running torch-ddp...\n";
     std::string command = fmt::format(
-        "{} {} --model {} --batch {} --world-sizes {} --steps {} --warmup {} --repeats {} --device {}", pythonCommand(),
+        "{} {} --model {} --batch {} --world-sizes {} --steps {} --warmup {} --repeats {} --device {}",
+        pythonCommandForThreads(1),
         shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/train_step_torch_ddp.py"), setup.name,
         setup.batchPerRank, joinNames(o.worldSizes, ","), o.steps, o.warmup, o.repeats, o.device);
     if (setup.name != "mlp") {

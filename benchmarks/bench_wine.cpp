@@ -32,6 +32,7 @@
 #include "benchmarks/bench_util.hpp"
 #include "benchmarks/commands.hpp"
 #include "ddp/config.hpp"
+#include "framework/core/compute_threads.hpp"
 #include "framework/comm/backend_registry.hpp"
 #include "framework/experiment/experiment_config.hpp"
 #include "framework/store/hash_store.hpp"
@@ -54,7 +55,7 @@ struct Options {
 class Ours {
  public:
   Ours() : dir_("ddp-bench-wine-") {
-    at::set_num_threads(1);
+    setComputeThreads(1);  // ATen's and OpenBLAS's (compute_threads.hpp)
     const std::string path = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
     // No checkpoints: the benchmark times training, not disk writes.
     config_ = loadExperimentConfig(path, {"training.save_every=0"}, builtinPlugins());
@@ -98,7 +99,7 @@ class Ours {
 
 // One run of reference/wine_torch.py: its JSON record.
 json runTorchPythonOnce() {
-  const std::string command = pythonCommand() + " " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/wine_torch.py") +
+  const std::string command = pythonCommandForThreads(1) + " " + shellQuote(std::string(DDP_SOURCE_DIR) + "/benchmarks/reference/wine_torch.py") +
                               " --data " + shellQuote(std::string(DDP_SOURCE_DIR) + "/data/wine.csv");
   auto lines = runJsonLines(command);
   if (lines.empty()) throw BenchError("wine_torch.py printed no JSON line");

@@ -59,7 +59,7 @@ TEST_CASE("elastic rendezvous: a joiner acts only on a generation it was admitte
     });
     ElasticRendezvous joiner(store, 2, options);
     const auto start = std::chrono::steady_clock::now();
-    CHECK_THROWS_WITH(joiner.join(), Catch::Contains("the job finished its training before another step boundary"));
+    CHECK_THROWS_WITH(joiner.join(), Catch::Contains("the job's training ended (finished, or stopped below --min-ranks) before another step boundary"));
     finisher.join();
     CHECK(std::chrono::steady_clock::now() - start < options.decisionTimeout);
     CHECK(ElasticRendezvous::finished(*store));

@@ -1,5 +1,6 @@
 // framework/core/malloc_tuning: what it sets, what it leaves to the user,
 // and the page faults it saves.
+#include <ATen/Parallel.h>
 #include <sys/resource.h>
 
 #include <catch2/catch.hpp>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "framework/core/compute_threads.hpp"
 #include "framework/core/malloc_tuning.hpp"
 #include "tests/test_support.hpp"
 
@@ -85,4 +87,27 @@ TEST_CASE("malloc tuning: a step's freed blocks are reused, not faulted in again
   const long faults = minorFaults() - before;
   INFO(faults << " minor page faults over " << kSteps << " steps");
   CHECK(faults < 20000);
+}
+
+// framework/core/compute_threads: OpenBLAS's own pool follows the count a
+// rank is given, as ATen's does (issue 44: two ranks told to use one thread
+// each ran two OpenBLAS threads each on a 2-core machine).
+TEST_CASE("compute threads: ATen's and OpenBLAS's pools follow setComputeThreads", "[threads]") {
+  const int before = at::get_num_threads();
+  if (ddp::blasThreads() < 0) {
+    WARN("SKIPPED: this process has no OpenBLAS (openblas_get_num_threads not found)");
+    return;
+  }
+  const int blasBefore = ddp::blasThreads();
+  ddp::setComputeThreads(1);
+  CHECK(at::get_num_threads() == 1);
+  CHECK(ddp::blasThreads() == 1);
+  ddp::setComputeThreads(2);
+  CHECK(at::get_num_threads() == 2);
+  CHECK(ddp::blasThreads() == 2);
+  ddp::setComputeThreads(0);  // taken as 1
+  CHECK(ddp::blasThreads() == 1);
+  at::set_num_threads(before);
+  ddp::setComputeThreads(blasBefore);
+  at::set_num_threads(before);
 }

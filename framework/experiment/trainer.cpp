@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "framework/core/compute_threads.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/system.hpp"
 #include "framework/experiment/callbacks/best_checkpoints.hpp"
@@ -104,7 +105,7 @@ void Trainer::build() {
   const auto& tc = config_.training;
   const ExperimentConfig& config = config_;
   PluginRegistry& registry = registry_;
-  if (tc.threads > 0) at::set_num_threads(static_cast<int>(tc.threads));
+  if (tc.threads > 0) setComputeThreads(static_cast<int>(tc.threads));
 
   // rank -> cuda:LOCAL_RANK when the experiment asks for GPUs.
   if (config.distributed.device == "cuda") {

@@ -80,6 +80,7 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
                                   ids.size(), idsText(ids), options_.minRanks, options_.runDir,
                                   checkpointFileName(s.epoch, batch)));
         }
+        s.rendezvous->finish();  // a joiner that waits is told at once: nothing to rejoin
         fail<ElasticBelowMinimum>(
             "elastic: {} rank(s) left (ids {}), fewer than --min-ranks {}; the job stops with a checkpoint of step {}. "
             "HINT: --resume continues from it",

@@ -244,8 +244,8 @@ ElasticMembership ElasticRendezvous::join() {
       store_->add("elastic/join-admitted", 1);  // withdrawn: no longer pending
       if (over) {
         throw ElasticExcluded(fmt::format(
-            "elastic: rank id {} asked to join, but the job finished its training before another step boundary; "
-            "there is nothing to rejoin",
+            "elastic: rank id {} asked to join, but the job's training ended (finished, or stopped below "
+            "--min-ranks) before another step boundary; there is nothing to rejoin",
             id_));
       }
       throw ElasticExcluded(fmt::format(

@@ -131,9 +131,10 @@ class ElasticRendezvous {
   // Rank 0, between steps: whether someone waits to join (a store
   // round trip; call it throttled).
   bool joinPending();
-  // Every member once training is over (no step boundary is left to admit
-  // a joiner at): a joiner that still waits is told so and stays out, and
-  // a launcher does not start another.
+  // Every member once training is over, or the job stops below the
+  // minimum (no step boundary is left to admit a joiner at): a joiner that
+  // still waits is told so and stays out, and a launcher does not start
+  // another.
   void finish();
   bool finished();
   static bool finished(Store& store);

@@ -229,7 +229,10 @@ constexpr std::chrono::milliseconds kFailureWindow{500};
 // lowest rank that reported a mistake in the job (exit code 2) or a
 // non-finite loss (3), as its peers fail only because it ended (rank 0 finds
 // the run folder's mistakes and its peers pass them on, all with code 2,
-// reaped in either order); else the first reaped.
+// reaped in either order); else the first reaped that a signal ended (a
+// killed rank's peers exit with 1 because it is gone, and on a busy machine
+// one of them may be reaped in the same sweep, before it); else the first
+// reaped.
 int causeRank(const std::vector<RankProcess>& procs, const std::vector<int>& failed) {
   for (const int code : {2, 3}) {
     int lowest = -1;
@@ -238,6 +241,9 @@ int causeRank(const std::vector<RankProcess>& procs, const std::vector<int>& fai
       if (WIFEXITED(status) && WEXITSTATUS(status) == code && (lowest < 0 || i < lowest)) lowest = i;
     }
     if (lowest >= 0) return lowest;
+  }
+  for (const int i : failed) {
+    if (WIFSIGNALED(procs[static_cast<size_t>(i)].status)) return i;
   }
   return failed.front();
 }

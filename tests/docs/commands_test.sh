@@ -219,6 +219,7 @@ def run_document(doc):
                 if parent and not os.path.isabs(parent):
                     os.makedirs(os.path.join(folder, parent), exist_ok=True)
         run = " ".join([shlex.quote(programs[words[0]])] + [shlex.quote(w) for w in words[1:]]) + redirect
+        code, output = "not run", ""
         with slots:
             started = time.monotonic()
             try:
@@ -227,9 +228,13 @@ def run_document(doc):
                 code, output = result.returncode, result.stdout
             except subprocess.TimeoutExpired as e:
                 code, output = "timeout after 300 s", (e.stdout or b"").decode(errors="replace")
-            took = time.monotonic() - started
-        entry["folder"], entry["ok"] = folder, code == 0
-        entry["done"].set()
+            except OSError as e:
+                code, output = f"not started ({e})", ""
+            finally:
+                took = time.monotonic() - started
+                # Whatever happened, a later copy of this command stops waiting.
+                entry["folder"], entry["ok"] = folder, code == 0
+                entry["done"].set()
         with lock:
             counts["ran"] += 1
             counts["failed"] += code != 0
