@@ -34,4 +34,8 @@ void registerLmCommand(CLI::App& app);
 // parameter MLP against PyTorch's DDP, ZeroRedundancyOptimizer and FSDP.
 void registerStrategiesCommand(CLI::App& app);
 
+// `ddp-bench regress`: train-step ratios of mlp, cnn and gpt against the
+// baseline recorded in benchmarks/baselines/train_step.json.
+void registerRegressCommand(CLI::App& app);
+
 }  // namespace ddp::bench

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   ddp::bench::registerTrainStepCommand(app);
   ddp::bench::registerLmCommand(app);
   ddp::bench::registerStrategiesCommand(app);
+  ddp::bench::registerRegressCommand(app);
 
   int status = 0;
   try {

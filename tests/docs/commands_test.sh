@@ -62,6 +62,9 @@ bench_short = {
     "lm": {"--seeds": "0", "--tolerance": "100"},  # and a toy gpt on a slice of the text (below)
     # A toy model: every strategy and the PyTorch side still run.
     "strategies": {"--steps": "1", "--warmup": "1", "--batch": "2"},
+    # One model, two steps: the comparison and its table run; at this size
+    # the ratios are noise, so no change is called slower here.
+    "regress": {"--models": "mlp", "--steps": "2", "--warmup": "1", "--repeats": "1", "--min-tolerance": "1000"},
 }
 # strategies at a toy size, per --model (mlp is the default).
 strategies_toy = {"mlp": {"--widths": "64,64,64"},
