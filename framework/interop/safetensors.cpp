@@ -134,7 +134,7 @@ bool looksLikeSafetensors(const std::string& path) {
   return n >= 2 && n <= kMaxHeaderBytes && head[8] == '{';
 }
 
-WeightsFile readSafetensors(const std::string& path) {
+SafetensorsHeader readSafetensorsHeader(const std::string& path) {
   Fd in{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (in.fd < 0) fail<UsageError>("{}: cannot open: {}", path, errnoText(errno));
   struct stat st {};
@@ -158,14 +158,8 @@ WeightsFile readSafetensors(const std::string& path) {
   if (!header.is_object()) bad("the header is not a JSON object");
   const uint64_t dataStart = 8 + headerBytes, dataBytes = size - dataStart;
 
-  WeightsFile out;
-  struct Span {
-    uint64_t begin, end;
-    std::string name;
-    at::ScalarType type;
-    std::vector<int64_t> sizes;
-  };
-  std::vector<Span> spans;
+  SafetensorsHeader out;
+  out.fileBytes = size;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (!entry.is_object()) bad("__metadata__ is not an object");
@@ -219,22 +213,50 @@ WeightsFile readSafetensors(const std::string& path) {
                       fmt::join(sizes, ","), found->name, numel > dataBytes ? std::string("more than the file's") : std::to_string(numel * itemSize),
                       end - begin));
     }
-    spans.push_back({begin, end, name, found->type, std::move(sizes)});
+    out.tensors.push_back({name, found->type, std::move(sizes), dataStart + begin, dataStart + end});
   }
-  // Everything checked before anything is read; tensors in file order.
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < spans.size(); ++i) {
-    if (spans[i].begin < spans[i - 1].end) {
-      bad(fmt::format("tensors {} and {} overlap", printable(spans[i - 1].name), printable(spans[i].name)));
+  // Tensors in file order; none may overlap another.
+  std::sort(out.tensors.begin(), out.tensors.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < out.tensors.size(); ++i) {
+    if (out.tensors[i].begin < out.tensors[i - 1].end) {
+      bad(fmt::format("tensors {} and {} overlap", printable(out.tensors[i - 1].name), printable(out.tensors[i].name)));
     }
   }
-  for (Span& span : spans) {
-    at::Tensor t = at::empty(span.sizes, at::TensorOptions().dtype(span.type));
-    if (span.end > span.begin &&
-        !readAt(in.fd, t.data_ptr(), static_cast<size_t>(span.end - span.begin), dataStart + span.begin, path)) {
-      bad(fmt::format("the file ends inside tensor {}", printable(span.name)));
+  return out;
+}
+
+std::string safetensorsDtypeName(at::ScalarType type) { return dtypeName(type, "?"); }
+
+std::optional<at::ScalarType> safetensorsDtype(const std::string& name) {
+  for (const auto& d : kDtypes) {
+    if (name == d.name) return d.type;
+  }
+  return std::nullopt;
+}
+
+void readFileRange(const std::string& path, void* data, size_t bytes, uint64_t offset) {
+  Fd in{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (in.fd < 0) fail<UsageError>("{}: cannot open: {}", path, errnoText(errno));
+  if (!readAt(in.fd, data, bytes, offset, path)) {
+    fail<UsageError>("{}: the file ends before byte {} (it was truncated)", path, offset + bytes);
+  }
+}
+
+WeightsFile readSafetensors(const std::string& path) {
+  // Everything checked before anything is read.
+  SafetensorsHeader header = readSafetensorsHeader(path);
+  Fd in{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (in.fd < 0) fail<UsageError>("{}: cannot open: {}", path, errnoText(errno));
+  WeightsFile out;
+  out.metadata = std::move(header.metadata);
+  for (SafetensorsEntry& entry : header.tensors) {
+    at::Tensor t = at::empty(entry.sizes, at::TensorOptions().dtype(entry.type));
+    if (entry.end > entry.begin &&
+        !readAt(in.fd, t.data_ptr(), static_cast<size_t>(entry.end - entry.begin), entry.begin, path)) {
+      fail<UsageError>("{}: not a valid safetensors file: the file ends inside tensor {}", path, printable(entry.name));
     }
-    out.tensors.emplace_back(std::move(span.name), std::move(t));
+    out.tensors.emplace_back(std::move(entry.name), std::move(t));
   }
   return out;
 }

@@ -21,7 +21,9 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "framework/interop/named_tensors.hpp"
 
@@ -31,6 +33,31 @@ void writeSafetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
 WeightsFile readSafetensors(const std::string& path);
+
+// The header alone, checked as readSafetensors checks it (the same
+// UsageErrors), for readers that take byte ranges (sharded checkpoints):
+// each tensor's dtype, shape and absolute byte range [begin, end) in the
+// file, in file order.
+struct SafetensorsEntry {
+  std::string name;
+  at::ScalarType type;
+  std::vector<int64_t> sizes;
+  uint64_t begin = 0, end = 0;
+};
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> tensors;
+  std::map<std::string, std::string> metadata;
+  uint64_t fileBytes = 0;
+};
+SafetensorsHeader readSafetensorsHeader(const std::string& path);
+
+// The format's dtype names ("F32", ...) and back (nullopt for another).
+std::string safetensorsDtypeName(at::ScalarType type);
+std::optional<at::ScalarType> safetensorsDtype(const std::string& name);
+
+// Reads `bytes` bytes at `offset` of the file; a UsageError naming the file
+// when it cannot be opened or ends first (a truncated file).
+void readFileRange(const std::string& path, void* data, size_t bytes, uint64_t offset);
 
 // Whether the file's first bytes look like safetensors (a plausible header
 // length followed by '{'); false when it cannot be read.

@@ -31,4 +31,9 @@ void DdpStrategy::saveState(torch::serialize::OutputArchive* archive) {
   if (archive) saveModelAndOptimizer(*archive, *model_, *optimizer_);
 }
 
+HeldState DdpStrategy::heldState() {
+  const ProcessGroup& group = ddp_->group();
+  return wholeHeldState(*model_, *optimizer_, group.size(), group.rank());
+}
+
 }  // namespace ddp

@@ -25,6 +25,8 @@ class DdpStrategy : public ParallelStrategy {
   bool supportsGradientClipping() const override { return true; }
   std::unique_ptr<torch::optim::Optimizer> releaseOptimizer() override { return std::move(optimizer_); }
   void saveState(torch::serialize::OutputArchive* archive) override;
+  // Every rank holds everything; each writes its 1/world of every tensor.
+  HeldState heldState() override;
   bool supportsJoin() const override { return true; }
   // The wait after backward, and the collectives that ran inside the hooks
   // during it (waiting for the peers there too).

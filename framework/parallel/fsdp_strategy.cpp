@@ -457,6 +457,44 @@ void FsdpStrategy::withFullParameters(const std::function<void()>& fn) {
   fn();
 }
 
+HeldState FsdpStrategy::heldState() {
+  Impl& s = *impl_;
+  const int pieceReplicas = s.replicate ? s.replicate->size() : 1;
+  const int pieceReplica = s.replicate ? s.replicate->rank() : 0;
+  const int wholeReplicas = s.world * pieceReplicas, wholeReplica = pieceReplica * s.world + s.rank;
+  std::unordered_map<const void*, size_t> trainable;
+  for (size_t i = 0; i < s.params.size(); ++i) trainable[s.params[i].unsafeGetTensorImpl()] = i;
+  // A unit's parameter has no memory between steps: its piece in this
+  // rank's shard stands for it.
+  HeldState held;
+  for (const auto& item : s.model->named_parameters()) {
+    auto it = trainable.find(item.value().unsafeGetTensorImpl());
+    if (it == trainable.end()) {
+      held.model.push_back({item.key(), item.value().sizes().vec(), 0, item.value().detach().view({-1}), wholeReplicas,
+                            wholeReplica});
+      continue;
+    }
+    const size_t i = it->second;
+    if (!s.pieces[i].defined()) continue;  // this rank owns none of it
+    held.model.push_back({item.key(), item.value().sizes().vec(), s.shards->pieceOf(i, s.rank)->paramOffset,
+                          s.pieces[i].detach().view({-1}), pieceReplicas, pieceReplica});
+  }
+  for (const auto& item : s.model->named_buffers()) {
+    held.model.push_back({item.key(), item.value().sizes().vec(), 0, item.value().detach().view({-1}), wholeReplicas,
+                          wholeReplica});
+  }
+  held.optimizer = s.sharded->heldTensors(*s.model, pieceReplicas, pieceReplica, wholeReplicas, wholeReplica);
+  return held;
+}
+
+void FsdpStrategy::afterStateLoaded() {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  Impl::Group& root = s.groups[s.units];
+  root.gathered = false;
+  s.finishGatherLocked(root);
+}
+
 void FsdpStrategy::saveState(torch::serialize::OutputArchive* archive) {
   Impl& s = *impl_;
   // The archive keeps the tensors it is given until it is written out,

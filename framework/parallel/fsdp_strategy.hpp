@@ -98,6 +98,12 @@ class FsdpStrategy : public ParallelStrategy {
   void step() override;  // clips (setGradientClipping) before the optimizer steps
   bool supportsGradientClipping() const override { return true; }
   void saveState(torch::serialize::OutputArchive* archive) override;
+  // This rank's pieces of the trainable parameters and of their optimizer
+  // state (under hsdp held by its column: each of them writes a part);
+  // frozen parameters and buffers whole. afterStateLoaded() gathers the
+  // root from the loaded pieces.
+  HeldState heldState() override;
+  void afterStateLoaded() override;
   void withFullParameters(const std::function<void()>& fn) override;
   bool collectiveForward() const override;
   HeldBytes heldBytes() override;

@@ -237,6 +237,33 @@ std::unique_ptr<StateMap> ShardedOptimizer::Impl::gatherFullStates() {
   return states;
 }
 
+std::vector<HeldTensor> ShardedOptimizer::heldTensors(torch::nn::Module& model, int pieceReplicas, int pieceReplica,
+                                                      int wholeReplicas, int wholeReplica) const {
+  const Impl& s = *impl_;
+  const auto names = tensorNames(model);
+  std::unordered_map<const void*, size_t> pieceOf;
+  for (size_t i = 0; i < s.pieces.size(); ++i)
+    if (s.pieces[i].defined()) pieceOf[s.pieces[i].unsafeGetTensorImpl()] = i;
+  std::vector<HeldTensor> out;
+  for (const auto& group : s.optimizer.param_groups()) {
+    for (const at::Tensor& p : group.params()) {
+      auto piece = pieceOf.find(p.unsafeGetTensorImpl());
+      if (piece != pieceOf.end()) {
+        const size_t i = piece->second;
+        auto name = names.find(s.params[i].unsafeGetTensorImpl());
+        DDP_CHECK(name != names.end(), "ShardedOptimizer: a sharded parameter is not the model's");
+        out.push_back({name->second, s.params[i].sizes().vec(), s.pieceInfo[i]->paramOffset, p.detach().view({-1}),
+                       pieceReplicas, pieceReplica});
+        continue;
+      }
+      auto name = names.find(p.unsafeGetTensorImpl());
+      DDP_CHECK(name != names.end(), "ShardedOptimizer: the optimizer steps a tensor that is not the model's");
+      out.push_back({name->second, p.sizes().vec(), 0, p.detach().contiguous().view({-1}), wholeReplicas, wholeReplica});
+    }
+  }
+  return out;
+}
+
 void ShardedOptimizer::save(torch::serialize::OutputArchive* archive, torch::nn::Module& model,
                             const std::unordered_map<const void*, at::Tensor>* modelCopies) {
   Impl& s = *impl_;

@@ -37,6 +37,7 @@
 
 #include "framework/comm/process_group.hpp"
 #include "framework/parallel/flat_shards.hpp"
+#include "framework/parallel/held_state.hpp"
 
 namespace ddp {
 
@@ -51,6 +52,14 @@ class ShardedOptimizer {
 
   void save(torch::serialize::OutputArchive* archive, torch::nn::Module& model,
             const std::unordered_map<const void*, at::Tensor>* modelCopies = nullptr);
+
+  // HeldState::optimizer (held_state.hpp) for the optimizer's param groups
+  // as this rank runs them: a piece of parameter i is the range of it that
+  // this rank owns, held by `pieceReplicas` ranks (hsdp's column; 1 under
+  // zero and fsdp); a tensor that is not sharded (a frozen parameter in the
+  // groups) is whole, held by `wholeReplicas` ranks.
+  std::vector<HeldTensor> heldTensors(torch::nn::Module& model, int pieceReplicas, int pieceReplica,
+                                      int wholeReplicas, int wholeReplica) const;
 
  private:
   struct Impl;

@@ -170,6 +170,8 @@ void saveCopies(const torch::nn::Module& module, torch::serialize::OutputArchive
 }
 }  // namespace
 
+HeldState ParallelStrategy::heldState() { return wholeHeldState(model(), optimizer(), 1, 0); }
+
 void saveModelAndOptimizer(torch::serialize::OutputArchive& archive, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, const TensorCopies* copies) {
   torch::serialize::OutputArchive modelArchive, optimizerArchive;

@@ -53,6 +53,7 @@
 
 #include "framework/comm/process_group.hpp"
 #include "framework/parallel/ddp.hpp"
+#include "framework/parallel/held_state.hpp"
 
 namespace ddp {
 
@@ -70,6 +71,17 @@ class ParallelStrategy {
   virtual void step() = 0;
 
   virtual void saveState(torch::serialize::OutputArchive* archive) = 0;
+
+  // Sharded checkpoints (held_state.hpp): what this rank holds of the
+  // model and the optimizer, and where each piece lies in the whole
+  // tensors. Not collective. The default is everything whole, as one rank
+  // holds it; a strategy whose ranks hold copies (ddp) or shards must
+  // override it, or a sharded save finds ranges written twice and fails.
+  virtual HeldState heldState();
+  // After loadHeldState() has written into what heldState() listed: makes
+  // whatever the strategy derives from it consistent again (fsdp gathers
+  // its root). Collective: every rank calls it.
+  virtual void afterStateLoaded() {}
 
   // Elastic recovery (launch/elastic.hpp): hands the optimizer back,
   // whole, without a collective (the group may be broken), after which the

@@ -223,6 +223,14 @@ ParallelStrategy::HeldBytes ZeroStrategy::heldBytes() {
   return countHeldBytes({s.flatParam}, std::move(grads));
 }
 
+HeldState ZeroStrategy::heldState() {
+  Impl& s = *impl_;
+  HeldState held;
+  held.model = wholeModel(*s.model, s.world, s.rank);
+  held.optimizer = s.sharded->heldTensors(*s.model, 1, 0, s.world, s.rank);
+  return held;
+}
+
 void ZeroStrategy::saveState(torch::serialize::OutputArchive* archive) {
   impl_->sharded->save(archive, *impl_->model);
 }

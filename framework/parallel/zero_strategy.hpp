@@ -85,6 +85,9 @@ class ZeroStrategy : public ParallelStrategy {
   void step() override;  // clips (setGradientClipping) before the optimizer steps
   bool supportsGradientClipping() const override { return true; }
   void saveState(torch::serialize::OutputArchive* archive) override;
+  // The model whole on every rank (each writes 1/world of it), the
+  // optimizer's state as this rank's pieces.
+  HeldState heldState() override;
   // Parameters: the flat buffer the model's parameters view (this rank's
   // shard is its slice); gradients: zero1 the flat buffer and the shard's
   // average (1 + 1/world of DDP's), zero2 the shard only (1/world).
