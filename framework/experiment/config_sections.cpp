@@ -77,6 +77,11 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
                 "the shards by repeating samples"),
       stringParam("on_nonfinite_loss", "stop", {"stop", "continue"},
                   "a NaN or infinite training loss: stop the run (exit code 3) or continue"),
+      stringParam("checkpoint_format", "auto", {"auto", "consolidated", "sharded"},
+                  "consolidated: rank 0 gathers the model and optimizer and writes one file; sharded: every rank "
+                  "writes what it holds, in parallel, and an index is written last (a folder epoch_N.shards); auto: "
+                  "sharded for zero1, zero2, fsdp and hsdp, consolidated for ddp. Either resumes on any world size "
+                  "and strategy"),
       boolParam("checkpoint_on_signal", false,
                 "on SIGTERM or SIGINT, finish the step and save a checkpoint of it before exiting"),
       boolParam("tensorboard", false,

@@ -709,6 +709,12 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
   config.distributed.fsdpBackwardPrefetch = distributed["fsdp_backward_prefetch"];
   config.distributed.fsdpUnitMb = distributed["fsdp_unit_mb"];
   config.distributed.shardSize = distributed["shard_size"];
+  {
+    const std::string format = training["checkpoint_format"];
+    const std::string& strategy = config.distributed.strategy;
+    const bool sharding = strategy == "zero1" || strategy == "zero2" || strategy == "fsdp" || strategy == "hsdp";
+    config.training.checkpointFormat = format != "auto" ? format : sharding ? "sharded" : "consolidated";
+  }
   if (config.distributed.commHook && config.distributed.commHook->name != "allreduce" &&
       config.distributed.strategy != "ddp") {
     v.fail("distributed.comm_hook", "applies to distributed.strategy \"ddp\" only, not {}. HINT: remove the hook, or "

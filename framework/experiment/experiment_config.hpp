@@ -55,6 +55,11 @@ struct TrainingConfig {
   // SIGTERM or SIGINT mid-training: finish the step, save a checkpoint of
   // that point on rank 0, exit 128+signal (trainer.hpp).
   bool checkpointOnSignal = false;
+  // training.checkpoint_format: "consolidated" (one file, rank 0 gathers
+  // and writes it) or "sharded" (every rank writes what it holds, an index
+  // last: framework/checkpoint). "auto" in the experiment resolves to
+  // sharded for zero1, zero2, fsdp and hsdp, consolidated otherwise.
+  std::string checkpointFormat = "consolidated";
   // TensorBoard event files beside metrics.jsonl (callbacks/tensorboard_log.hpp).
   bool tensorboard = false;
   // A timeline of optimizer steps traceStart .. traceStart + traceSteps - 1

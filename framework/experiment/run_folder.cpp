@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "framework/checkpoint/sharded_checkpoint.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/system.hpp"
 
@@ -32,7 +33,7 @@ bool readNumber(const std::string& name, size_t* pos, int64_t* out) {
 }
 
 bool parseCheckpointName(const std::string& name, CheckpointFile* out) {
-  const std::string epochPrefix = "epoch_", batchPrefix = "_batch_", suffix = ".pt";
+  const std::string epochPrefix = "epoch_", batchPrefix = "_batch_";
   if (name.rfind(epochPrefix, 0) != 0) return false;
   size_t pos = epochPrefix.size();
   if (!readNumber(name, &pos, &out->epoch)) return false;
@@ -44,7 +45,13 @@ bool parseCheckpointName(const std::string& name, CheckpointFile* out) {
     if (!readNumber(name, &pos, &out->batch) || out->epoch < 1 || out->batch < 1) return false;
     out->epoch -= 1;
   }
-  return name.compare(pos, std::string::npos, suffix) == 0;
+  return name.compare(pos, std::string::npos, ".pt") == 0 || name.compare(pos, std::string::npos, ".shards") == 0;
+}
+
+// A sharded checkpoint is one only once its index exists (a save cut short
+// leaves a folder without one).
+bool complete(const std::string& path) {
+  return path.size() < 7 || path.compare(path.size() - 7, 7, ".shards") != 0 || isShardedCheckpoint(path);
 }
 
 std::string hostName() {
@@ -62,7 +69,7 @@ std::vector<CheckpointFile> listCheckpoints(const std::string& runDir) {
   if (!d) return found;
   while (dirent* e = ::readdir(d)) {
     CheckpointFile file;
-    if (parseCheckpointName(e->d_name, &file)) {
+    if (parseCheckpointName(e->d_name, &file) && complete(dir + "/" + e->d_name)) {
       file.path = dir + "/" + e->d_name;
       found.push_back(std::move(file));
     }
@@ -88,7 +95,7 @@ std::vector<BestCheckpoint> listBestCheckpoints(const std::string& runDir) {
   if (!d) return found;
   while (dirent* e = ::readdir(d)) {
     CheckpointFile file;
-    if (parseCheckpointName(e->d_name, &file) && file.batch == 0) found.push_back({file.epoch, dir + "/" + e->d_name});
+    if (parseCheckpointName(e->d_name, &file) && file.batch == 0 && complete(dir + "/" + e->d_name)) found.push_back({file.epoch, dir + "/" + e->d_name});
   }
   ::closedir(d);
   std::sort(found.begin(), found.end(),
@@ -130,9 +137,10 @@ std::string bestCheckpoint(const std::string& runDir) {
   return "";
 }
 
-std::string checkpointFileName(int64_t epoch, int64_t batch) {
-  return batch > 0 ? fmt::format("epoch_{:06}_batch_{:06}.pt", epoch + 1, batch)
-                   : fmt::format("epoch_{:06}.pt", epoch);
+std::string checkpointFileName(int64_t epoch, int64_t batch, bool sharded) {
+  const char* suffix = sharded ? ".shards" : ".pt";
+  return batch > 0 ? fmt::format("epoch_{:06}_batch_{:06}{}", epoch + 1, batch, suffix)
+                   : fmt::format("epoch_{:06}{}", epoch, suffix);
 }
 
 RunFolderLock::RunFolderLock(const std::string& runDir) {

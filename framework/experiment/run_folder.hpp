@@ -51,7 +51,10 @@ std::vector<BestCheckpoint> indexedBestCheckpoints(const std::string& runDir);
 
 // The file name of a checkpoint after `epoch` epochs finished and `batch`
 // batches of the next one (named by that next epoch, 1-based).
-std::string checkpointFileName(int64_t epoch, int64_t batch = 0);
+// A sharded checkpoint is a folder named so with ".shards" for ".pt"
+// (framework/checkpoint/sharded_checkpoint.hpp), listed only once its
+// index.json exists.
+std::string checkpointFileName(int64_t epoch, int64_t batch = 0, bool sharded = false);
 
 class RunFolderLock {
  public:

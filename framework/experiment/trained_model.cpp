@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "framework/checkpoint/sharded_checkpoint.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/system.hpp"
 #include "framework/experiment/experiment_config.hpp"
@@ -89,8 +90,8 @@ TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registr
   } else {
     trained.checkpoint = which;
     if (::access(which.c_str(), R_OK) != 0) {
-      fail<UsageError>("checkpoint {}: cannot read it ({}). HINT: \"best\", \"latest\" or the path of a .pt file of "
-                       "the run",
+      fail<UsageError>("checkpoint {}: cannot read it ({}). HINT: \"best\", \"latest\" or the path of a checkpoint "
+                       "(.pt file or .shards folder) of the run",
                        which, errnoText(errno));
     }
   }
@@ -103,6 +104,31 @@ TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registr
     return shapes;
   };
   const auto built = shapesOf(*trained.model);
+  if (isShardedCheckpoint(trained.checkpoint)) {
+    // Tensor by tensor, each read from the ranges the ranks wrote: no more
+    // memory than the model and its largest tensor.
+    ShardedCheckpoint checkpoint(trained.checkpoint);
+    at::NoGradGuard noGrad;
+    const auto fill = [&](const std::string& key, at::Tensor t) {
+      const std::string entry = "model/" + key;
+      if (!checkpoint.has(entry)) {
+        fail<UsageError>("checkpoint {} does not fit model {} of {}: it has no '{}'. HINT: the model section of {} "
+                         "must be the one the run trained with",
+                         trained.checkpoint, name, configPath, key, configPath);
+      }
+      if (checkpoint.shape(entry) != t.sizes().vec()) {
+        fail<UsageError>("checkpoint {} does not fit model {} of {}: '{}' has shape [{}] in the checkpoint but [{}] "
+                         "in the model. HINT: the model section of {} must be the one the run trained with",
+                         trained.checkpoint, name, configPath, key, fmt::join(checkpoint.shape(entry), ", "),
+                         fmt::join(t.sizes(), ", "), configPath);
+      }
+      t.copy_(checkpoint.readWhole(entry));
+    };
+    for (const auto& item : trained.model->named_parameters()) fill(item.key(), item.value());
+    for (const auto& item : trained.model->named_buffers()) fill(item.key(), item.value());
+    trained.model->eval();
+    return trained;
+  }
   try {
     torch::serialize::InputArchive archive, modelArchive;
     archive.load_from(trained.checkpoint);

@@ -205,6 +205,7 @@ void Trainer::build() {
   }
 
   makeStrategy(std::move(optimizer));
+  if (!resumeFrom.empty() && state.sharded) loadShardedState(resumeFrom);
   shardData();
   s.built = true;
 }

@@ -251,6 +251,11 @@ class Trainer {
 
   void writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial,
                        const std::string& name = "");
+  void writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial,
+                              const std::string& name);
+  // Every rank, once the strategy exists: what it holds, read from the
+  // sharded checkpoint at `path`; fails on every rank when one fails.
+  void loadShardedState(const std::string& path);
   // Sets the optimizer's learning rates: the scheduler's for this epoch
   // times the warm-up factor of the next step.
   void applyLearningRates();

@@ -1,4 +1,5 @@
-// The Trainer's checkpoint writing (trainer.hpp): atomically, with a full disk named as such.
+// The Trainer's checkpoint writing (trainer.hpp): consolidated files atomically, with a full disk named
+// as such; sharded checkpoints each rank its file, the index last.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,7 +12,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <random>
 
+#include "framework/checkpoint/sharded_checkpoint.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/system.hpp"
 #include "framework/experiment/run_folder.hpp"
@@ -33,6 +36,10 @@ void Trainer::saveCheckpointAs(const std::string& name, int64_t epoch) {
 void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial,
                               const std::string& name) {
   Impl& s = *impl_;
+  if (config_.training.checkpointFormat == "sharded") {
+    writeShardedCheckpoint(epoch, batch, partial, name);
+    return;
+  }
   std::optional<torch::serialize::OutputArchive> archive;
   if (isWriter() || s.writesAlone) archive.emplace();
   if (s.strategy) {
@@ -92,6 +99,120 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
   if (worldSize() > 1 && s.strategy) group().barrier({std::chrono::milliseconds(600000)})->wait();
   if (!failure.empty()) fail<std::runtime_error>("{}", failure);
   // Every rank: the signal path skips a checkpoint every rank already wrote.
+  if (name.empty()) s.lastSaved = epoch;
+}
+
+void Trainer::loadShardedState(const std::string& path) {
+  Impl& s = *impl_;
+  std::string failure;
+  try {
+    ShardedCheckpoint checkpoint(path);
+    loadHeldState(s.strategy->heldState(), s.strategy->optimizer(), checkpoint.reader());
+  } catch (const std::exception& e) {
+    failure = e.what();
+    failure = fmt::format("checkpoint {} cannot be read ({})", path, failure.substr(0, failure.find('\n')));
+  }
+  const int world = worldSize();
+  at::Tensor failed = at::tensor({failure.empty() ? int64_t(0) : int64_t(world - rank())}, at::kLong);
+  if (world > 1) {
+    AllreduceOptions max;
+    max.op = ReduceOp::Max;
+    group().allreduce(failed, max)->wait();
+  }
+  if (!failure.empty()) fail<std::runtime_error>("{}", failure);
+  if (failed.item<int64_t>() != 0) {
+    fail<std::runtime_error>("checkpoint {}: rank {} could not load its part of it", path,
+                             world - failed.item<int64_t>());
+  }
+  s.strategy->afterStateLoaded();
+}
+
+// A sharded checkpoint (framework/checkpoint/sharded_checkpoint.hpp): rank
+// 0 makes the folder empty, every rank writes its file, the ranks learn
+// whether all of them succeeded, and rank 0 writes the index last. A
+// failure anywhere leaves no index (so no checkpoint) and fails every rank,
+// each naming its own error or the rank that failed.
+void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial,
+                                     const std::string& name) {
+  Impl& s = *impl_;
+  const bool collective = worldSize() > 1 && s.strategy != nullptr;
+  const int world = collective ? worldSize() : 1, me = collective ? rank() : 0;
+  const bool writer = collective ? rank() == 0 : (isWriter() || s.writesAlone);
+  if (!collective && !writer) return;
+  std::string file = name.empty() ? checkpointFileName(epoch, batch, true) : name;
+  if (file.size() > 3 && file.compare(file.size() - 3, 3, ".pt") == 0) file = file.substr(0, file.size() - 3) + ".shards";
+  const std::string dir = options_.runDir + "/checkpoints/" + file;
+  const BarrierOptions slowDisk{std::chrono::milliseconds(600000)};  // as the consolidated save gives rank 0
+
+  // One id for this save on every rank: shards of two saves never mix.
+  at::Tensor id = at::zeros({2}, at::kLong);
+  if (writer) {
+    id[0] = static_cast<int64_t>(std::random_device{}()) << 31 ^ static_cast<int64_t>(std::random_device{}());
+    id[1] = s.steps;
+  }
+  std::string failure;
+  if (writer) {
+    try {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);  // a save of this point cut short before
+      std::filesystem::create_directories(dir, ec);
+      if (ec) fail<std::runtime_error>("checkpoint: cannot create {}: {}", dir, ec.message());
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (collective) {
+    BroadcastOptions from;
+    from.timeout = slowDisk.timeout;
+    group().broadcast(id, from)->wait();
+  }
+  const std::string saveId = fmt::format("{:016x}-{}", static_cast<uint64_t>(id[0].item<int64_t>()), id[1].item<int64_t>());
+  if (failure.empty()) {
+    try {
+      HeldState held = s.strategy ? s.strategy->heldState() : wholeHeldState(*s.model, *s.releasedOptimizer, 1, 0);
+      std::vector<StateSlice> slices =
+          savedSlices(held, s.strategy ? s.strategy->optimizer() : *s.releasedOptimizer);
+      if (writer) {
+        at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+        slices.push_back({"trainer/rng", {rng.numel()}, 0, rng.reshape({-1}).clone(), ""});
+      }
+      writeShardFile(dir, me, saveId, slices);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  // Who failed, if anyone: the lowest failed rank + 1, else 0.
+  at::Tensor failed = at::tensor({failure.empty() ? int64_t(0) : int64_t(world - me)}, at::kLong);
+  if (collective) {
+    AllreduceOptions max;
+    max.op = ReduceOp::Max;
+    max.timeout = slowDisk.timeout;
+    group().allreduce(failed, max)->wait();
+  }
+  const int64_t failedRank = failed.item<int64_t>() == 0 ? -1 : world - failed.item<int64_t>();
+  if (failedRank < 0 && writer) {
+    try {
+      nlohmann::json meta{{"epoch", epoch},
+                          {"steps", s.steps},
+                          {"batch", batch},
+                          {"partial", partial},
+                          {"strategy", config_.distributed.strategy},
+                          {"world_size", world}};
+      if (s.rendezvous && batch > 0) meta["consumed"] = s.consumed;
+      writeShardIndex(dir, world, saveId, meta);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (failedRank >= 0 || !failure.empty()) {
+    if (writer) {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);  // no index, no checkpoint: the files go too
+    }
+    if (!failure.empty()) fail<std::runtime_error>("{}", failure.substr(0, failure.find('\n')));
+    fail<std::runtime_error>("checkpoint: rank {} could not write its shard of {}", failedRank, dir);
+  }
+  if (collective) group().barrier(slowDisk)->wait();  // the index exists for every rank from here
   if (name.empty()) s.lastSaved = epoch;
 }
 

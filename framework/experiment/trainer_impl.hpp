@@ -94,6 +94,9 @@ struct CheckpointState {
   int64_t steps = 0;
   std::vector<double> partial;  // that epoch's loss sum and samples so far, over all ranks
   int64_t consumed = 0;         // samples of that epoch's permutation read (an elastic run's stop)
+  // A sharded checkpoint: model and optimizer are loaded once the strategy
+  // exists (Trainer::loadShardedState), each rank reading what it holds.
+  bool sharded = false;
 };
 
 // Every rank, before the strategy exists: model and optimizer state, RNG

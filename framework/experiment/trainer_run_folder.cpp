@@ -10,6 +10,7 @@
 #include <fstream>
 #include <vector>
 
+#include "framework/checkpoint/sharded_checkpoint.hpp"
 #include "framework/core/append_file.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/system.hpp"
@@ -68,6 +69,43 @@ void checkRunFolderIsFree(const std::string& runDir) {
 
 namespace trainer_detail {
 
+// A sharded checkpoint's step, position and RNG, after checking that every
+// file is whole and of this save, and that it holds this model's tensors
+// in their shapes (so that a bad checkpoint is passed over for an older
+// one here, before anything is loaded).
+CheckpointState loadShardedCheckpointMeta(const std::string& path, torch::nn::Module& model) {
+  CheckpointState state;
+  state.sharded = true;
+  try {
+    ShardedCheckpoint checkpoint(path);
+    checkpoint.verify();
+    const auto check = [&](const std::string& name, const at::Tensor& t) {
+      if (!checkpoint.has("model/" + name)) {
+        fail<std::runtime_error>("it has no model/{} (a checkpoint of another model?)", name);
+      }
+      if (checkpoint.shape("model/" + name) != t.sizes().vec()) {
+        fail<std::runtime_error>("model/{} is [{}] there, [{}] in this model", name,
+                                 fmt::join(checkpoint.shape("model/" + name), ","), fmt::join(t.sizes(), ","));
+      }
+    };
+    for (const auto& item : model.named_parameters()) check(item.key(), item.value());
+    for (const auto& item : model.named_buffers()) check(item.key(), item.value());
+    const nlohmann::json& meta = checkpoint.meta();
+    state.epoch = meta.at("epoch").get<int64_t>();
+    state.steps = meta.at("steps").get<int64_t>();
+    state.batch = meta.value("batch", int64_t(0));
+    state.consumed = meta.value("consumed", int64_t(0));
+    state.partial = meta.value("partial", std::vector<double>{});
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(checkpoint.readWhole("trainer/rng").contiguous());
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    why = why.substr(0, why.find('\n'));
+    fail<std::runtime_error>("checkpoint {} cannot be read ({})", path, why);
+  }
+  return state;
+}
+
 // Every rank, before the strategy exists: model and optimizer state, RNG
 // and step count. The optimizer's hyper-parameters stay those of the
 // experiment (resume_rules.hpp lets them change). Any failure is one
@@ -75,6 +113,7 @@ namespace trainer_detail {
 CheckpointState loadCheckpoint(const std::string& path, torch::nn::Module& model,
                                torch::optim::Optimizer& optimizer) {
   CheckpointState state;
+  if (isShardedCheckpoint(path)) return loadShardedCheckpointMeta(path, model);
   try {
     std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
     for (auto& g : optimizer.param_groups()) options.push_back(g.options().clone());

@@ -19,7 +19,22 @@
 namespace ddp {
 namespace {
 
-std::string bestFileName(int64_t epoch) { return "best/" + checkpointFileName(epoch); }
+// The name a new best checkpoint of `epoch` gets.
+std::string bestFileName(int64_t epoch, bool sharded) { return "best/" + checkpointFileName(epoch, 0, sharded); }
+
+// The name of the kept one, in whichever format it was saved (the format
+// may have changed on resume).
+std::string keptFileName(const std::string& dir, int64_t epoch) {
+  const std::string sharded = bestFileName(epoch, true);
+  std::error_code ec;
+  return std::filesystem::exists(dir + sharded, ec) ? sharded : bestFileName(epoch, false);
+}
+
+void removeBest(const std::string& dir, int64_t epoch) {
+  std::error_code ec;
+  std::filesystem::remove(dir + bestFileName(epoch, false), ec);
+  std::filesystem::remove_all(dir + bestFileName(epoch, true), ec);
+}
 
 }  // namespace
 
@@ -60,7 +75,7 @@ void BestCheckpoints::restore(Trainer& trainer, int64_t upTo) {
   for (const auto& [epoch, value] : pastValues(trainer.options().runDir, tc.keepBestMonitor, upTo)) {
     if (listed.count(epoch) && std::isfinite(value) && files.erase(epoch)) kept_.push_back({epoch, value});
   }
-  for (int64_t abandoned : files) std::remove((dir + bestFileName(abandoned)).c_str());
+  for (int64_t abandoned : files) removeBest(dir, abandoned);
   keepTheBest(trainer);
 }
 
@@ -68,7 +83,7 @@ void BestCheckpoints::keepTheBest(Trainer& trainer) {
   sortKept();
   const std::string dir = trainer.options().runDir + "/checkpoints/";
   while (static_cast<int64_t>(kept_.size()) > trainer.config().training.keepBest) {
-    std::remove((dir + bestFileName(kept_.back().epoch)).c_str());
+    removeBest(dir, kept_.back().epoch);
     kept_.pop_back();
   }
   writeIndex(trainer);
@@ -86,7 +101,8 @@ void BestCheckpoints::onEpochEnd(Trainer& trainer, EpochEnd& end) {
                  : improves(*value, kept_.back().value, maximize_);
   }
   if (!decidedOnRankZero(trainer, enters)) return;
-  trainer.saveCheckpointAs(bestFileName(end.metrics.epoch), end.metrics.epoch);
+  trainer.saveCheckpointAs(bestFileName(end.metrics.epoch, trainer.config().training.checkpointFormat == "sharded"),
+                           end.metrics.epoch);
   if (!trainer.isWriter()) return;
   kept_.push_back({end.metrics.epoch, *value});
   keepTheBest(trainer);
@@ -99,7 +115,9 @@ void BestCheckpoints::writeIndex(Trainer& trainer) const {
   index["mode"] = maximize_ ? "max" : "min";
   index["best"] = nlohmann::ordered_json::array();
   for (const Entry& e : kept_) {
-    index["best"].push_back({{"epoch", e.epoch}, {"value", e.value}, {"file", bestFileName(e.epoch)}});
+    index["best"].push_back({{"epoch", e.epoch},
+                             {"value", e.value},
+                             {"file", keptFileName(trainer.options().runDir + "/checkpoints/", e.epoch)}});
   }
   std::error_code ec;
   std::filesystem::create_directories(trainer.options().runDir + "/checkpoints/best", ec);

@@ -1,0 +1,88 @@
+// Sharded checkpoints: every rank writes what it holds, in parallel, and a
+// small index written last says where each range of each tensor lies, so
+// that a load on any world size or strategy reads only the ranges it needs.
+//
+// Layout: a folder (the trainer names it checkpoints/epoch_NNNNNN.shards)
+// holding
+// - rank_RRRRR.safetensors, one per rank: that rank's slices
+//   (held_state.hpp's StateSlice), each a 1-D tensor, and in the header's
+//   __metadata__ "ddp.save" (the save's id) and "ddp.slices" (JSON: per
+//   tensor of the file, the logical tensor's name, its whole shape, the
+//   first element the slice holds, and "int"/"double"/"bool" for a value
+//   that was not a tensor);
+// - index.json: {"format": "ddp-sharded", "version": 1, "save": ID,
+//   "files": [{"name", "bytes"}], "meta": {...the trainer's...},
+//   "tensors": {NAME: {"dtype", "shape", "scalar", "shards": [{"file",
+//   "offset", "numel", "begin"}]}}}, begin being the byte of the file where
+//   the range starts.
+//
+// Contract
+// - writeShardFile(): this rank's file, written to a temporary name, synced
+//   and renamed. writeShardIndex() (one rank, once every file is written):
+//   reads the files' headers, checks that they belong to this save and
+//   that the ranges of each tensor tile it exactly (a missing rank, or a
+//   range written twice, fails naming the tensor and the elements), writes
+//   index.json through a synced temporary file and a rename, and syncs the
+//   folder. The checkpoint exists from then on: a folder without
+//   index.json is not one (isShardedCheckpoint false), so a crash at any
+//   moment leaves the previous checkpoint as the newest whole one.
+// - ShardedCheckpoint opens a folder by its index. verify() checks every
+//   file the index names: present, of the size the index records (a
+//   truncated file), of this save (shards of two saves); each failure a
+//   UsageError naming the file. read() checks the files it touches the
+//   same way (once each) and reads only the bytes of the range asked for.
+// - Tensors are read as saved (dtype, values); the caller converts.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/parallel/held_state.hpp"
+
+namespace ddp {
+
+// Whether `path` is a folder holding index.json.
+bool isShardedCheckpoint(const std::string& path);
+
+void writeShardFile(const std::string& dir, int rank, const std::string& saveId, const std::vector<StateSlice>& slices);
+// Returns the bytes of all files.
+int64_t writeShardIndex(const std::string& dir, int files, const std::string& saveId, const nlohmann::json& meta);
+
+std::string shardFileName(int rank);
+
+class ShardedCheckpoint {
+ public:
+  explicit ShardedCheckpoint(const std::string& dir);
+  ~ShardedCheckpoint();
+  ShardedCheckpoint(const ShardedCheckpoint&) = delete;
+  ShardedCheckpoint& operator=(const ShardedCheckpoint&) = delete;
+
+  const std::string& path() const;
+  const nlohmann::json& meta() const;
+  int files() const;
+  int64_t totalBytes() const;
+  void verify() const;
+
+  bool has(const std::string& name) const;
+  std::vector<std::string> names() const;
+  std::vector<std::string> entries(const std::string& prefix) const;
+  std::vector<int64_t> shape(const std::string& name) const;
+  // "int", "double", "bool" or "".
+  std::string scalar(const std::string& name) const;
+  // Elements [offset, offset + numel) of the flattened tensor, 1-D.
+  at::Tensor read(const std::string& name, int64_t offset, int64_t numel) const;
+  // The whole tensor in its shape.
+  at::Tensor readWhole(const std::string& name) const;
+  StateReader reader() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp

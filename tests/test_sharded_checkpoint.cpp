@@ -1,0 +1,263 @@
+// Sharded checkpoints (framework/checkpoint, parallel/held_state): saved by
+// one strategy at one world size, loaded by another at another, against
+// the consolidated checkpoint of the same training as the reference; and
+// the files' failures, each named. Ranks are threads over gloo.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "framework/checkpoint/sharded_checkpoint.hpp"
+#include "framework/comm/sub_groups.hpp"
+#include "framework/interop/safetensors.hpp"
+#include "framework/parallel/held_state.hpp"
+#include "framework/parallel/strategy.hpp"
+#include "framework/store/hash_store.hpp"
+#include "tests/sharding_support.hpp"
+#include "tests/test_support.hpp"
+
+using namespace ddp;
+using namespace ddp::test;
+
+// Named, not anonymous: unity batches merge anonymous namespaces of files.
+namespace sharded_checkpoint_test {
+
+// A strategy at a world size; hsdp is a mesh of 2 rows.
+struct Layout {
+  std::string strategy;
+  int world;
+  std::string label() const { return strategy + "@" + std::to_string(world); }
+};
+
+using RankBody = std::function<void(int rank, ProcessGroup& all, ParallelStrategy& strategy, Net& net)>;
+
+// Every rank of `layout` as a thread: a Net initialised from `seed` (the
+// same on every rank), optionally loaded from a consolidated archive
+// before the strategy is built, then body.
+void runLayout(const Layout& layout, const std::string& opt, uint64_t seed, const std::string& consolidated,
+               const RankBody& body) {
+  auto store = std::make_shared<HashStore>();
+  store->setTimeout(std::chrono::milliseconds(30000));
+  std::vector<std::string> errors(static_cast<size_t>(layout.world));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < layout.world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        GroupFactory groups(store, builtinBackends(), "gloo", rank, layout.world);
+        std::vector<int> everyone(static_cast<size_t>(layout.world));
+        for (int r = 0; r < layout.world; ++r) everyone[static_cast<size_t>(r)] = r;
+        ProcessGroupPtr all = groups.newGroup(everyone);
+        auto net = std::make_shared<Net>();
+        initParameters(*net, seed);
+        auto optimizer = referenceOptimizer(opt, net->parameters());
+        if (!consolidated.empty()) {
+          std::istringstream bytes(consolidated);
+          torch::serialize::InputArchive archive;
+          archive.load_from(bytes);
+          loadModelAndOptimizer(archive, *net, *optimizer);
+        }
+        StrategyContext c;
+        c.model = net;
+        c.optimizer = std::move(optimizer);
+        c.ddp.bucketCapBytes = kBucketBytes;
+        if (layout.strategy == "hsdp") {
+          RankMesh mesh = groups.mesh(2, layout.world / 2);
+          c.group = mesh.shardGroup;
+          c.replicateGroup = mesh.replicateGroup;
+        } else {
+          c.group = all;
+        }
+        auto strategy = builtinStrategies().create(layout.strategy, std::move(c));
+        body(rank, *all, *strategy, *net);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  INFO(layout.label() << ": " << joinErrors(errors));
+  REQUIRE(joinErrors(errors).empty());
+}
+
+// The sharded save of a trainer, in small: each rank its file, the index
+// last once every file is there.
+void saveSharded(const std::string& dir, int rank, ProcessGroup& all, ParallelStrategy& s, const std::string& id) {
+  writeShardFile(dir, rank, id, savedSlices(s.heldState(), s.optimizer()));
+  all.barrier({})->wait();
+  if (rank == 0) writeShardIndex(dir, all.size(), id, nlohmann::json{{"steps", 3}});
+  all.barrier({})->wait();
+}
+
+struct Saved {
+  std::string consolidated;  // rank 0's archive, serialized
+  std::string dir;           // the sharded checkpoint
+};
+
+// 3 steps under `layout`, saved both ways.
+Saved saveBothWays(const Layout& layout, const std::string& opt, const ZeroData& data, const std::string& dir) {
+  Saved saved{"", dir};
+  runLayout(layout, opt, 42, "", [&](int rank, ProcessGroup& all, ParallelStrategy& s, Net&) {
+    trainSteps(s, data, rank, layout.world, 0, 3);
+    torch::serialize::OutputArchive archive;
+    s.saveState(rank == 0 ? &archive : nullptr);
+    if (rank == 0) {
+      std::ostringstream bytes;
+      archive.save_to(bytes);
+      saved.consolidated = bytes.str();
+    }
+    saveSharded(dir, rank, all, s, "save:" + dir);
+  });
+  return saved;
+}
+
+// Parameters right after the load, and after 2 more steps, on rank 0.
+struct Resumed {
+  at::Tensor loaded, trained;
+};
+
+Resumed resumeFrom(const Layout& layout, const std::string& opt, const ZeroData& data, const Saved& saved, bool sharded) {
+  Resumed out;
+  // A sharded load starts from other weights: everything must come from
+  // the files.
+  runLayout(layout, opt, sharded ? 7 : 42, sharded ? "" : saved.consolidated,
+            [&](int rank, ProcessGroup&, ParallelStrategy& s, Net& net) {
+              if (sharded) {
+                ShardedCheckpoint checkpoint(saved.dir);
+                loadHeldState(s.heldState(), s.optimizer(), checkpoint.reader());
+                s.afterStateLoaded();
+              }
+              at::Tensor loaded, trained;
+              s.withFullParameters([&] { loaded = flatState(net); });
+              trainSteps(s, data, rank, layout.world, 3, 5);
+              s.withFullParameters([&] { trained = flatState(net); });
+              if (rank == 0) out = {loaded, trained};
+            });
+  return out;
+}
+
+struct TempFolder {
+  std::string path;
+  TempFolder() {
+    char name[] = "/tmp/ddp-sharded-XXXXXX";
+    path = ::mkdtemp(name);
+  }
+  ~TempFolder() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+}  // namespace sharded_checkpoint_test
+
+using namespace sharded_checkpoint_test;
+
+TEST_CASE("a sharded checkpoint resumes under any strategy and world size as the consolidated one does",
+          "[checkpoint]") {
+  const std::string opt = GENERATE("sgd", "adam");
+  const ZeroData data = makeZeroData(64 * kBatch);
+  const std::vector<Layout> savers = {{"fsdp", 4}, {"zero1", 3}, {"zero2", 2}, {"ddp", 2}, {"hsdp", 4}};
+  const std::vector<Layout> loaders = {{"ddp", 1}, {"zero1", 2}, {"fsdp", 3}, {"hsdp", 4}, {"zero2", 3}};
+  for (const Layout& saver : savers) {
+    TempFolder folder;
+    const Saved saved = saveBothWays(saver, opt, data, folder.path + "/epoch_000001.shards");
+    REQUIRE(isShardedCheckpoint(saved.dir));
+    // Every rank wrote a file of its own, and no more than its share.
+    ShardedCheckpoint checkpoint(saved.dir);
+    CHECK(checkpoint.files() == saver.world);
+    checkpoint.verify();
+    for (const Layout& loader : loaders) {
+      INFO(opt << ": saved by " << saver.label() << ", loaded by " << loader.label());
+      const Resumed reference = resumeFrom(loader, opt, data, saved, false);
+      const Resumed got = resumeFrom(loader, opt, data, saved, true);
+      CHECK(at::equal(got.loaded, reference.loaded));
+      CHECK(relDiff(got.trained, reference.trained) <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("a sharded save writes each byte once: every rank about 1/world of the state", "[checkpoint]") {
+  const ZeroData data = makeZeroData(64 * kBatch);
+  for (const Layout layout : {Layout{"ddp", 2}, Layout{"zero2", 3}, Layout{"fsdp", 4}, Layout{"hsdp", 4}}) {
+    INFO(layout.label());
+    TempFolder folder;
+    const std::string dir = folder.path + "/c.shards";
+    saveBothWays(layout, "adam", data, dir);
+    // 115 trainable elements, 14 of batch norm's buffers and a count; Adam:
+    // two moments per trainable element, a step each. Each range once.
+    int64_t elements = 0, largest = 0;
+    for (int r = 0; r < layout.world; ++r) {
+      const auto header = readSafetensorsHeader(dir + "/" + shardFileName(r));
+      int64_t mine = 0;
+      for (const auto& t : header.tensors) mine += t.sizes.at(0);
+      elements += mine;
+      largest = std::max(largest, mine);
+    }
+    ShardedCheckpoint checkpoint(dir);
+    int64_t expected = 0;
+    for (const std::string& name : checkpoint.names()) {
+      int64_t n = 1;
+      for (int64_t d : checkpoint.shape(name)) n *= d;
+      expected += n;
+    }
+    CHECK(elements == expected);
+    CHECK(largest <= expected / layout.world + 24);  // whole values (steps, counts) go to one rank
+  }
+}
+
+TEST_CASE("sharded checkpoints: a missing, truncated or foreign shard is named, and no index means no checkpoint",
+          "[checkpoint]") {
+  const ZeroData data = makeZeroData(64 * kBatch);
+  TempFolder folder;
+  const std::string a = folder.path + "/a.shards", b = folder.path + "/b.shards";
+  saveBothWays({"fsdp", 2}, "sgd", data, a);
+  saveBothWays({"fsdp", 2}, "sgd", data, b);
+  const std::string shard1 = a + "/" + shardFileName(1);
+
+  SECTION("a shard of another save") {
+    std::filesystem::copy_file(b + "/" + shardFileName(1), shard1, std::filesystem::copy_options::overwrite_existing);
+    ShardedCheckpoint checkpoint(a);
+    // Same sizes, so only the save id tells.
+    CHECK_THROWS_WITH(checkpoint.verify(), Catch::Contains(shard1) && Catch::Contains("shards of two saves"));
+  }
+  SECTION("a truncated shard") {
+    std::filesystem::resize_file(shard1, std::filesystem::file_size(shard1) - 5);
+    ShardedCheckpoint checkpoint(a);
+    CHECK_THROWS_WITH(checkpoint.verify(), Catch::Contains(shard1) && Catch::Contains("truncated"));
+  }
+  SECTION("a missing shard") {
+    std::filesystem::remove(shard1);
+    ShardedCheckpoint checkpoint(a);
+    CHECK_THROWS_WITH(checkpoint.verify(), Catch::Contains(shard1) && Catch::Contains("missing"));
+  }
+  SECTION("no index: not a checkpoint, and writing one finds the missing rank") {
+    std::filesystem::remove(a + "/index.json");
+    CHECK_FALSE(isShardedCheckpoint(a));
+    std::filesystem::remove(shard1);
+    CHECK_THROWS_WITH(writeShardIndex(a, 2, "save:" + a, nlohmann::json::object()), Catch::Contains(shard1));
+    CHECK_FALSE(isShardedCheckpoint(a));
+  }
+  SECTION("a malformed index") {
+    std::ofstream(a + "/index.json") << "{\"format\": \"something else\"}";
+    CHECK_THROWS_WITH(ShardedCheckpoint(a), Catch::Contains(a + "/index.json") && Catch::Contains("ddp-sharded"));
+  }
+}
+
+TEST_CASE("a sharded save by ranks that hold copies without saying so fails with a hint", "[checkpoint]") {
+  // Two ranks that each claim the whole model (the default heldState())
+  // write the same ranges twice: the index refuses.
+  TempFolder folder;
+  const std::string dir = folder.path + "/x.shards";
+  auto errors = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
+    Net net;
+    auto optimizer = referenceOptimizer("sgd", net.parameters());
+    writeShardFile(dir, rank, "s", savedSlices(wholeHeldState(net, *optimizer, 1, 0), *optimizer));
+    pg.barrier({})->wait();
+  });
+  REQUIRE(joinErrors(errors).empty());
+  CHECK_THROWS_WITH(writeShardIndex(dir, 2, "s", nlohmann::json::object()),
+                    Catch::Contains("more than one rank saved") && Catch::Contains("HINT"));
+  CHECK_FALSE(isShardedCheckpoint(dir));
+}
