@@ -3,6 +3,7 @@
 // the consolidated checkpoint of the same training as the reference; and
 // the files' failures, each named. Ranks are threads over gloo.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -260,4 +261,83 @@ TEST_CASE("a sharded save by ranks that hold copies without saying so fails with
   CHECK_THROWS_WITH(writeShardIndex(dir, 2, "s", nlohmann::json::object()),
                     Catch::Contains("more than one rank saved") && Catch::Contains("HINT"));
   CHECK_FALSE(isShardedCheckpoint(dir));
+}
+
+namespace sharded_checkpoint_test {
+
+// The last record of metrics.jsonl.
+nlohmann::json lastMetrics(const std::string& runDir) {
+  std::istringstream lines(readFile(runDir + "/metrics.jsonl"));
+  std::string line, last;
+  while (std::getline(lines, line)) {
+    if (!line.empty()) last = line;
+  }
+  return nlohmann::json::parse(last);
+}
+
+}  // namespace sharded_checkpoint_test
+
+TEST_CASE("ddp-run: fsdp on 2 ranks saves in the background and ddp on 1 rank resumes past a bad shard",
+          "[checkpoint][process]") {
+  TempFolder folder;
+  const std::string wine = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
+  const std::string common = " --set training.epochs=4 --set training.save_every=1 --set training.eval_every=0"
+                             " --set distributed.strategy=fsdp --nproc-per-node 2";
+  const std::string a = folder.path + "/async", b = folder.path + "/consolidated";
+  auto o = runDdpRun(wine + common + " --set training.async_checkpoint=true --out " + a);
+  REQUIRE(o.exitCode == 0);
+  o = runDdpRun(wine + common + " --set training.checkpoint_format=consolidated --out " + b);
+  REQUIRE(o.exitCode == 0);
+  const std::string log = readFile(a + "/train.log");
+  for (int epoch = 1; epoch <= 4; ++epoch) {
+    const std::string dir = fmt::format("{}/checkpoints/epoch_{:06}.shards", a, epoch);
+    CHECK(isShardedCheckpoint(dir));
+    // Epochs 1-3 in the background; the last one before the job ends.
+    const std::string line = fmt::format("checkpoint epoch_{:06}.shards: training stood still ", epoch);
+    const size_t at = log.find(line);
+    REQUIRE(at != std::string::npos);
+    CHECK((log.find("written in the background", at) < log.find('\n', at)) == (epoch < 4));
+  }
+  // Saving changes nothing of the training.
+  CHECK(lastMetrics(a)["train_loss"] == lastMetrics(b)["train_loss"]);
+
+  // Resume both under ddp on 1 rank from epoch 3 (the sharded one's epoch
+  // 4 has a truncated shard: it is skipped, named in train.log).
+  const std::string bad = a + "/checkpoints/epoch_000004.shards/" + shardFileName(1);
+  std::filesystem::resize_file(bad, std::filesystem::file_size(bad) - 7);
+  std::filesystem::remove(b + "/checkpoints/epoch_000004.pt");
+  const std::string more = " --resume --set training.epochs=6 --set distributed.strategy=ddp --nproc-per-node 1";
+  o = runDdpRun(wine + " --out " + a + more);
+  REQUIRE(o.exitCode == 0);
+  o = runDdpRun(wine + " --out " + b + more);
+  REQUIRE(o.exitCode == 0);
+  const std::string resumedLog = readFile(a + "/train.log");
+  CHECK(resumedLog.find(bad) != std::string::npos);
+  CHECK(resumedLog.find("resuming from " + a + "/checkpoints/epoch_000003.shards") != std::string::npos);
+  const double sharded = lastMetrics(a)["train_loss"], consolidated = lastMetrics(b)["train_loss"];
+  CHECK(std::abs(sharded - consolidated) <= 1e-6 * std::max(1.0, std::abs(consolidated)));
+
+  // No checkpoint left that can be read: one line naming the newest, exit 2.
+  // (Epoch 6, written under ddp, is a consolidated file: auto.)
+  CHECK(std::filesystem::is_regular_file(a + "/checkpoints/epoch_000006.pt"));
+  for (const auto& entry : std::filesystem::directory_iterator(a + "/checkpoints")) {
+    if (entry.is_directory()) {
+      std::ofstream(entry.path() / "index.json") << "{\"format\": 1}";
+    } else {
+      std::ofstream(entry.path(), std::ios::trunc) << "garbage";
+    }
+  }
+  o = runDdpRun(wine + " --out " + a + more + " --set training.epochs=8");
+  CHECK(o.exitCode == 2);
+  CHECK(o.output.find("--resume: no checkpoint in " + a + "/checkpoints can be read; the newest: checkpoint " + a +
+                      "/checkpoints/epoch_000006.pt cannot be read") != std::string::npos);
+  // A sharded one's error names its index.
+  std::filesystem::remove(a + "/checkpoints/epoch_000006.pt");
+  o = runDdpRun(wine + " --out " + a + more + " --set training.epochs=8");
+  INFO(o.output);
+  CHECK(o.exitCode == 2);
+  CHECK(o.output.find("the newest: checkpoint " + a + "/checkpoints/epoch_000004.shards cannot be read (") !=
+        std::string::npos);
+  CHECK(o.output.find(a + "/checkpoints/epoch_000004.shards/index.json is not a sharded checkpoint's index") !=
+        std::string::npos);
 }

@@ -254,9 +254,13 @@ ShardedCheckpoint::ShardedCheckpoint(const std::string& dir) : impl_(std::make_u
   const auto bad = [&](const std::string& what) {
     fail<UsageError>("checkpoint {}: {} is not a sharded checkpoint's index: {}", dir, path, what);
   };
-  if (!s.index.is_object() || s.index.value("format", "") != kFormat) bad("no \"format\": \"ddp-sharded\"");
-  if (s.index.value("version", 0) != kVersion) {
-    bad(fmt::format("version {}, this build reads {}", s.index.value("version", 0), kVersion));
+  if (!s.index.is_object() || !s.index.contains("format") || !s.index["format"].is_string() ||
+      s.index["format"].get<std::string>() != kFormat) {
+    bad("no \"format\": \"ddp-sharded\"");
+  }
+  if (!s.index.contains("version") || !s.index["version"].is_number_integer() || s.index["version"] != kVersion) {
+    bad(fmt::format("version {}, this build reads {}", s.index.contains("version") ? s.index["version"].dump() : "none",
+                    kVersion));
   }
   if (!s.index.contains("save") || !s.index["save"].is_string() || !s.index.contains("files") ||
       !s.index["files"].is_array() || !s.index.contains("tensors") || !s.index["tensors"].is_object()) {

@@ -82,6 +82,10 @@ const std::vector<ParamSpec>& trainingParamSpecs() {
                   "writes what it holds, in parallel, and an index is written last (a folder epoch_N.shards); auto: "
                   "sharded for zero1, zero2, fsdp and hsdp, consolidated for ddp. Either resumes on any world size "
                   "and strategy"),
+      boolParam("async_checkpoint", false,
+                "periodic checkpoints copy each rank's state to host memory at the step boundary and write it on a "
+                "background thread while training goes on (sharded checkpoints; the next save waits for the "
+                "previous one; the last checkpoint and one on a signal stay synchronous)"),
       boolParam("checkpoint_on_signal", false,
                 "on SIGTERM or SIGINT, finish the step and save a checkpoint of it before exiting"),
       boolParam("tensorboard", false,

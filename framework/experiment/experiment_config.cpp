@@ -713,7 +713,15 @@ ExperimentConfig parseExperimentConfig(const std::string& text, const std::strin
     const std::string format = training["checkpoint_format"];
     const std::string& strategy = config.distributed.strategy;
     const bool sharding = strategy == "zero1" || strategy == "zero2" || strategy == "fsdp" || strategy == "hsdp";
-    config.training.checkpointFormat = format != "auto" ? format : sharding ? "sharded" : "consolidated";
+    config.training.asyncCheckpoint = training["async_checkpoint"];
+    // Asynchronous saving writes each rank's part: auto means sharded then.
+    config.training.checkpointFormat =
+        format != "auto" ? format : (sharding || config.training.asyncCheckpoint) ? "sharded" : "consolidated";
+    if (config.training.asyncCheckpoint && config.training.checkpointFormat != "sharded") {
+      v.fail("training.async_checkpoint", "needs sharded checkpoints (every rank writes its part in the "
+             "background), not {}. HINT: --set training.checkpoint_format=sharded, or leave it \"auto\"",
+             inQuotes(config.training.checkpointFormat));
+    }
   }
   if (config.distributed.commHook && config.distributed.commHook->name != "allreduce" &&
       config.distributed.strategy != "ddp") {

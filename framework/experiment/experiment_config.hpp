@@ -60,6 +60,8 @@ struct TrainingConfig {
   // last: framework/checkpoint). "auto" in the experiment resolves to
   // sharded for zero1, zero2, fsdp and hsdp, consolidated otherwise.
   std::string checkpointFormat = "consolidated";
+  // Periodic sharded checkpoints written on a background thread.
+  bool asyncCheckpoint = false;
   // TensorBoard event files beside metrics.jsonl (callbacks/tensorboard_log.hpp).
   bool tensorboard = false;
   // A timeline of optimizer steps traceStart .. traceStart + traceSteps - 1

@@ -39,6 +39,7 @@ const Rule kRules[] = {
     {"training.threads", true, "applies at once"},
     {"training.checkpoint_on_signal", true, "applies at once"},
     {"training.checkpoint_format", true, "applies from the next checkpoint; either format resumes"},
+    {"training.async_checkpoint", true, "applies from the next checkpoint"},
     {"training.trace", true, "applies at once"},
     {"training.tensorboard", true, "applies at once (each start writes an event file of its own)"},
     {"training.trace_start", true, "applies at once"},

@@ -436,6 +436,8 @@ TrainResult Trainer::runStages() {
     }
     result.history.push_back(std::move(m));
   }
+  // The last periodic checkpoint is whole before the run ends.
+  if (s.asyncWriter) s.asyncWriter->wait();
   // No step boundary is left to admit a joiner at.
   if (s.rendezvous) s.rendezvous->finish();
   for (auto& callback : s.callbacks) callback->onTrainEnd(*this);

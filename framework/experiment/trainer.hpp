@@ -252,7 +252,7 @@ class Trainer {
   void writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial,
                        const std::string& name = "");
   void writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial,
-                              const std::string& name);
+                              const std::string& name, bool background = false);
   // Every rank, once the strategy exists: what it holds, read from the
   // sharded checkpoint at `path`; fails on every rank when one fails.
   void loadShardedState(const std::string& path);

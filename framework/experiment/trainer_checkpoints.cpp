@@ -36,8 +36,23 @@ void Trainer::saveCheckpointAs(const std::string& name, int64_t epoch) {
 void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial,
                               const std::string& name) {
   Impl& s = *impl_;
-  if (config_.training.checkpointFormat == "sharded") {
-    writeShardedCheckpoint(epoch, batch, partial, name);
+  const auto& tc = config_.training;
+  const auto started = std::chrono::steady_clock::now();
+  // One save at a time: a save in the background completes (or fails the
+  // job) before the next begins.
+  if (s.asyncWriter) s.asyncWriter->wait();
+  if (tc.checkpointFormat == "sharded") {
+    // Periodic checkpoints go to the background; the last one and one on a
+    // signal are written before training goes on (or the job exits).
+    const bool background = tc.asyncCheckpoint && name.empty() && batch == 0 && s.signal == 0 &&
+                            epoch < tc.epochs && !s.stop;
+    writeShardedCheckpoint(epoch, batch, partial, name, background);
+    if (s.log) {
+      const double stall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      s.log->line(fmt::format("checkpoint {}: training stood still {:.3f} s{}",
+                              name.empty() ? checkpointFileName(epoch, batch, true) : name, stall,
+                              background ? " (state copied; written in the background)" : ""));
+    }
     return;
   }
   std::optional<torch::serialize::OutputArchive> archive;
@@ -100,6 +115,11 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
   if (!failure.empty()) fail<std::runtime_error>("{}", failure);
   // Every rank: the signal path skips a checkpoint every rank already wrote.
   if (name.empty()) s.lastSaved = epoch;
+  if (s.log) {
+    s.log->line(fmt::format("checkpoint {}: training stood still {:.3f} s",
+                            name.empty() ? checkpointFileName(epoch, batch) : name,
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()));
+  }
 }
 
 void Trainer::loadShardedState(const std::string& path) {
@@ -133,7 +153,7 @@ void Trainer::loadShardedState(const std::string& path) {
 // failure anywhere leaves no index (so no checkpoint) and fails every rank,
 // each naming its own error or the rank that failed.
 void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::vector<double>& partial,
-                                     const std::string& name) {
+                                     const std::string& name, bool background) {
   Impl& s = *impl_;
   const bool collective = worldSize() > 1 && s.strategy != nullptr;
   const int world = collective ? worldSize() : 1, me = collective ? rank() : 0;
@@ -167,6 +187,31 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
     group().broadcast(id, from)->wait();
   }
   const std::string saveId = fmt::format("{:016x}-{}", static_cast<uint64_t>(id[0].item<int64_t>()), id[1].item<int64_t>());
+  nlohmann::json meta{{"epoch", epoch},
+                      {"steps", s.steps},
+                      {"batch", batch},
+                      {"partial", partial},
+                      {"strategy", config_.distributed.strategy},
+                      {"world_size", world}};
+  if (s.rendezvous && batch > 0) meta["consumed"] = s.consumed;
+  if (background) {
+    // A copy of what this rank holds, in host memory it owns: all that
+    // training waits for. The write and (rank 0) the index follow on the
+    // writer's thread; a failure there fails the job at a later step.
+    if (!failure.empty()) fail<std::runtime_error>("{}", failure.substr(0, failure.find('\n')));
+    HeldState held = s.strategy ? s.strategy->heldState() : wholeHeldState(*s.model, *s.releasedOptimizer, 1, 0);
+    std::vector<StateSlice> slices = savedSlices(held, s.strategy ? s.strategy->optimizer() : *s.releasedOptimizer);
+    for (StateSlice& slice : slices) slice.data = slice.data.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    if (writer) {
+      at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+      slices.push_back({"trainer/rng", {rng.numel()}, 0, rng.reshape({-1}).clone(), ""});
+    }
+    if (!s.asyncWriter) s.asyncWriter = std::make_unique<AsyncShardWriter>();
+    s.asyncWriter->start(dir, me, world, saveId, std::move(slices), writer ? meta : nlohmann::json(),
+                         std::chrono::milliseconds(static_cast<int64_t>(config_.distributed.timeoutSeconds * 1000)));
+    if (name.empty()) s.lastSaved = epoch;
+    return;
+  }
   if (failure.empty()) {
     try {
       HeldState held = s.strategy ? s.strategy->heldState() : wholeHeldState(*s.model, *s.releasedOptimizer, 1, 0);
@@ -192,13 +237,6 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
   const int64_t failedRank = failed.item<int64_t>() == 0 ? -1 : world - failed.item<int64_t>();
   if (failedRank < 0 && writer) {
     try {
-      nlohmann::json meta{{"epoch", epoch},
-                          {"steps", s.steps},
-                          {"batch", batch},
-                          {"partial", partial},
-                          {"strategy", config_.distributed.strategy},
-                          {"world_size", world}};
-      if (s.rendezvous && batch > 0) meta["consumed"] = s.consumed;
       writeShardIndex(dir, world, saveId, meta);
     } catch (const std::exception& e) {
       failure = e.what();

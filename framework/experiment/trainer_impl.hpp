@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/checkpoint/async_shard_writer.hpp"
 #include "framework/experiment/precision.hpp"
 #include "framework/launch/elastic.hpp"
 #include "framework/experiment/run_log.hpp"
@@ -69,6 +70,7 @@ struct Trainer::Impl {
   double dataSeconds = 0;               // batch assembly in the current epoch
   bool partialEpoch = false;            // the signal stopped an epoch before its end
   int64_t lastSaved = -1;               // epoch of the last checkpoint written
+  std::unique_ptr<AsyncShardWriter> asyncWriter;  // training.async_checkpoint: the save in the background
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;
   std::vector<TrainerCallback*> stepCallbacks;  // those that want onStepEnd
   Precision precision = Precision::Fp32;        // training.precision

@@ -48,6 +48,16 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
   Impl& s = *impl_;
   const auto start = trainer_detail::Clock::now();
   const ElasticMembership before = s.membership;
+  // A save in the background: one with a lost rank can no longer complete
+  // (rank 0 drops it: the previous checkpoint stays the newest); one when
+  // ranks join completes first.
+  if (s.asyncWriter) {
+    if (broken) {
+      s.asyncWriter->cancel();
+    } else {
+      s.asyncWriter->wait();
+    }
+  }
   if (broken) logInfo("elastic: a collective failed ({}); leaving generation {}", why, before.generation);
   // The optimizer comes back whole; the strategy, its gradient buckets and
   // the old group go.

@@ -195,7 +195,7 @@ std::string prepareRunFolder(const ExperimentConfig& config, const RunOptions& o
       }
     }
     if (!checkpoints.empty() && chosen.empty()) {
-      fail<std::runtime_error>("--resume: no checkpoint in {}/checkpoints can be read; the newest: {}", runDir,
+      fail<UsageError>("--resume: no checkpoint in {}/checkpoints can be read; the newest: {}", runDir,
                                unreadable.front());
     }
     for (const std::string& why : unreadable) notes->push_back(fmt::format("{}; resuming from {}", why, chosen));

@@ -171,6 +171,7 @@ bool Trainer::trainSegment(int64_t epoch, int64_t firstBatch, EpochSums& sums) {
       micro = 0;
       ++s.steps;
       s.consumed += perStep;
+      if (s.asyncWriter) s.asyncWriter->check();  // a failed background save fails the job here
       trace::setStep(s.steps + 1);  // the step that runs next
       ++stepInEpoch;
       if (tc.maxSteps > 0 && s.steps >= tc.maxSteps) s.stop = true;
@@ -217,6 +218,7 @@ bool Trainer::trainSegment(int64_t epoch, int64_t firstBatch, EpochSums& sums) {
     }
     ++s.steps;
     s.consumed += perStep;
+    if (s.asyncWriter) s.asyncWriter->check();
     trace::setStep(s.steps + 1);
     if (tc.maxSteps > 0 && s.steps >= tc.maxSteps) s.stop = true;
     if (agreePerStep && elasticAgreement()) {
