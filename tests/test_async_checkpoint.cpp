@@ -65,7 +65,7 @@ TEST_CASE("async sharded saves: the state handed over is what is read back, and 
 }
 
 TEST_CASE("async sharded saves: a failed write, a missing rank and a cancel leave no checkpoint",
-          "[checkpoint][async]") {
+          "[checkpoint][async][solo]") {
   TempFolder folder;
   const std::string dir = folder.path + "/epoch_000003.shards";
   const int world = 3;

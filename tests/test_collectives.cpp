@@ -153,7 +153,7 @@ void checkClosedForms(const std::string& backend, int n, ProcessGroupOptions opt
 
 // Over TCP (the path between hosts) and through shared memory (the path
 // between ranks of one host); threads of one process count as one host.
-TEMPLATE_TEST_CASE_SIG("gloo collectives match closed forms", "[collectives]", ((int World, bool Shm), World, Shm),
+TEMPLATE_TEST_CASE_SIG("gloo collectives match closed forms", "[collectives][solo]", ((int World, bool Shm), World, Shm),
                        (1, false), (2, false), (3, false), (4, false), (2, true), (3, true), (4, true)) {
   std::string whyNot;
   if (!ddp::test::backendRunnable("gloo", &whyNot)) {
@@ -170,7 +170,7 @@ TEMPLATE_TEST_CASE_SIG("gloo collectives match closed forms", "[collectives]", (
 // among the hosts' leaders (hierarchical_group.hpp). Threads of one process
 // play the hosts through ProcessGroupOptions::hostId. "0101": ranks 0 and 2
 // on host A, 1 and 3 on host B (a host's ranks need not be consecutive).
-TEST_CASE("gloo hierarchical collectives match closed forms", "[collectives][hierarchical]") {
+TEST_CASE("gloo hierarchical collectives match closed forms", "[collectives][hierarchical][solo]") {
   ScopedEnv shm("DDP_GLOO_SHM", nullptr);
   ScopedEnv hierarchical("DDP_GLOO_HIERARCHICAL", nullptr);
   const std::string layout = GENERATE(as<std::string>{}, "0011", "0101", "001", "01122");
@@ -373,7 +373,7 @@ TEST_CASE("gloo shared memory splits large payloads into chunks correctly", "[co
 }
 
 // DDP's buckets: allocated by the group, reduced in place in shared memory.
-TEST_CASE("gloo allreduce on communication buffers matches closed forms", "[collectives]") {
+TEST_CASE("gloo allreduce on communication buffers matches closed forms", "[collectives][solo]") {
   for (int n : {2, 3}) {
     std::mutex failuresMutex;
     std::vector<std::string> failures;
@@ -492,7 +492,7 @@ TEST_CASE("worker: gloo collectives at DDP_LOG_LEVEL=debug", "[.worker-debug-log
 
 // Each collective logs one line when queued: operation, #seq, element
 // count, dtype and the path it takes, which depends on shared memory.
-TEST_CASE("gloo logs every collective once at DDP_LOG_LEVEL=debug", "[collectives][log]") {
+TEST_CASE("gloo logs every collective once at DDP_LOG_LEVEL=debug", "[collectives][log][solo]") {
   auto runChild = [](const std::string& shm) {
     EnvMap env = currentEnvironment();
     env["DDP_LOG_LEVEL"] = "debug";
@@ -561,7 +561,7 @@ TEST_CASE("gloo logs every collective once at DDP_LOG_LEVEL=debug", "[collective
 
 // NCCL allows one rank per GPU: world size 1, then every GPU count above 1.
 // CPU tensors are staged through the device, so the same closed forms hold.
-TEST_CASE("nccl collectives match closed forms", "[collectives][nccl]") {
+TEST_CASE("nccl collectives match closed forms", "[collectives][nccl][solo]") {
   std::string whyNot;
   if (!ddp::test::backendRunnable("nccl", &whyNot)) {
     WARN("SKIPPED: " << whyNot);
@@ -576,7 +576,7 @@ TEST_CASE("nccl collectives match closed forms", "[collectives][nccl]") {
 
 // The path DDP takes on GPUs: tensors already on each rank's device, ordered
 // after LibTorch's current stream. Needs a CUDA build of LibTorch.
-TEST_CASE("nccl collectives on device tensors match closed forms", "[collectives][nccl]") {
+TEST_CASE("nccl collectives on device tensors match closed forms", "[collectives][nccl][solo]") {
   std::string whyNot;
   if (!ddp::test::backendRunnable("nccl", &whyNot)) {
     WARN("SKIPPED: " << whyNot);
@@ -597,7 +597,7 @@ TEST_CASE("nccl collectives on device tensors match closed forms", "[collectives
 // One GPU is enough: rank 0 of 2 starts alone and its peer never arrives.
 // The communicator is non-blocking, so the constructor fails after the
 // group's timeout, naming the rank and the call, instead of hanging.
-TEST_CASE("nccl: a peer that never arrives fails initialisation within the timeout", "[collectives][nccl][errors]") {
+TEST_CASE("nccl: a peer that never arrives fails initialisation within the timeout", "[collectives][nccl][errors][solo]") {
   std::string whyNot;
   if (!ddp::test::backendRunnable("nccl", &whyNot)) {
     WARN("SKIPPED: " << whyNot);
@@ -660,7 +660,7 @@ TEST_CASE("collectives run asynchronously and in call order", "[collectives]") {
 }
 
 #if DDP_HAVE_GLOO
-TEST_CASE("gloo runs small collectives in the caller and large ones on its worker", "[collectives]") {
+TEST_CASE("gloo runs small collectives in the caller and large ones on its worker", "[collectives][solo]") {
   if (const char* env = std::getenv("DDP_GLOO_INLINE_BYTES"); env && *env) {
     WARN("SKIPPED: DDP_GLOO_INLINE_BYTES is set (" << env << "); this checks the default");
     return;
@@ -707,7 +707,7 @@ TEST_CASE("gloo runs small collectives in the caller and large ones on its worke
 }
 #endif
 
-TEST_CASE("a missing rank makes a collective fail within its timeout", "[collectives][errors]") {
+TEST_CASE("a missing rank makes a collective fail within its timeout", "[collectives][errors][solo]") {
   ProcessGroupOptions options;
   options.sharedMemory = GENERATE(true, false);
   INFO("shared memory " << options.sharedMemory);
@@ -728,7 +728,7 @@ TEST_CASE("a missing rank makes a collective fail within its timeout", "[collect
   CHECK(elapsed < std::chrono::seconds(10));
 }
 
-TEST_CASE("a collective that times out names the rank that did not come on either path", "[collectives][errors]") {
+TEST_CASE("a collective that times out names the rank that did not come on either path", "[collectives][errors][solo]") {
   ProcessGroupOptions options;
   options.sharedMemory = GENERATE(true, false);
   // 1000 elements fit a TCP frame; 100000 take the ring after an empty frame.
@@ -747,7 +747,7 @@ TEST_CASE("a collective that times out names the rank that did not come on eithe
   }
 }
 
-TEST_CASE("ranks that disagree fail clearly", "[collectives][errors]") {
+TEST_CASE("ranks that disagree fail clearly", "[collectives][errors][solo]") {
   ProcessGroupOptions options;
   options.sharedMemory = GENERATE(true, false);
   INFO("shared memory " << options.sharedMemory);
@@ -769,7 +769,7 @@ TEST_CASE("ranks that disagree fail clearly", "[collectives][errors]") {
 // connections, so the others' waits end too. In the third case the
 // broadcasts' roots differ: every rank is a root, and still none may
 // succeed.
-TEST_CASE("over TCP ranks that disagree all fail at once", "[collectives][errors]") {
+TEST_CASE("over TCP ranks that disagree all fail at once", "[collectives][errors][solo]") {
   ProcessGroupOptions tcp;
   tcp.sharedMemory = false;
   struct Case {

@@ -299,7 +299,7 @@ TEST_CASE("distributed.comm_hook names a hook, with its parameters, in the file 
 }
 
 TEST_CASE("the wine and digits experiments with each hook reach the exact run's accuracy within 1 point",
-          "[comm_hook][launcher]") {
+          "[comm_hook][launcher][solo]") {
   const std::string dir = ddp::test::tempDir();
   struct Experiment {
     const char* file;

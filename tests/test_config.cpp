@@ -48,7 +48,7 @@ struct BadConfig {
 
 }  // namespace
 
-TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no run folder", "[config]") {
+TEST_CASE("malformed experiments fail with one clear line, exit code 2 and no run folder", "[config][solo]") {
   const std::vector<BadConfig> cases = {
       {"malformed JSON", "{\n  \"name\": \"x\"\n  \"model\": 1\n}", "", "bad.json:3:9: malformed JSON"},
       {"empty file", "", "", "bad.json:1:1: malformed JSON"},
@@ -283,7 +283,7 @@ TEST_CASE("a plugin switched by an override validates against its own declaratio
   CHECK_NOTHROW(parseExperimentConfig(kValid, "inline", ".", {"optimizer=sgd", "optimizer.momentum=0.999"}, registry));
 }
 
-TEST_CASE("bad tuning variables of the gloo backend fail at start-up, naming the variable", "[config][gloo]") {
+TEST_CASE("bad tuning variables of the gloo backend fail at start-up, naming the variable", "[config][gloo][solo]") {
   struct Case {
     const char* env;
     const char* ranks;
@@ -309,7 +309,7 @@ TEST_CASE("bad tuning variables of the gloo backend fail at start-up, naming the
   }
 }
 
-TEST_CASE("a backend this machine cannot run is named before any rank starts", "[config][launcher]") {
+TEST_CASE("a backend this machine cannot run is named before any rank starts", "[config][launcher][solo]") {
   const auto why = ddp::builtinBackends().whyUnusable("nccl");
   if (!why) {
     WARN("SKIPPED: nccl can run here, so there is no unusable backend to name");
@@ -339,7 +339,7 @@ TEST_CASE("a backend this machine cannot run is named before any rank starts", "
   CHECK_FALSE(exists(dir + "/run"));
 }
 
-TEST_CASE("ddp-run --describe of the sections lists every key with its default", "[config]") {
+TEST_CASE("ddp-run --describe of the sections lists every key with its default", "[config][solo]") {
   struct Case {
     const char* section;
     std::vector<std::string> expected;

@@ -788,7 +788,7 @@ TEST_CASE("DistributedSampler reshuffles every epoch, reproducibly", "[sampler]"
 
 // benchmarks/reference/distributed_sampler.py gives the PyTorch references
 // our sample order; it must be the C++ sampler's, rank by rank.
-TEST_CASE("the Python port of DistributedSampler gives the C++ sampler's indices", "[sampler]") {
+TEST_CASE("the Python port of DistributedSampler gives the C++ sampler's indices", "[sampler][solo]") {
   if (!std::filesystem::exists("/usr/bin/python3")) {
     WARN("SKIPPED: /usr/bin/python3 is absent");
     return;

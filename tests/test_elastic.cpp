@@ -38,7 +38,7 @@ std::string wineRun(const std::string& dir, const std::string& flags, const std:
 
 }  // namespace
 
-TEST_CASE("elastic rendezvous: a joiner acts only on a generation it was admitted to", "[elastic]") {
+TEST_CASE("elastic rendezvous: a joiner acts only on a generation it was admitted to", "[elastic][solo]") {
   // Issue 40: a restarted rank that was never admitted (the job finished
   // first, or its wait ran out) once fell back to leaving generation 0 as
   // if it were a member, and was reported as arriving late at generation 1.
@@ -89,7 +89,7 @@ TEST_CASE("elastic rendezvous: a joiner acts only on a generation it was admitte
   }
 }
 
-TEST_CASE("elastic rendezvous: random deaths, hangs and joins never split a generation", "[elastic]") {
+TEST_CASE("elastic rendezvous: random deaths, hangs and joins never split a generation", "[elastic][solo]") {
   const int seed = GENERATE(range(0, 40));
   INFO("seed " << seed);
   std::mt19937 rng(static_cast<uint32_t>(seed));
@@ -202,7 +202,7 @@ TEST_CASE("elastic rendezvous: random deaths, hangs and joins never split a gene
 }
 
 TEST_CASE("elastic rendezvous: several generations in a row with a joiner each time, below the minimum stops",
-          "[elastic]") {
+          "[elastic][solo]") {
   auto store = std::make_shared<HashStore>();
   store->setTimeout(std::chrono::milliseconds(20000));
   ElasticOptions options;
@@ -269,7 +269,7 @@ TEST_CASE("DistributedSampler: after a change of world mid-epoch every sample is
 }
 
 TEST_CASE("ddp-run --min-ranks: a rank killed mid-epoch, the others finish from memory, no step lost",
-          "[elastic][launcher]") {
+          "[elastic][launcher][solo]") {
   const std::string plain = tempDir() + "/plain", failed = tempDir() + "/failed";
   const auto reference = runDdpRun(wineRun(plain, "--min-ranks 2"));
   REQUIRE(reference.exitCode == 0);
@@ -292,7 +292,7 @@ TEST_CASE("ddp-run --min-ranks: a rank killed mid-epoch, the others finish from 
   CHECK(std::abs(a - b) <= 0.1);
 }
 
-TEST_CASE("ddp-run --min-ranks: two failures, and one during the recovery itself", "[elastic][launcher]") {
+TEST_CASE("ddp-run --min-ranks: two failures, and one during the recovery itself", "[elastic][launcher][solo]") {
   const std::string two = tempDir() + "/two", during = tempDir() + "/during";
   auto outcome = runDdpRun(wineRun(two, "--min-ranks 2"), "DDP_FAULT_INJECT=1@5,3@15");
   INFO(outcome.output);
@@ -314,7 +314,7 @@ TEST_CASE("ddp-run --min-ranks: two failures, and one during the recovery itself
   CHECK_THAT(readFile(during + "/train.log"), Catch::Contains("elastic: generation 2: lost rank id(s) 1,2; world 4 -> 2"));
 }
 
-TEST_CASE("ddp-run --min-ranks: a hung rank is left out after the timeout, and a killed one rejoins", "[elastic][launcher]") {
+TEST_CASE("ddp-run --min-ranks: a hung rank is left out after the timeout, and a killed one rejoins", "[elastic][launcher][solo]") {
   const std::string hung = tempDir() + "/hung", rejoin = tempDir() + "/rejoin";
   // Rank 1 hangs after step 5 until the others have gone on without it (an
   // event: however slow the machine, it wakes after the decision). Their
@@ -354,7 +354,7 @@ TEST_CASE("ddp-run --min-ranks: a hung rank is left out after the timeout, and a
 }
 
 TEST_CASE("ddp-run --min-ranks: below the minimum the job stops with a checkpoint that --resume continues",
-          "[elastic][launcher][checkpoint]") {
+          "[elastic][launcher][checkpoint][solo]") {
   const std::string dir = tempDir() + "/below";
   auto outcome = runDdpRun(wineRun(dir, "--min-ranks 4"), "DDP_FAULT_INJECT=3@9");
   INFO(outcome.output);
@@ -377,7 +377,7 @@ TEST_CASE("ddp-run --min-ranks: below the minimum the job stops with a checkpoin
 }
 
 TEST_CASE("ddp-run --min-ranks: a rank lost among the epoch-end callbacks (best checkpoints, early stopping)",
-          "[elastic][launcher]") {
+          "[elastic][launcher][solo]") {
   const std::string dir = tempDir() + "/callbacks";
   const auto outcome = runDdpRun(wineRun(dir, "--min-ranks 2",
                                          "--set training.keep_best=2 --set training.early_stopping.patience=50 "
@@ -394,7 +394,7 @@ TEST_CASE("ddp-run --min-ranks: a rank lost among the epoch-end callbacks (best 
 }
 
 TEST_CASE("ddp-run --min-ranks on digits_cnn: a rank killed mid-epoch, the same accuracy within noise",
-          "[elastic][launcher]") {
+          "[elastic][launcher][solo]") {
   const std::string plain = tempDir() + "/plain", failed = tempDir() + "/failed";
   const std::string run = "--nproc-per-node 4 --min-ranks 2 " + std::string(DDP_SOURCE_DIR) +
                           "/experiments/digits_cnn.json --set training.epochs=6 --set training.eval_every=1 "

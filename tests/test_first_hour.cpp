@@ -30,7 +30,7 @@ nlohmann::json configOf(const std::string& runDir) { return nlohmann::json::pars
 
 }  // namespace
 
-TEST_CASE("default run folders: runs started in the same second get folders of their own", "[first-hour]") {
+TEST_CASE("default run folders: runs started in the same second get folders of their own", "[first-hour][solo]") {
   const std::string dir = tempDir();
   // Three at once, two launchers of one rank and one of two ranks, each
   // shorter than a second; no --out.
@@ -56,7 +56,7 @@ TEST_CASE("default run folders: runs started in the same second get folders of t
   CHECK(after == 3);
 }
 
-TEST_CASE("config.json records the world the run had, and reproduces it", "[first-hour]") {
+TEST_CASE("config.json records the world the run had, and reproduces it", "[first-hour][solo]") {
   const std::string run = tempDir() + "/two", again = tempDir() + "/again";
   auto outcome = runDdpRun("--nproc-per-node 2 " + kWine + " --out " + run + " --set training.epochs=1");
   REQUIRE(outcome.exitCode == 0);
@@ -79,7 +79,7 @@ TEST_CASE("config.json records the world the run had, and reproduces it", "[firs
 }
 
 TEST_CASE("resume says a finished run is finished, and resume with --out DIR alone needs no experiment file",
-          "[first-hour][checkpoint]") {
+          "[first-hour][checkpoint][solo]") {
   const std::string run = tempDir() + "/done";
   auto outcome = runDdpRun(kWine + " --out " + run + " --set training.epochs=2 --set training.save_every=1");
   REQUIRE(outcome.exitCode == 0);
@@ -117,7 +117,7 @@ TEST_CASE("a resume of a run killed inside its first epoch starts over with its 
   for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i]["step"].get<int64_t>() == int64_t(i) + 1);
 }
 
-TEST_CASE("first-hour mistakes get one line and a hint", "[first-hour][config]") {
+TEST_CASE("first-hour mistakes get one line and a hint", "[first-hour][config][solo]") {
   auto outcome = runDdpRun("--sample x --seed -1");
   CHECK(outcome.exitCode == 2);
   CHECK_THAT(outcome.output, Contains("--seed: expected a whole number from 0 to 9223372036854775807, got '-1'"));
@@ -177,7 +177,7 @@ TEST_CASE("sampling never ends inside a UTF-8 character", "[first-hour]") {
 }
 
 TEST_CASE("first-hour output: one rank prefix, short runs logged, huge losses readable, cuda refused early",
-          "[first-hour][launcher]") {
+          "[first-hour][launcher][solo]") {
   auto outcome = runDdpRun("--nproc-per-node 2 " + kWine + " --out " + tempDir() + "/pfx --set training.epochs=1",
                            "GLOO_SOCKET_IFNAME=eth9");
   CHECK(outcome.exitCode != 0);
@@ -241,7 +241,7 @@ TEST_CASE("progress inside an epoch reaches a pipe as plain lines", "[first-hour
   CHECK(outcome.output.find('\r') == std::string::npos);  // no terminal rewriting in a pipe
 }
 
-TEST_CASE("more ranks than cores gets a note", "[first-hour][launcher]") {
+TEST_CASE("more ranks than cores gets a note", "[first-hour][launcher][solo]") {
   const unsigned cores = std::thread::hardware_concurrency();
   if (cores == 0 || cores > 8) {
     WARN("SKIPPED: this machine has " << cores << " cores; the test starts cores + 1 ranks only on small machines");

@@ -96,7 +96,7 @@ NamedTensors everyDtype() {
 
 }  // namespace
 
-TEST_CASE("safetensors: every dtype, empty and scalar tensors round-trip, with metadata", "[interop]") {
+TEST_CASE("safetensors: every dtype, empty and scalar tensors round-trip, with metadata", "[interop][solo]") {
   const std::string dir = tempDir();
   const NamedTensors tensors = everyDtype();
   writeSafetensors(dir + "/all.safetensors", tensors, {{"format", "pt"}, {"note", "ünïcode"}});
@@ -201,7 +201,7 @@ TEST_CASE("safetensors: broken files are refused with one line naming what is wr
 }
 
 TEST_CASE("torch.save files: an OrderedDict state_dict loads, tied weights stay tied, others get a HINT",
-          "[interop][errors]") {
+          "[interop][errors][solo]") {
   const std::string whyNot = ddp::test::pythonTorchUnavailable();
   if (!whyNot.empty()) {
     WARN("SKIPPED: " << whyNot);
@@ -333,7 +333,7 @@ TEST_CASE("loading weights into a module: everything fits, or one error lists wh
 }
 
 TEST_CASE("models trained here, exported, give PyTorch the same logits (wine, digits_cnn, char_gpt)",
-          "[interop][launcher]") {
+          "[interop][launcher][solo]") {
   const std::string whyNot = ddp::test::pythonTorchUnavailable();
   if (!whyNot.empty()) {
     WARN("SKIPPED: " << whyNot);
@@ -405,7 +405,7 @@ TEST_CASE("models trained here, exported, give PyTorch the same logits (wine, di
 }
 
 TEST_CASE("model.init_from: weights started in Python train here, from the loss Python computes",
-          "[interop][launcher]") {
+          "[interop][launcher][solo]") {
   const std::string whyNot = ddp::test::pythonTorchUnavailable();
   if (!whyNot.empty()) {
     WARN("SKIPPED: " << whyNot);
@@ -502,7 +502,7 @@ TEST_CASE("model.init_from: weights started in Python train here, from the loss 
   CHECK_THAT(ddp::test::readFile(run + "/train.log"), Contains("model: started from the "));
 }
 
-TEST_CASE("model.init_from that does not fit: exit 2, one line, nothing trained", "[interop][launcher][errors]") {
+TEST_CASE("model.init_from that does not fit: exit 2, one line, nothing trained", "[interop][launcher][errors][solo]") {
   const std::string dir = tempDir();
   const std::string wine = kSource + "/experiments/wine_baseline.json --set training.epochs=1 --out " + dir;
   // An mlp of other widths.

@@ -56,7 +56,7 @@ TEST_CASE("malloc tuning: the user's own allocator settings win", "[core]") {
   }
 }
 
-TEST_CASE("malloc tuning: a step's freed blocks are reused, not faulted in again", "[core]") {
+TEST_CASE("malloc tuning: a step's freed blocks are reused, not faulted in again", "[core][solo]") {
   NoUserChoice clean;
   const ddp::MallocTuning result = ddp::tuneMallocForTensors();
   if (!result.applied) {
@@ -92,7 +92,7 @@ TEST_CASE("malloc tuning: a step's freed blocks are reused, not faulted in again
 // framework/core/compute_threads: OpenBLAS's own pool follows the count a
 // rank is given, as ATen's does (issue 44: two ranks told to use one thread
 // each ran two OpenBLAS threads each on a 2-core machine).
-TEST_CASE("compute threads: ATen's and OpenBLAS's pools follow setComputeThreads", "[threads]") {
+TEST_CASE("compute threads: ATen's and OpenBLAS's pools follow setComputeThreads", "[threads][solo]") {
   const int before = at::get_num_threads();
   if (ddp::blasThreads() < 0) {
     WARN("SKIPPED: this process has no OpenBLAS (openblas_get_num_threads not found)");

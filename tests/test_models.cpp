@@ -305,7 +305,7 @@ void scramble(torch::nn::Module& model, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("models cnn and gpt: the forward pass and the gradients match a plain PyTorch model", "[models]") {
+TEST_CASE("models cnn and gpt: the forward pass and the gradients match a plain PyTorch model", "[models][solo]") {
   const std::string whyNot = ddp::test::pythonTorchUnavailable();
   if (!whyNot.empty()) {
     WARN("SKIPPED: " << whyNot);
@@ -432,7 +432,7 @@ bool skipUnlessGloo() {
 
 }  // namespace
 
-TEST_CASE("model cnn under DDP: every rank ends with rank 0's batch norm statistics", "[models]") {
+TEST_CASE("model cnn under DDP: every rank ends with rank 0's batch norm statistics", "[models][solo]") {
   if (skipUnlessGloo()) return;
   CHECK(DdpOptions().broadcastBuffers);  // on by default
   constexpr int kWorld = 2, kSteps = 3;
@@ -470,7 +470,7 @@ TEST_CASE("model cnn under DDP: every rank ends with rank 0's batch norm statist
 }
 
 TEST_CASE("DDP: a parameter registered under two names is synced once, a tied gpt trains alike on every rank",
-          "[models]") {
+          "[models][solo]") {
   if (skipUnlessGloo()) return;
   constexpr int kWorld = 2;
   // Two modules holding one tensor, as Python's weight tying does.
@@ -547,7 +547,7 @@ TEST_CASE("models cnn and gpt: --describe lists their parameters", "[models]") {
 // DDP's. fsdp gathers each unit (an mlp layer, a cnn block, a gpt block)
 // only while it runs; the root (gpt's embeddings and head, tied or not)
 // stays whole.
-TEST_CASE("models mlp, cnn and gpt train under ddp, zero1, zero2 and fsdp to the same parameters", "[models][zero]") {
+TEST_CASE("models mlp, cnn and gpt train under ddp, zero1, zero2 and fsdp to the same parameters", "[models][zero][solo]") {
   if (skipUnlessGloo()) return;
   constexpr int kWorld = 2, kSteps = 3;
   struct Case {

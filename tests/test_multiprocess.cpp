@@ -119,7 +119,7 @@ TEST_CASE("worker: collectives in a separate process", "[.worker]") {
 
 // Processes of one host meet through shared memory unless DDP_GLOO_SHM=0,
 // which leaves them the TCP path that ranks on different hosts take.
-TEST_CASE("collectives across processes over a TCPStore", "[multiprocess]") {
+TEST_CASE("collectives across processes over a TCPStore", "[multiprocess][solo]") {
   const bool shm = GENERATE(true, false);
   for (int world : {2, 3}) {
     const int port = pickFreePort("127.0.0.1");
@@ -155,7 +155,7 @@ TEST_CASE("worker: a peer that exits mid-job", "[.worker-dies]") {
   ::_exit(0);  // skip the goodbye barrier with the dead peer
 }
 
-TEST_CASE("a peer process that exits fails the next collective quickly", "[multiprocess][errors]") {
+TEST_CASE("a peer process that exits fails the next collective quickly", "[multiprocess][errors][solo]") {
   const bool shm = GENERATE(true, false);
   INFO((shm ? "shared memory" : "tcp"));
   const int port = pickFreePort("127.0.0.1");
@@ -216,7 +216,7 @@ TEST_CASE("worker: a peer killed in the middle of a recv", "[.worker-killed-in-r
 }
 
 TEST_CASE("a peer killed in the middle of a recv fails it and the next collective quickly",
-          "[multiprocess][errors][p2p]") {
+          "[multiprocess][errors][p2p][solo]") {
   const bool shm = GENERATE(true, false);
   INFO((shm ? "shared memory" : "tcp"));
   const int port = pickFreePort("127.0.0.1");
@@ -258,7 +258,7 @@ RankEnv threadRank(int rank, int world, int port) {
   return env;
 }
 
-TEST_CASE("ranks that disagree on the world size fail at once, naming both", "[multiprocess][errors][rendezvous]") {
+TEST_CASE("ranks that disagree on the world size fail at once, naming both", "[multiprocess][errors][rendezvous][solo]") {
   const int port = pickFreePort("127.0.0.1");
   DistributedOptions options;
   // Far above the limit checked at the end: failing by the timeout fails
@@ -431,14 +431,14 @@ TEST_CASE("the launcher holds the store's port until rank 0 serves on its socket
   ::close(pipeFds[1]);
 }
 
-TEST_CASE("ddp-run hands rank 0 the store socket it bound", "[multiprocess][store]") {
+TEST_CASE("ddp-run hands rank 0 the store socket it bound", "[multiprocess][store][solo]") {
   const test::ProgramOutcome o = test::runDdpRun("--nproc-per-node 2 --demo", "DDP_LOG_LEVEL=info");
   INFO(o.output);
   CHECK(o.exitCode == 0);
   CHECK(o.output.find("TCPStore: serving on the socket the launcher bound") != std::string::npos);
 }
 
-TEST_CASE("two launchers on one host share its cores among all their ranks", "[multiprocess][rendezvous]") {
+TEST_CASE("two launchers on one host share its cores among all their ranks", "[multiprocess][rendezvous][solo]") {
   // Two "nodes" started by hand on this one host: each launcher alone would
   // give its ranks all the cores.
   const int port = pickFreePort("127.0.0.1");
@@ -533,7 +533,7 @@ TEST_CASE("spawned process: a long output is read whole", "[process]") {
 }
 
 // DDP_LOG_LEVEL, through the ddp-run program (build/ddp-run).
-TEST_CASE("ddp-run: a bad DDP_LOG_LEVEL is one line naming it, exit code 2", "[launcher][log]") {
+TEST_CASE("ddp-run: a bad DDP_LOG_LEVEL is one line naming it, exit code 2", "[launcher][log][solo]") {
   if (!std::filesystem::exists(test::ddpRunPath())) {
     WARN("SKIPPED: no ddp-run program at " << test::ddpRunPath());
     return;
@@ -547,7 +547,7 @@ TEST_CASE("ddp-run: a bad DDP_LOG_LEVEL is one line naming it, exit code 2", "[l
   }
 }
 
-TEST_CASE("ddp-run: DDP_LOG_LEVEL=info shows each rank's rendezvous, the default shows none", "[launcher][log]") {
+TEST_CASE("ddp-run: DDP_LOG_LEVEL=info shows each rank's rendezvous, the default shows none", "[launcher][log][solo]") {
   if (!std::filesystem::exists(test::ddpRunPath())) {
     WARN("SKIPPED: no ddp-run program at " << test::ddpRunPath());
     return;

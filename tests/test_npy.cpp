@@ -128,7 +128,7 @@ std::string writeExperiment(const Folder& dir, const std::string& name, const Js
 
 }  // namespace
 
-TEST_CASE("readNpy reads every supported dtype and shape as numpy wrote it, memory-mapped", "[npy]") {
+TEST_CASE("readNpy reads every supported dtype and shape as numpy wrote it, memory-mapped", "[npy][solo]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;
   python(dir, R"(
@@ -259,7 +259,7 @@ bool oneLine(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("each bad .npy file is one line naming the file and what is wrong", "[npy]") {
+TEST_CASE("each bad .npy file is one line naming the file and what is wrong", "[npy][solo]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;
   for (const BadFile& bad : writeBadFiles(dir)) {
@@ -337,7 +337,7 @@ bad = y.copy(); bad[3] = 2**40; np.save('y_huge.npy', bad)
 
 }  // namespace
 
-TEST_CASE("the npy dataset refuses mismatched shapes and bad labels with one line", "[npy]") {
+TEST_CASE("the npy dataset refuses mismatched shapes and bad labels with one line", "[npy][solo]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;
   for (const auto& [overrides, expected] : writeBadDatasets(dir)) {
@@ -351,7 +351,7 @@ TEST_CASE("the npy dataset refuses mismatched shapes and bad labels with one lin
   }
 }
 
-TEST_CASE("npy labels may skip classes when dataset.num_classes says how many there are", "[npy]") {
+TEST_CASE("npy labels may skip classes when dataset.num_classes says how many there are", "[npy][solo]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;
   writeBadDatasets(dir);
@@ -381,7 +381,7 @@ void checkRefusedByProgram(const Folder& dir, const std::vector<std::pair<Json, 
 // The program's part is the same for every UsageError, and each start of
 // ddp-run costs a second or so: the kinds of mistake the issue names go
 // through it, the wording of every case is checked in-process above.
-TEST_CASE("ddp-run refuses bad .npy files: exit code 2, one line, no run folder", "[npy][launcher]") {
+TEST_CASE("ddp-run refuses bad .npy files: exit code 2, one line, no run folder", "[npy][launcher][solo]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;
   const std::set<std::string> chosen = {"text.npy",       "version.npy", "short_header.npy", "short_data.npy",
@@ -397,7 +397,7 @@ TEST_CASE("ddp-run refuses bad .npy files: exit code 2, one line, no run folder"
   checkRefusedByProgram(dir, cases);
 }
 
-TEST_CASE("ddp-run refuses npy datasets with bad labels: exit code 2, one line, no run folder", "[npy][launcher]") {
+TEST_CASE("ddp-run refuses npy datasets with bad labels: exit code 2, one line, no run folder", "[npy][launcher][solo]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;
   std::vector<std::pair<Json, std::string>> cases = writeBadDatasets(dir);
@@ -407,7 +407,7 @@ TEST_CASE("ddp-run refuses npy datasets with bad labels: exit code 2, one line, 
 
 // test_features and test_labels are file parameters: a missing one is
 // found with the others, naming where it was looked for.
-TEST_CASE("ddp-run refuses a missing npy test file before anything runs", "[npy][launcher]") {
+TEST_CASE("ddp-run refuses a missing npy test file before anything runs", "[npy][launcher][solo]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;
   writeBadDatasets(dir);  // for its x.npy and y.npy, which fit together
@@ -416,7 +416,7 @@ TEST_CASE("ddp-run refuses a missing npy test file before anything runs", "[npy]
                                "dataset.test_labels: file \"nope.npy\" not found (looked in"}});
 }
 
-TEST_CASE("the npy dataset serves the batches a TensorDataset of the same arrays serves", "[npy]") {
+TEST_CASE("the npy dataset serves the batches a TensorDataset of the same arrays serves", "[npy][solo]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;
   python(dir, R"(
@@ -493,7 +493,7 @@ np.save('targets_test.npy', np.arange(4, dtype=np.int32))
 }
 
 TEST_CASE("two ranks train the mlp on an npy dataset of uint8 pixel rows scaled by 1/255, and the loss falls",
-          "[npy][launcher]") {
+          "[npy][launcher][solo]") {
   SKIP_WITHOUT_NUMPY();
   Folder dir;
   // 4 classes of noisy uint8 "images" around 4 random patterns.

@@ -635,7 +635,7 @@ TEST_CASE("optimizers: lr through param groups, save and load", "[plugins]") {
              Contains("optimizer.beta2: must be < 1"));
 }
 
-TEST_CASE("training wine with the built-ins is fast and accurate", "[plugins]") {
+TEST_CASE("training wine with the built-ins is fast and accurate", "[plugins][solo]") {
   auto wine = loadDataset("wine");
   auto trainOnce = [&](bool ours) {
     torch::manual_seed(3);
@@ -825,7 +825,7 @@ TEST_CASE("plugin libraries: the example loads, bad ones fail clearly", "[plugin
 }
 
 TEST_CASE("ddp-run trains an experiment whose model comes from a plugin library, on 1 and 2 ranks",
-          "[plugins][launcher]") {
+          "[plugins][launcher][solo]") {
   TempDir dir;
   const std::string experiment = dir.write("linear.json", R"({
     "plugins": [")" + std::string(DDP_EXAMPLE_PLUGIN_PATH) + R"("],
@@ -1029,7 +1029,7 @@ TEST_CASE("the example plugin's plain torch::nn MLP trains on wine through the r
   CHECK(plain.history.back().trainLoss == Approx(fused.history.back().trainLoss).epsilon(1e-3));
 }
 
-TEST_CASE("a hook from a plugin library trains wine as the built-in average does", "[comm_hook][plugins][launcher]") {
+TEST_CASE("a hook from a plugin library trains wine as the built-in average does", "[comm_hook][plugins][launcher][solo]") {
   const std::string dir = ddp::test::tempDir();
   std::map<std::string, std::string> lastRecord;
   for (const char* hook : {"allreduce", "sum_then_divide"}) {

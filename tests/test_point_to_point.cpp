@@ -14,7 +14,7 @@
 using namespace ddp;
 using Catch::Contains;
 
-TEST_CASE("send/recv around a ring match their closed forms", "[p2p]") {
+TEST_CASE("send/recv around a ring match their closed forms", "[p2p][solo]") {
   for (const bool shm : {true, false}) {
     for (const int world : {2, 3, 4}) {
       for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{1} << 20}) {

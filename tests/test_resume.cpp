@@ -116,7 +116,7 @@ TEST_CASE("resume rules: only the settings listed as safe may change", "[resume]
   }
 }
 
-TEST_CASE("resume with a changed model or optimizer is refused and the run folder kept", "[resume]") {
+TEST_CASE("resume with a changed model or optimizer is refused and the run folder kept", "[resume][solo]") {
   TempDir tmp;
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
   const std::string runDir = tmp.path() + "/run";
@@ -242,7 +242,7 @@ TEST_CASE("a run folder is locked while a job owns it", "[resume]") {
   CHECK_NOTHROW(RunFolderLock(tmp.path()));
 }
 
-TEST_CASE("resume never destroys what it cannot continue", "[resume]") {
+TEST_CASE("resume never destroys what it cannot continue", "[resume][solo]") {
   TempDir tmp;
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
   const std::string runDir = tmp.path() + "/run";

@@ -12,7 +12,7 @@
 using namespace ddp;
 using Catch::Contains;
 
-TEST_CASE("reduce gather and scatter match their closed forms", "[collectives][rooted]") {
+TEST_CASE("reduce gather and scatter match their closed forms", "[collectives][rooted][solo]") {
   for (const bool shm : {true, false}) {
     for (const int world : {1, 2, 3, 4}) {
       for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{70000}}) {
@@ -339,7 +339,7 @@ TEST_CASE("alltoall and the rooted collectives refuse what does not fit, on ever
 // it (one rank per GPU), CPU tensors staged through the device; send/recv
 // around a ring needs two GPUs. Skipped, with the reason, without NCCL or a
 // GPU (benchmarks/gpu_check.sh runs it on one).
-TEST_CASE("nccl alltoall gather scatter and send/recv match their closed forms", "[collectives][rooted][nccl]") {
+TEST_CASE("nccl alltoall gather scatter and send/recv match their closed forms", "[collectives][rooted][nccl][solo]") {
   std::string whyNot;
   if (!ddp::test::backendRunnable("nccl", &whyNot)) {
     WARN("SKIPPED: " << whyNot);

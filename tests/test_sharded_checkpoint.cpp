@@ -156,7 +156,7 @@ struct TempFolder {
 using namespace sharded_checkpoint_test;
 
 TEST_CASE("a sharded checkpoint resumes under any strategy and world size as the consolidated one does",
-          "[checkpoint]") {
+          "[checkpoint][solo]") {
   const std::string opt = GENERATE("sgd", "adam");
   const ZeroData data = makeZeroData(64 * kBatch);
   const std::vector<Layout> savers = {{"fsdp", 4}, {"zero1", 3}, {"zero2", 2}, {"ddp", 2}, {"hsdp", 4}};
@@ -278,7 +278,7 @@ nlohmann::json lastMetrics(const std::string& runDir) {
 }  // namespace sharded_checkpoint_test
 
 TEST_CASE("ddp-run: fsdp on 2 ranks saves in the background and ddp on 1 rank resumes past a bad shard",
-          "[checkpoint][process]") {
+          "[checkpoint][process][solo]") {
   TempFolder folder;
   const std::string wine = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
   const std::string common = " --set training.epochs=4 --set training.save_every=1 --set training.eval_every=0"

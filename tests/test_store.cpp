@@ -897,7 +897,7 @@ TEST_CASE("worker: a client that waits for the server", "[.store_log_worker]") {
   CHECK(server.getString("early") == "here");
 }
 
-TEST_CASE("TCPStore: DDP_LOG_LEVEL=info shows where the store listens and who connected when", "[store][tcp]") {
+TEST_CASE("TCPStore: DDP_LOG_LEVEL=info shows where the store listens and who connected when", "[store][tcp][solo]") {
   auto [code, err] = runLogWorker("info");
   INFO("worker stderr:\n" << err);
   REQUIRE(code == 0);

@@ -126,7 +126,7 @@ TEST_CASE("sub-groups: overlapping groups with collectives in flight at once do 
   }
 }
 
-TEST_CASE("sub-groups: wrong ranks and disagreeing members fail with a clear error", "[collectives][subgroups][errors]") {
+TEST_CASE("sub-groups: wrong ranks and disagreeing members fail with a clear error", "[collectives][subgroups][errors][solo]") {
   auto store = std::make_shared<HashStore>();
   GroupFactory f(store, builtinBackends(), "gloo", 0, 4);
   CHECK_THROWS_WITH(f.newGroup({0, 4}), Contains("newGroup #0: ranks [0,4] go beyond the world of 4 (0..3)"));
@@ -163,7 +163,7 @@ TEST_CASE("sub-groups: a 4x1 and a 1x4 mesh, and groups of one rank", "[collecti
 }
 
 TEST_CASE("hsdp through ddp-run: trains wine and digits_cnn as ddp does, and resumes under ddp and fsdp",
-          "[subgroups][launcher]") {
+          "[subgroups][launcher][solo]") {
   const std::string src = DDP_SOURCE_DIR;
   for (const std::string experiment : {"wine_baseline", "digits_cnn"}) {
     INFO(experiment);

@@ -123,7 +123,7 @@ TEST_CASE("crc32c: known vectors, continuation and TFRecord's mask", "[tensorboa
 }
 
 TEST_CASE("TensorBoard event file: every scalar, step, tag and text comes back through an independent decoder",
-          "[tensorboard]") {
+          "[tensorboard][solo]") {
   if (skipWithoutPython()) return;
   test::TempDir dir;
   const double t0 = 1700000000.123456;
@@ -177,7 +177,7 @@ TEST_CASE("TensorBoard event file: every scalar, step, tag and text comes back t
   CHECK_FALSE(textLine.contains("value"));
 }
 
-TEST_CASE("TensorBoard event file: each event is in the file when its add returns", "[tensorboard]") {
+TEST_CASE("TensorBoard event file: each event is in the file when its add returns", "[tensorboard][solo]") {
   if (skipWithoutPython()) return;
   test::TempDir dir;
   TensorBoardEventWriter writer(dir.path());
@@ -195,7 +195,7 @@ TEST_CASE("TensorBoard event file: each event is in the file when its add return
 }
 
 TEST_CASE("read_tfevents.py fails on a flipped byte naming a CRC mismatch, and on a truncated file",
-          "[tensorboard]") {
+          "[tensorboard][solo]") {
   if (skipWithoutPython()) return;
   test::TempDir dir;
   std::string path;
@@ -259,7 +259,7 @@ TEST_CASE("TensorBoard event writer: a file of its own per writer, a missing fol
 }
 
 TEST_CASE("training.tensorboard: every number of metrics.jsonl and steps.jsonl is in the run's event file",
-          "[tensorboard][launcher]") {
+          "[tensorboard][launcher][solo]") {
   if (skipWithoutPython()) return;
   const std::string run = ddp::test::tempDir() + "/run";
   const auto trained = ddp::test::runDdpRun(

@@ -194,7 +194,7 @@ TEST_CASE("steps.jsonl records the norm before clipping as grad_norm", "[switche
 }
 
 TEST_CASE("scheduler.warmup_steps ramps the lr as PyTorch's LinearLR, then follows the schedule",
-          "[switches][warmup]") {
+          "[switches][warmup][solo]") {
   const std::string dir = tempDir();
   train(wine({"training.epochs=3", "training.log_every=1", "training.save_every=0", "scheduler.name=constant",
               "scheduler.warmup_steps=7"}),
@@ -428,7 +428,7 @@ TEST_CASE("the switches are in --describe and --schema", "[switches][config]") {
   CHECK(props["keep_best_by"]["enum"].size() == monitorNames().size() + 1);
 }
 
-TEST_CASE("every switch at once under zero1, zero2 and fsdp on two processes", "[switches][launcher]") {
+TEST_CASE("every switch at once under zero1, zero2 and fsdp on two processes", "[switches][launcher][solo]") {
   const std::string strategy = GENERATE("zero1", "zero2", "fsdp");
   INFO(strategy);
   const std::string dir = tempDir() + "/run";

@@ -336,7 +336,7 @@ TEST_CASE("an unknown distributed.strategy is a one-line input error naming the 
   CHECK(o.output.find("\"ddp\"") != std::string::npos);
 }
 
-TEST_CASE("ddp-run trains wine on two ranks", "[training][launcher]") {
+TEST_CASE("ddp-run trains wine on two ranks", "[training][launcher][solo]") {
   const std::string runDir = tempDir() + "/run";
   ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json --out " +
                         runDir);
@@ -357,7 +357,7 @@ TEST_CASE("ddp-run trains wine on two ranks", "[training][launcher]") {
 // second (training.join, the default), so the job ends, with rank 0's step
 // count; padded shards (join=false, or a strategy that cannot shadow) give
 // every rank 48 rows and two steps too.
-TEST_CASE("ddp-run at 3 ranks on uneven shards: ranks that run out shadow the last step", "[training][join]") {
+TEST_CASE("ddp-run at 3 ranks on uneven shards: ranks that run out shadow the last step", "[training][join][solo]") {
   const std::string base = "--nproc-per-node 3 " + std::string(DDP_SOURCE_DIR) +
                            "/experiments/wine_ddp.json --set training.batch_size=47 --set training.epochs=3 "
                            "--set training.save_every=0 --set training.eval_every=3";
@@ -400,7 +400,7 @@ std::string lastNumbers(const std::string& runDir) {
                      last["test_accuracy"].dump());
 }
 
-TEST_CASE("torchrun's spellings of ddp-run's flags train as ddp-run's own and conflicts are one line", "[launcher]") {
+TEST_CASE("torchrun's spellings of ddp-run's flags train as ddp-run's own and conflicts are one line", "[launcher][solo]") {
   const std::string experiment = std::string(DDP_SOURCE_DIR) +
                                  "/experiments/wine_ddp.json --set training.epochs=5 --set training.save_every=0";
   const std::string own = tempDir() + "/own";
@@ -424,7 +424,7 @@ TEST_CASE("torchrun's spellings of ddp-run's flags train as ddp-run's own and co
   }
 }
 
-TEST_CASE("ddp-run --log-dir writes a file per rank, --tee and --local-ranks-filter choose the console", "[launcher]") {
+TEST_CASE("ddp-run --log-dir writes a file per rank, --tee and --local-ranks-filter choose the console", "[launcher][solo]") {
   const std::string experiment = std::string(DDP_SOURCE_DIR) +
                                  "/experiments/wine_ddp.json --set training.epochs=2 --set training.save_every=0";
   const std::string logs = tempDir() + "/logs/nested";
@@ -462,7 +462,7 @@ TEST_CASE("ddp-run --log-dir writes a file per rank, --tee and --local-ranks-fil
   }
 }
 
-TEST_CASE("steps.jsonl records the steps, and the straggler report names a slow rank", "[training][launcher]") {
+TEST_CASE("steps.jsonl records the steps, and the straggler report names a slow rank", "[training][launcher][solo]") {
   const std::string experiment = std::string(DDP_SOURCE_DIR) +
                                  "/experiments/wine_ddp.json --set training.epochs=4 --set training.save_every=0 "
                                  "--set training.log_every=2";
@@ -507,7 +507,7 @@ TEST_CASE("steps.jsonl records the steps, and the straggler report names a slow 
 // its worker program (--no_python): each rank takes torchrun's RANK,
 // WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Debian's torch 1.13 needs
 // --redirects 1 --tee 1 (its default of 0 trips an enum bug in torchrun).
-TEST_CASE("torchrun --standalone starts ddp-run's ranks and they train as ddp-run's own", "[launcher]") {
+TEST_CASE("torchrun --standalone starts ddp-run's ranks and they train as ddp-run's own", "[launcher][solo]") {
   ddp::SpawnOptions probe;
   probe.argv = {"/usr/bin/python3", "-c", "import torch.distributed.run"};
   if (!std::filesystem::exists("/usr/bin/python3") || !exitedZero(ddp::runProcess(probe).status)) {
@@ -538,7 +538,7 @@ TEST_CASE("torchrun --standalone starts ddp-run's ranks and they train as ddp-ru
 // as the others, also when evaluating: 359 test rows at 2 ranks are 180
 // and 179 forwards of one row, which hung before the trainer evened them
 // out. The run must end as ddp's does (same data, same steps).
-TEST_CASE("ddp-run trains digits_cnn under fsdp as under ddp, with uneven evaluation batches", "[training][zero]") {
+TEST_CASE("ddp-run trains digits_cnn under fsdp as under ddp, with uneven evaluation batches", "[training][zero][solo]") {
   const std::string experiment = std::string(DDP_SOURCE_DIR) + "/experiments/digits_cnn.json";
   const std::string common = " --set training.epochs=2 --set training.eval_batch_size=1 --set distributed.timeout_s=60";
   std::map<std::string, Json> last;
@@ -579,7 +579,7 @@ TEST_CASE("a master port in use is named", "[launcher]") {
                       "HINT: ddp-run --help\n");
 }
 
-TEST_CASE("a mistake rank 0 finds in the run folder is blamed on rank 0 and not repeated", "[launcher]") {
+TEST_CASE("a mistake rank 0 finds in the run folder is blamed on rank 0 and not repeated", "[launcher][solo]") {
   // Rank 0 alone makes the run folder; its peers pass its mistake on (exit
   // code 2 too) and may be reaped first.
   for (int i = 0; i < 3; ++i) {
@@ -603,7 +603,7 @@ TEST_CASE("resuming from a file instead of a run folder names it as a file", "[l
   CHECK(o.output.find("--resume: " + file + " is a file, not a run folder") != std::string::npos);
 }
 
-TEST_CASE("a rank killed with SIGKILL stops the job quickly, naming it", "[launcher]") {
+TEST_CASE("a rank killed with SIGKILL stops the job quickly, naming it", "[launcher][solo]") {
   const std::string runDir = tempDir() + "/run";
   ddp::test::ProgramOutcome o = runDdpRun("--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
                             "/experiments/wine_ddp.json --set training.epochs=100000 --out " + runDir,
@@ -615,7 +615,7 @@ TEST_CASE("a rank killed with SIGKILL stops the job quickly, naming it", "[launc
   CHECK(o.seconds < 30);  // the launcher's part is at most its 3 s grace; the rest is start-up
 }
 
-TEST_CASE("a hung rank 0 (stopped, serving the store) fails its peer after one collective timeout", "[launcher]") {
+TEST_CASE("a hung rank 0 (stopped, serving the store) fails its peer after one collective timeout", "[launcher][solo]") {
   // Rank 1 times out in a collective after timeout_s; its teardown then
   // makes no store call to the stopped rank 0 (which would wait out the
   // store's timeout as well). The launcher ends rank 0 with SIGKILL after
@@ -639,7 +639,7 @@ TEST_CASE("a hung rank 0 (stopped, serving the store) fails its peer after one c
   CHECK(o.seconds - base.seconds < 8 + 3 + 4);
 }
 
-TEST_CASE("max-restarts resumes after a kill and ends like an uninterrupted run", "[launcher][checkpoint]") {
+TEST_CASE("max-restarts resumes after a kill and ends like an uninterrupted run", "[launcher][checkpoint][solo]") {
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
   const std::string sets = " --set training.epochs=6 --set training.save_every=2";
   const std::string cleanDir = tempDir() + "/run";
@@ -681,7 +681,7 @@ TEST_CASE("a restart with no checkpoint starts over and keeps the earlier record
   CHECK(std::filesystem::exists(runDir + "/metrics.before-restart-1.csv"));
 }
 
-TEST_CASE("a run folder that holds a run is not reused without --resume", "[launcher][checkpoint]") {
+TEST_CASE("a run folder that holds a run is not reused without --resume", "[launcher][checkpoint][solo]") {
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
   const std::string runDir = tempDir() + "/run";
   REQUIRE(runDdpRun(exp + " --set training.epochs=2 --out " + runDir).exitCode == 0);
@@ -743,7 +743,7 @@ std::string fileText(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("a non-finite loss stops the run naming epoch and step, the records so far stay readable", "[training]") {
+TEST_CASE("a non-finite loss stops the run naming epoch and step, the records so far stay readable", "[training][solo]") {
   // SGD at lr 30 diverges on wine after a few epochs (epoch 4 here).
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
   const std::string sets =

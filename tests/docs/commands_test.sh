@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Keeps the docs true (issue 32): runs every command example of README.md
 # and docs/*.md that uses this project's programs (build/ddp-run,
-# build/benchmarks/ddp-bench, scripts/ddp-plot), in the order each file
-# gives them, in a scratch folder per file (experiments/ and scripts/
-# linked in), with the built programs. Commands are shortened where that
+# build/benchmarks/ddp-bench, scripts/ddp-plot), in a scratch folder per
+# file (experiments/ linked in), with the built programs, two at a time: a
+# command that names a path an earlier one of its file names (a run folder
+# it resumes or plots, a file it loads) runs after it, as the file orders
+# them. Commands are shortened where that
 # changes nothing else they show (issue 40: the whole test in under two
 # minutes): training to one epoch of at most 4 steps, benchmarks to the
 # fewest steps and smallest sizes that still run their code paths (see
@@ -98,6 +100,9 @@ def shorten(words):
         # runs world size 1 and the wrapped single rank).
         if sub == "train-step" and "--world-sizes" not in words and "--sweep" not in words:
             words += ["--world-sizes", "2"]
+        # The gpt at one layer: the same code paths, a third less start-up.
+        if sub == "train-step" and "gpt" in words and not any(w.startswith("model.n_layer=") for w in words):
+            words += ["--set", "model.n_layer=1"]
         if sub == "train-step" and "--sweep" in words:  # one bucket size, overlap on and off
             words = with_options(words, {"--sweep-buckets": "25"})
         if sub == "strategies":
@@ -132,6 +137,23 @@ def written(words, redirect):
     if target:
         paths.append(target.split()[0])
     return [p for p in paths if not os.path.isabs(p)]
+
+def paths(words, redirect):
+    """Every file or folder a command names that another command may write or read (not experiments/)."""
+    found = set(written(words, redirect))
+    for word in words[1:]:
+        if word.startswith("-"):
+            continue
+        value = word.split("=", 1)[1] if "=" in word else word
+        if value.startswith("experiments/") or value.startswith("/"):
+            continue
+        if "/" in value or os.path.splitext(value)[1] in (".json", ".png", ".pt", ".safetensors", ".csv", ".npy"):
+            found.add(value.rstrip("/"))
+    return found
+
+def conflict(a, b):
+    """Two commands must keep their order: one names a path the other writes or reads (a prefix either way)."""
+    return any(p == q or p.startswith(q + "/") or q.startswith(p + "/") for p in a for q in b)
 
 # The plan: every document's entries in its order, each a line to print
 # (skipped), a command to run, or a command run already elsewhere.
@@ -169,7 +191,8 @@ for doc in docs:
         words = shorten(shlex.split(command))
         key = (canonical(words), redirect.strip())
         if key in first:
-            entries.append({"same": first[key], "where": where, "words": words, "redirect": redirect})
+            entries.append({"same": first[key], "where": where, "words": words, "redirect": redirect,
+                            "paths": paths(words, redirect), "done": threading.Event()})
             continue
         # PyTorch's side of train-step and strategies: seconds of Python a
         # line, run by ctest's bench.smoke.* (tests/bench/smoke_test.sh, for
@@ -178,83 +201,90 @@ for doc in docs:
             if "--no-reference" not in words and "--plan" not in words and "--sweep" not in words:
                 words = words + ["--no-reference"]
                 where += "  [--no-reference: bench.smoke.* runs PyTorch's side]"
-        entry = {"run": words, "redirect": redirect, "where": where, "doc": name, "done": threading.Event()}
+        entry = {"run": words, "redirect": redirect, "where": where, "doc": name, "done": threading.Event(),
+                 "paths": paths(words, redirect)}
         first[key] = entry
         entries.append(entry)
 
-# Each document in its order, on a thread of its own; at most two commands
-# run at once (the machine's cores). A command run already elsewhere waits
-# for that run, then takes a copy of what it wrote.
+# Every command on a thread of its own, at most two running at once (the
+# machine's cores). A command waits for each earlier command of its
+# document that names a path it names (a run folder it resumes, a file it
+# plots or loads, a file both write), so a document's order holds wherever
+# it matters. A command run already elsewhere waits for that run, then
+# takes a copy of what it wrote.
 slots = threading.Semaphore(2)
 lock = threading.Lock()
 counts = {"ran": 0, "failed": 0, "skipped": 0}
-report = {doc: [] for doc in docs}
+folders = {}
 
-def run_document(doc):
-    folder = os.path.join(work, os.path.basename(doc))
+def run_entry(doc, index):
+    folder, entry = folders[doc], plan[doc][index]
+    try:
+        for earlier in plan[doc][:index]:
+            if "paths" in earlier and conflict(entry["paths"], earlier["paths"]):
+                earlier["done"].wait()
+        entry["lines"] = run_one(folder, entry)
+    finally:
+        entry["done"].set()
+
+def run_one(folder, entry):
+    if "same" in entry:
+        original = entry["same"]
+        original["done"].wait()
+        if not original.get("ok"):
+            return [f"not run (it failed in {original['doc']}): {entry['where']}"]
+        for path in written(entry["words"], entry["redirect"]):
+            source, target = os.path.join(original["folder"], path), os.path.join(folder, path)
+            if os.path.exists(source) and not os.path.exists(target):
+                os.makedirs(os.path.dirname(target) or folder, exist_ok=True)
+                (shutil.copytree if os.path.isdir(source) else shutil.copy2)(source, target)
+        return [f"ran already ({original['doc']}): {entry['where']}"]
+    words, redirect = entry["run"], entry["redirect"]
+    # Files the command writes (--json, --plot, -o) go where it says, below the scratch folder.
+    for flag in ("--json", "--plot", "-o", "--out"):
+        if flag in words and words.index(flag) + 1 < len(words):
+            parent = os.path.dirname(words[words.index(flag) + 1])
+            if parent and not os.path.isabs(parent):
+                os.makedirs(os.path.join(folder, parent), exist_ok=True)
+    run = " ".join([shlex.quote(programs[words[0]])] + [shlex.quote(w) for w in words[1:]]) + redirect
+    code, output = "not run", ""
+    with slots:
+        started = time.monotonic()
+        try:
+            result = subprocess.run(["bash", "-c", run], cwd=folder, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, timeout=300)
+            code, output = result.returncode, result.stdout
+        except subprocess.TimeoutExpired as e:
+            code, output = "timeout after 300 s", (e.stdout or b"").decode(errors="replace")
+        except OSError as e:
+            code, output = f"not started ({e})", ""
+        took = time.monotonic() - started
+    entry["folder"], entry["ok"] = folder, code == 0
+    with lock:
+        counts["ran"] += 1
+        counts["failed"] += code != 0
+    if code != 0:
+        return [f"FAILED (exit code {code}): {entry['where']}"] + ["    | " + l for l in output.splitlines()[-15:]]
+    return [f"ok ({took:.1f} s): {entry['where']}"]
+
+threads = []
+for doc in docs:
+    folder = folders[doc] = os.path.join(work, os.path.basename(doc))
     os.makedirs(folder)
     os.symlink(os.path.join(src, "experiments"), os.path.join(folder, "experiments"))
-    out = report[doc]
-    for entry in plan[doc]:
+    for index, entry in enumerate(plan[doc]):
         if "print" in entry:
-            out.append(entry["print"])
-            with lock:
-                counts["skipped"] += 1
-            continue
-        if "same" in entry:
-            original = entry["same"]
-            original["done"].wait()
-            if not original.get("ok"):
-                out.append(f"not run (it failed in {original['doc']}): {entry['where']}")
-                continue
-            for path in written(entry["words"], entry["redirect"]):
-                source, target = os.path.join(original["folder"], path), os.path.join(folder, path)
-                if os.path.exists(source) and not os.path.exists(target):
-                    os.makedirs(os.path.dirname(target) or folder, exist_ok=True)
-                    (shutil.copytree if os.path.isdir(source) else shutil.copy2)(source, target)
-            out.append(f"ran already ({original['doc']}): {entry['where']}")
-            continue
-        words, redirect = entry["run"], entry["redirect"]
-        # Files the command writes (--json, --plot, -o) go where it says, below the scratch folder.
-        for flag in ("--json", "--plot", "-o", "--out"):
-            if flag in words and words.index(flag) + 1 < len(words):
-                parent = os.path.dirname(words[words.index(flag) + 1])
-                if parent and not os.path.isabs(parent):
-                    os.makedirs(os.path.join(folder, parent), exist_ok=True)
-        run = " ".join([shlex.quote(programs[words[0]])] + [shlex.quote(w) for w in words[1:]]) + redirect
-        code, output = "not run", ""
-        with slots:
-            started = time.monotonic()
-            try:
-                result = subprocess.run(["bash", "-c", run], cwd=folder, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, timeout=300)
-                code, output = result.returncode, result.stdout
-            except subprocess.TimeoutExpired as e:
-                code, output = "timeout after 300 s", (e.stdout or b"").decode(errors="replace")
-            except OSError as e:
-                code, output = f"not started ({e})", ""
-            finally:
-                took = time.monotonic() - started
-                # Whatever happened, a later copy of this command stops waiting.
-                entry["folder"], entry["ok"] = folder, code == 0
-                entry["done"].set()
-        with lock:
-            counts["ran"] += 1
-            counts["failed"] += code != 0
-        if code != 0:
-            out.append(f"FAILED (exit code {code}): {entry['where']}")
-            out.extend("    | " + l for l in output.splitlines()[-15:])
+            counts["skipped"] += 1
         else:
-            out.append(f"ok ({took:.1f} s): {entry['where']}")
-
+            threads.append(threading.Thread(target=run_entry, args=(doc, index)))
 started_all = time.monotonic()
-threads = [threading.Thread(target=run_document, args=(doc,)) for doc in docs]
 for t in threads:
     t.start()
 for t in threads:
     t.join()
 for doc in docs:
-    print("\n".join(report[doc]))
+    for entry in plan[doc]:
+        print(entry["print"] if "print" in entry else "\n".join(entry.get("lines", [f"not run: {entry['where']}"])))
 print(f"docs commands: {counts['ran']} run, {counts['failed']} failed, {counts['skipped']} skipped, "
       f"in {time.monotonic() - started_all:.0f} s")
 sys.exit(1 if counts["failed"] else 0)

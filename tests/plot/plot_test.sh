@@ -54,114 +54,179 @@ quiet train-step "$ddp_bench" train-step --world-sizes 1,2 --steps 2 --warmup 1 
 quiet strategies "$ddp_bench" strategies --widths 32,64,10 --steps 2 --warmup 1 --json strategies.json
 echo "inputs ready after $((SECONDS - start)) s"
 
-# Pictures: each command must succeed, quietly, and `auto` must draw the same.
-draw() {  # draw NAME ARGS...: ddp-plot ARGS -o NAME.png
-  local name=$1 rc=0
-  shift
-  "$plot" "$@" -o "$name.png" >"$name.out" 2>"$name.err" || rc=$?
-  [ "$rc" -eq 0 ] || fail "ddp-plot $* exited with $rc: $(cat "$name.err")"
-  [ ! -s "$name.out" ] && [ ! -s "$name.err" ] || fail "ddp-plot $* printed: $(cat "$name.out" "$name.err")"
-}
-draw curves curves runs/wine1 runs/wine2
-draw curves_loss curves runs/wine1 --metric loss --no-steps
-draw curves_gpt curves runs/gpt
-draw curves_gpt_accuracy curves runs/gpt --metric accuracy
-draw collectives collectives collectives.json
-draw train_step train-step train-step.json
-draw strategies strategies strategies.json
-draw auto_curves auto runs/wine1 runs/wine2
-draw auto_collectives auto collectives.json
-draw auto_train_step auto train-step.json
-draw auto_strategies auto strategies.json
-# ddp-bench wine and lm records, as those commands write them (their runs
-# take minutes with the PyTorch references: the keys are what matters).
+# Pictures and errors: ddp-plot's main() called in one Python process, each
+# call with its own stdout and stderr, so matplotlib is imported once rather
+# than forty times. The command line itself (the script, its exit status
+# and streams) is checked after this, on a picture, an error and --help.
 cat > wine.json <<'JSON'
 [{"impl": "ddp", "seconds": 0.0171, "total_seconds": 0.41, "final_train_loss": 0.0118, "test_loss": 0.0428,
   "test_accuracy": 0.9722},
  {"impl": "torch", "seconds": 0.0868, "total_seconds": 1.93, "final_train_loss": 0.0118, "test_loss": 0.0429,
   "test_accuracy": 0.9722}]
 JSON
+# ddp-bench wine and lm records, as those commands write them (their runs
+# take minutes with the PyTorch references: the keys are what matters).
 cat > lm.json <<'JSON'
 [{"impl": "ddp", "seed": 0, "world_size": 2, "steps": 8, "val_loss": 2.31, "seconds": 31.5},
  {"impl": "torch", "seed": 0, "world_size": 2, "steps": 8, "val_loss": 2.33, "seconds": 44.2},
  {"impl": "ddp", "seed": 1, "world_size": 2, "steps": 8, "val_loss": 2.29, "seconds": 30.9},
  {"impl": "torch", "seed": 1, "world_size": 2, "steps": 8, "val_loss": 2.30, "seconds": 43.8}]
 JSON
-draw trace trace runs/wine2/trace.json
-draw auto_trace auto runs/wine2/trace.json
-draw wine wine wine.json
-draw lm lm lm.json
-draw auto_wine auto wine.json
-draw auto_lm auto lm.json
-for kind in curves collectives train_step strategies wine lm trace; do
-  cmp -s "$kind.png" "auto_$kind.png" || fail "auto drew another picture than $kind"
-done
-# ddp-bench --plot draws what ddp-plot draws from the same records.
-cmp -s bench_collectives.png collectives.png || fail "collectives --plot drew another picture than ddp-plot"
-cmp -s bench_train_step.png train_step.png || fail "train-step --plot drew another picture than ddp-plot"
-cmp -s curves_gpt.png curves_gpt_accuracy.png && fail "--metric accuracy drew the perplexity panel"
-
-# Every PNG: the signature, loads with matplotlib, not blank.
-"$python" - ./*.png <<'PY'
-import sys
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.image
-import numpy as np
-
-for path in sys.argv[1:]:
-    with open(path, "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n", f"{path}: not a PNG signature"
-    image = matplotlib.image.imread(path)
-    assert image.ndim == 3 and image.shape[0] >= 300 and image.shape[1] >= 400, f"{path}: shape {image.shape}"
-    pixels = image[:, :, :3].reshape(-1, 3)
-    assert float(pixels.std()) > 0, f"{path}: one colour only"
-    colours, counts = np.unique(pixels, axis=0, return_counts=True)
-    drawn = len(pixels) - int(counts.max())  # pixels not of the background colour
-    assert len(colours) > 10 and drawn >= 2000, f"{path}: nearly blank ({len(colours)} colours, {drawn} drawn)"
-    print(f"{path}: {image.shape[1]}x{image.shape[0]}, {len(colours)} colours, {drawn} drawn pixels")
-PY
-
-# Errors: exit status 2, one line "ddp-plot: ..." on stderr, nothing else.
-expect_error() {  # expect_error WHAT ARGS...: ddp-plot ARGS -o ${OUT:-err.png} must fail
-  local what=$1 out=${OUT:-err.png} rc=0
-  shift
-  rm -f err.png
-  "$plot" "$@" -o "$out" >err.out 2>err.err || rc=$?
-  [ "$rc" -eq 2 ] || fail "$what: exit status $rc, expected 2 (stderr: $(cat err.err))"
-  [ "$(wc -l <err.err)" -eq 1 ] || fail "$what: stderr is not one line: $(cat err.err)"
-  grep -q '^ddp-plot: ' err.err || fail "$what: stderr does not start with 'ddp-plot: ': $(cat err.err)"
-  [ ! -s err.out ] || fail "$what: wrote to stdout: $(cat err.out)"
-  [ ! -e err.png ] || fail "$what: wrote err.png"
-  echo "$what: $(cat err.err)"
-}
 mkdir -p empty_run not_a_run
 : >empty_run/metrics.jsonl
 echo '{"op": ' >malformed.json
 echo '[{"impl": "ddp", "seconds": 1.5}]' >unknown.json
 echo '[]' >empty.json
-expect_error "missing json" collectives missing.json
-grep -q 'missing.json' err.err || fail "the missing file is not named: $(cat err.err)"
-expect_error "missing json (auto)" auto missing.json
-expect_error "missing run folder" curves missing_run
-expect_error "malformed json" auto malformed.json
-grep -q 'malformed.json:' err.err || fail "the malformed file is not named: $(cat err.err)"
-expect_error "unknown kind" auto unknown.json
-expect_error "empty records" train-step empty.json
-expect_error "no metrics.jsonl" curves not_a_run
-expect_error "no epochs" curves empty_run
-expect_error "wrong kind" strategies collectives.json
 echo '{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0}]}' > empty_trace.json
-expect_error "a trace without spans" trace empty_trace.json
-expect_error "not a trace" trace collectives.json
-expect_error "absent metric" curves runs/wine1 --metric perplexity
-expect_error "bad usage" curves
-OUT=no/such/folder/x.png expect_error "unwritable output" collectives collectives.json
+"$python" - "$plot" <<'PY'
+import contextlib, glob, importlib.machinery, importlib.util, io, os, sys
+
+loader = importlib.machinery.SourceFileLoader("ddp_plot", sys.argv[1])
+ddp_plot = importlib.util.module_from_spec(importlib.util.spec_from_loader("ddp_plot", loader))
+loader.exec_module(ddp_plot)
+
+
+def fail(message):
+    sys.stderr.write(f"FAILED: {message}\n")
+    sys.exit(1)
+
+
+def call(argv):
+    """ddp-plot ARGV: (exit status, stdout, stderr), as the command line would give them."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = ddp_plot.main(argv)
+        except SystemExit as e:
+            status = e.code
+    return status or 0, out.getvalue(), err.getvalue()
+
+
+def draw(name, *args):  # each must succeed, quietly
+    status, out, err = call(list(args) + ["-o", f"{name}.png"])
+    if status != 0:
+        fail(f"ddp-plot {' '.join(args)} exited with {status}: {err}")
+    if out or err:
+        fail(f"ddp-plot {' '.join(args)} printed: {out}{err}")
+
+
+draw("curves", "curves", "runs/wine1", "runs/wine2")
+draw("curves_loss", "curves", "runs/wine1", "--metric", "loss", "--no-steps")
+draw("curves_gpt", "curves", "runs/gpt")
+draw("curves_gpt_accuracy", "curves", "runs/gpt", "--metric", "accuracy")
+draw("collectives", "collectives", "collectives.json")
+draw("train_step", "train-step", "train-step.json")
+draw("strategies", "strategies", "strategies.json")
+draw("trace", "trace", "runs/wine2/trace.json")
+draw("wine", "wine", "wine.json")
+draw("lm", "lm", "lm.json")
+draw("auto_curves", "auto", "runs/wine1", "runs/wine2")
+draw("auto_collectives", "auto", "collectives.json")
+draw("auto_train_step", "auto", "train-step.json")
+draw("auto_strategies", "auto", "strategies.json")
+draw("auto_trace", "auto", "runs/wine2/trace.json")
+draw("auto_wine", "auto", "wine.json")
+draw("auto_lm", "auto", "lm.json")
+
+
+def same(a, b):
+    with open(a, "rb") as f, open(b, "rb") as g:
+        return f.read() == g.read()
+
+
+# auto must pick the same picture, byte for byte.
+for kind in ("curves", "collectives", "train_step", "strategies", "wine", "lm", "trace"):
+    if not same(f"{kind}.png", f"auto_{kind}.png"):
+        fail(f"auto drew another picture than {kind}")
+# ddp-bench --plot draws what ddp-plot draws from the same records.
+if not same("bench_collectives.png", "collectives.png"):
+    fail("collectives --plot drew another picture than ddp-plot")
+if not same("bench_train_step.png", "train_step.png"):
+    fail("train-step --plot drew another picture than ddp-plot")
+if same("curves_gpt.png", "curves_gpt_accuracy.png"):
+    fail("--metric accuracy drew the perplexity panel")
+
+# Every PNG: the signature, loads with matplotlib, not blank.
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.image
+import numpy as np
+
+for path in sorted(glob.glob("*.png")):
+    with open(path, "rb") as f:
+        if f.read(8) != b"\x89PNG\r\n\x1a\n":
+            fail(f"{path}: not a PNG signature")
+    image = matplotlib.image.imread(path)
+    if not (image.ndim == 3 and image.shape[0] >= 300 and image.shape[1] >= 400):
+        fail(f"{path}: shape {image.shape}")
+    pixels = image[:, :, :3].reshape(-1, 3)
+    colours, counts = np.unique(pixels, axis=0, return_counts=True)
+    drawn = len(pixels) - int(counts.max())  # pixels not of the background colour
+    if not (float(pixels.std()) > 0 and len(colours) > 10 and drawn >= 2000):
+        fail(f"{path}: nearly blank ({len(colours)} colours, {drawn} drawn)")
+    print(f"{path}: {image.shape[1]}x{image.shape[0]}, {len(colours)} colours, {drawn} drawn pixels")
+
+
+def expect_error(what, *args, out="err.png", names=None):
+    """Exit status 2, one line "ddp-plot: ..." on stderr, nothing on stdout, no file."""
+    if os.path.exists("err.png"):
+        os.remove("err.png")
+    status, stdout, stderr = call(list(args) + ["-o", out])
+    if status != 2:
+        fail(f"{what}: exit status {status}, expected 2 (stderr: {stderr})")
+    if stderr.count("\n") != 1 or not stderr.endswith("\n"):
+        fail(f"{what}: stderr is not one line: {stderr}")
+    if not stderr.startswith("ddp-plot: "):
+        fail(f"{what}: stderr does not start with 'ddp-plot: ': {stderr}")
+    if stdout:
+        fail(f"{what}: wrote to stdout: {stdout}")
+    if os.path.exists("err.png"):
+        fail(f"{what}: wrote err.png")
+    if names and names not in stderr:
+        fail(f"{what}: {names} is not named: {stderr}")
+    print(f"{what}: {stderr.strip()}")
+
+
+expect_error("missing json", "collectives", "missing.json", names="missing.json")
+expect_error("missing json (auto)", "auto", "missing.json")
+expect_error("missing run folder", "curves", "missing_run")
+expect_error("malformed json", "auto", "malformed.json", names="malformed.json:")
+expect_error("unknown kind", "auto", "unknown.json")
+expect_error("empty records", "train-step", "empty.json")
+expect_error("no metrics.jsonl", "curves", "not_a_run")
+expect_error("no epochs", "curves", "empty_run")
+expect_error("wrong kind", "strategies", "collectives.json")
+expect_error("a trace without spans", "trace", "empty_trace.json")
+expect_error("not a trace", "trace", "collectives.json")
+expect_error("absent metric", "curves", "runs/wine1", "--metric", "perplexity")
+expect_error("bad usage", "curves")
+expect_error("unwritable output", "collectives", "collectives.json", out="no/such/folder/x.png")
 
 # --help: every command explained.
-"$plot" --help >help.txt
-for command in curves collectives train-step strategies wine lm trace auto; do
-  grep -q "^ *$command" help.txt || fail "--help does not list $command"
-done
-"$plot" curves --help | grep -q -- "--metric" || fail "ddp-plot curves --help does not explain --metric"
+status, text, _ = call(["--help"])
+for command in ("curves", "collectives", "train-step", "strategies", "wine", "lm", "trace", "auto"):
+    if not any(line.lstrip().startswith(command) for line in text.splitlines()):
+        fail(f"--help does not list {command}")
+status, text, _ = call(["curves", "--help"])
+if "--metric" not in text:
+    fail("ddp-plot curves --help does not explain --metric")
+PY
+
+# The command line: a picture, the same as main() drew; an error's exit
+# status and single stderr line; bad usage; --help.
+rc=0
+"$plot" curves runs/wine1 runs/wine2 -o cli_curves.png >cli.out 2>cli.err || rc=$?
+[ "$rc" -eq 0 ] || fail "ddp-plot curves exited with $rc: $(cat cli.err)"
+[ ! -s cli.out ] && [ ! -s cli.err ] || fail "ddp-plot curves printed: $(cat cli.out cli.err)"
+cmp -s cli_curves.png curves.png || fail "the command line drew another picture than main()"
+rc=0
+"$plot" auto malformed.json -o err.png >cli.out 2>cli.err || rc=$?
+[ "$rc" -eq 2 ] || fail "ddp-plot auto malformed.json: exit status $rc, expected 2"
+[ "$(wc -l <cli.err)" -eq 1 ] && grep -q '^ddp-plot: malformed.json:' cli.err ||
+  fail "ddp-plot auto malformed.json: stderr: $(cat cli.err)"
+[ ! -s cli.out ] && [ ! -e err.png ] || fail "ddp-plot auto malformed.json wrote something"
+rc=0
+"$plot" curves >cli.out 2>cli.err || rc=$?
+[ "$rc" -eq 2 ] && [ "$(wc -l <cli.err)" -eq 1 ] || fail "ddp-plot curves (bad usage): exit $rc, stderr: $(cat cli.err)"
+"$plot" --help | grep -q "^ *curves" || fail "ddp-plot --help does not list curves"
 echo "PASSED in $((SECONDS - start)) s"
