@@ -54,6 +54,7 @@ struct Options {
   bool record = false;
   double minTolerance = 0.05;
   std::string jsonPath;
+  bool noReference = false;
 };
 
 // The ratios of one train-step run, by name; a ratio whose records are
@@ -83,8 +84,9 @@ json runTrainStep(const Options& o, const std::string& model, const std::string&
   const std::string out = fmt::format("{}/{}.r{}.json", dir, model, round);
   const std::string log = fmt::format("{}/{}.r{}.log", dir, model, round);
   const std::string command =
-      fmt::format("{} train-step --model {} --world-sizes 1,2 --steps {} --warmup {} --repeats {} --json {} > {} 2>&1",
-                  shellQuote(selfExecutable()), model, o.steps, o.warmup, o.repeats, shellQuote(out), shellQuote(log));
+      fmt::format("{} train-step --model {} --world-sizes 1,2 --steps {} --warmup {} --repeats {}{} --json {} > {} 2>&1",
+                  shellQuote(selfExecutable()), model, o.steps, o.warmup, o.repeats,
+                  o.noReference ? " --no-reference" : "", shellQuote(out), shellQuote(log));
   const int status = std::system(command.c_str());
   if (status != 0) {
     std::ifstream in(log);
@@ -149,7 +151,12 @@ void runRegress(const Options& o) {
     std::cout << fmt::format("# baseline: {} ({}, commit {})\n", o.baselinePath, baseline.value("recorded", "?"),
                              baseline.value("commit", "?"));
   }
-  if (auto why = pythonTorchUnavailable()) {
+  if (o.record && o.noReference) {
+    throw BenchError("--record needs PyTorch's side. HINT: drop --no-reference");
+  }
+  if (o.noReference) {
+    std::cout << "# --no-reference: only independent w2/w1 is checked\n";
+  } else if (auto why = pythonTorchUnavailable()) {
     std::cout << "# no PyTorch reference (" << *why << "): only independent w2/w1 is checked\n";
   }
 
@@ -269,6 +276,8 @@ void registerRegressCommand(CLI::App& app) {
   cmd->add_option("--min-tolerance", options->minTolerance, "The least relative change reported")
       ->capture_default_str();
   cmd->add_option("--json", options->jsonPath, "Also write the comparison (or the recorded baseline) here");
+  cmd->add_flag("--no-reference", options->noReference,
+                "Skip PyTorch's side: only our independent w2/w1 ratio is checked (a quick look)");
   cmd->callback([options] {
     try {
       runRegress(*options);

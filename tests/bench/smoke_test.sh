@@ -136,6 +136,24 @@ for path, model in zip(sys.argv[1:3], ["cnn", "gpt"]):
     print(f"train-step --model {model}:", sorted(r["impl"] for r in records))
 PY
 
+# regress with PyTorch's side (docs.commands runs README's line with
+# --no-reference): the mlp at one step, every ratio compared against the
+# recorded baseline; at this size the ratios are noise, so none is called
+# slower.
+run regress regress --models mlp --steps 1 --warmup 0 --repeats 1 --min-tolerance 1000 --json "$out/regress.json"
+torch=torch  # regress says when it found no PyTorch to run
+grep -q "^# no PyTorch reference" "$out/regress.log" && torch=none
+python3 - "$out/regress.json" "$torch" <<'PY'
+import json, sys
+results = json.load(open(sys.argv[1]))
+names = {r["ratio"] for r in results}
+want = {"independent w2/w1"} | ({"ddp/torch-ddp w1", "ddp/torch-ddp w2"} if sys.argv[2] == "torch" else set())
+assert names == want, (names, want)
+for r in results:
+    assert r["model"] == "mlp" and r["now"] > 0 and r["baseline"] > 0 and r["verdict"] == "ok", r
+print("regress:", sorted(names))
+PY
+
 # --set changes the model's experiment: a 1-layer gpt has fewer parameters.
 run train-step-gpt1 train-step --model gpt --set model.n_layer=1 --world-sizes 1 --steps 1 --warmup 0 --repeats 1 \
   --no-reference --json "$out/gpt1.json"

@@ -194,11 +194,12 @@ for doc in docs:
             entries.append({"same": first[key], "where": where, "words": words, "redirect": redirect,
                             "paths": paths(words, redirect), "done": threading.Event()})
             continue
-        # PyTorch's side of train-step and strategies: seconds of Python a
-        # line, run by ctest's bench.smoke.* (tests/bench/smoke_test.sh, for
-        # the mlp, the cnn and the gpt); here the lines add --no-reference.
-        if words[0] == "build/benchmarks/ddp-bench" and len(words) > 1 and words[1] in ("train-step", "strategies"):
-            if "--no-reference" not in words and "--plan" not in words and "--sweep" not in words:
+        # PyTorch's side of train-step, strategies and regress: seconds of
+        # Python a line, run by ctest's bench.smoke.* (tests/bench/smoke_test.sh,
+        # for the mlp, the cnn and the gpt, and regress on the mlp); here the
+        # lines add --no-reference.
+        if words[0] == "build/benchmarks/ddp-bench" and len(words) > 1 and words[1] in ("train-step", "strategies", "regress"):
+            if "--no-reference" not in words and "--plan" not in words and "--sweep" not in words and "--record" not in words:
                 words = words + ["--no-reference"]
                 where += "  [--no-reference: bench.smoke.* runs PyTorch's side]"
         entry = {"run": words, "redirect": redirect, "where": where, "doc": name, "done": threading.Event(),
