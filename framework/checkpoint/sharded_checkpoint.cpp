@@ -9,7 +9,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +28,25 @@ namespace {
 
 constexpr const char* kFormat = "ddp-sharded";
 constexpr int kVersion = 1;
+
+// For the crash tests: DDP_FAULT_SAVE=RANK:N:STAGE kills this process with
+// SIGKILL at STAGE of its Nth sharded save, as a power cut or the OOM killer
+// would. STAGE "shard": once this rank's shard file is synced and renamed;
+// "index": once rank 0's index.json.tmp is synced, before its rename.
+void crashPoint(const char* stage, int rank) {
+  static const char* spec = std::getenv("DDP_FAULT_SAVE");
+  if (spec == nullptr) return;
+  static std::atomic<int> shardSaves{0}, indexSaves{0};
+  const bool index = std::string(stage) == "index";
+  const int nth = (index ? indexSaves : shardSaves).fetch_add(1) + 1;
+  int faultRank = -1, faultSave = -1;
+  char faultStage[16] = "";
+  if (std::sscanf(spec, "%d:%d:%15s", &faultRank, &faultSave, faultStage) != 3) return;
+  if (faultRank == rank && faultSave == nth && std::string(faultStage) == stage) {
+    std::fprintf(stderr, "DDP_FAULT_SAVE: rank %d killed at the %s stage of save %d\n", rank, stage, nth);
+    std::raise(SIGKILL);
+  }
+}
 
 void syncPath(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -110,6 +132,7 @@ void writeShardFile(const std::string& dir, int rank, const std::string& saveId,
   }
   // writeSafetensors writes PATH.tmp, syncs it and renames it.
   writeSafetensors(dir + "/" + shardFileName(rank), tensors, {{"ddp.save", saveId}, {"ddp.slices", described.dump()}});
+  crashPoint("shard", rank);
 }
 
 int64_t writeShardIndex(const std::string& dir, int files, const std::string& saveId, const nlohmann::json& meta) {
@@ -187,6 +210,7 @@ int64_t writeShardIndex(const std::string& dir, int files, const std::string& sa
       fail<std::runtime_error>("checkpoint: cannot write {}: {}", tmp, errnoText(err));
     }
   }
+  crashPoint("index", 0);  // rank 0 writes the index
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     fail<std::runtime_error>("checkpoint: cannot rename {} to {}: {}", tmp, path, errnoText(errno));
   }

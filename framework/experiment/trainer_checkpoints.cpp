@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -200,8 +201,23 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
     // writer's thread; a failure there fails the job at a later step.
     if (!failure.empty()) fail<std::runtime_error>("{}", failure.substr(0, failure.find('\n')));
     HeldState held = s.strategy ? s.strategy->heldState() : wholeHeldState(*s.model, *s.releasedOptimizer, 1, 0);
-    std::vector<StateSlice> slices = savedSlices(held, s.strategy ? s.strategy->optimizer() : *s.releasedOptimizer);
-    for (StateSlice& slice : slices) slice.data = slice.data.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    std::vector<StateSlice> slices =
+        savedSlices(held, s.strategy ? s.strategy->optimizer() : *s.releasedOptimizer, SliceData::Views);
+    // One copy, into the buffers of the previous background save where the
+    // shapes match (writeCheckpoint waited for that save: they are free).
+    const bool reuse = s.asyncStaging.size() == slices.size() &&
+                       std::equal(slices.begin(), slices.end(), s.asyncStaging.begin(),
+                                  [](const StateSlice& a, const at::Tensor& b) {
+                                    return a.data.sizes() == b.sizes() && a.data.scalar_type() == b.scalar_type();
+                                  });
+    if (!reuse) s.asyncStaging.clear();
+    for (size_t i = 0; i < slices.size(); ++i) {
+      if (!reuse) {
+        s.asyncStaging.push_back(at::empty(slices[i].data.sizes(), slices[i].data.options().device(at::kCPU)));
+      }
+      s.asyncStaging[i].copy_(slices[i].data);
+      slices[i].data = s.asyncStaging[i];
+    }
     if (writer) {
       at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
       slices.push_back({"trainer/rng", {rng.numel()}, 0, rng.reshape({-1}).clone(), ""});
@@ -215,8 +231,9 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
   if (failure.empty()) {
     try {
       HeldState held = s.strategy ? s.strategy->heldState() : wholeHeldState(*s.model, *s.releasedOptimizer, 1, 0);
+      // Training waits for this write: the live tensors are written as they are.
       std::vector<StateSlice> slices =
-          savedSlices(held, s.strategy ? s.strategy->optimizer() : *s.releasedOptimizer);
+          savedSlices(held, s.strategy ? s.strategy->optimizer() : *s.releasedOptimizer, SliceData::Views);
       if (writer) {
         at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
         slices.push_back({"trainer/rng", {rng.numel()}, 0, rng.reshape({-1}).clone(), ""});

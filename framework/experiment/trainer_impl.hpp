@@ -71,6 +71,9 @@ struct Trainer::Impl {
   bool partialEpoch = false;            // the signal stopped an epoch before its end
   int64_t lastSaved = -1;               // epoch of the last checkpoint written
   std::unique_ptr<AsyncShardWriter> asyncWriter;  // training.async_checkpoint: the save in the background
+  // Host copies of the last background save, reused by the next once it is
+  // written: first-touch page faults of hundreds of MB cost more than the copy.
+  std::vector<at::Tensor> asyncStaging;
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;
   std::vector<TrainerCallback*> stepCallbacks;  // those that want onStepEnd
   Precision precision = Precision::Fp32;        // training.precision

@@ -22,8 +22,6 @@ at::Tensor flatView(const at::Tensor& t, const std::string& name) {
   return t.detach().view({-1});
 }
 
-at::Tensor cpuCopy(const at::Tensor& t) { return t.detach().to(at::kCPU).clone(); }
-
 // Each tensor of the optimizer's param groups, in order, with the held
 // range it stands for (HeldState::optimizer lists them in the same order).
 std::vector<std::pair<at::Tensor, const HeldTensor*>> optimizerTensors(const HeldState& held,
@@ -75,16 +73,19 @@ HeldState wholeHeldState(torch::nn::Module& model, torch::optim::Optimizer& opti
   return held;
 }
 
-std::vector<StateSlice> savedSlices(const HeldState& held, torch::optim::Optimizer& optimizer) {
+std::vector<StateSlice> savedSlices(const HeldState& held, torch::optim::Optimizer& optimizer, SliceData data) {
   at::NoGradGuard noGrad;
   std::vector<StateSlice> out;
+  const auto hostData = [data](const at::Tensor& t) {
+    return data == SliceData::Views ? t.detach().to(at::kCPU) : t.detach().to(at::kCPU).clone();
+  };
   // This rank's part of a held range (or of a state tensor of its extent).
   const auto addRange = [&](const std::string& name, const HeldTensor& h, const at::Tensor& flat) {
     const auto [begin, end] = replicaPart(flat.numel(), h.replicas, h.replica);
     if (end > begin) {
-      out.push_back({name, h.shape, h.offset + begin, cpuCopy(flat.narrow(0, begin, end - begin)), ""});
+      out.push_back({name, h.shape, h.offset + begin, hostData(flat.narrow(0, begin, end - begin)), ""});
     } else if (flat.numel() == 0 && h.offset == 0 && h.replica == 0) {
-      out.push_back({name, h.shape, 0, cpuCopy(flat), ""});  // an empty tensor is still named
+      out.push_back({name, h.shape, 0, hostData(flat), ""});  // an empty tensor is still named
     }
   };
   for (const HeldTensor& h : held.model) addRange("model/" + h.name, h, h.data);
@@ -101,7 +102,7 @@ std::vector<StateSlice> savedSlices(const HeldState& held, torch::optim::Optimiz
         if (t.numel() == h->data.numel() && t.numel() > 0) {
           addRange(name, *h, t.contiguous().view({-1}));
         } else if (writesWholeValues) {
-          out.push_back({name, t.sizes().vec(), 0, cpuCopy(t.contiguous().view({-1})), ""});
+          out.push_back({name, t.sizes().vec(), 0, hostData(t.contiguous().view({-1})), ""});
         }
       } else if (writesWholeValues && value.isInt()) {
         out.push_back({name, {}, 0, at::tensor({value.toInt()}, at::kLong), "int"});
