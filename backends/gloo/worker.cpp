@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <future>
 #include <limits>
 #include <optional>
@@ -78,10 +79,14 @@ ProcessGroupGloo::Impl::~Impl() {
   // delaying this rank's error by as much again. So a broken rank sets its
   // closing key from a thread of its own (holding the store), waited for at
   // most 1 s: healthy peers still learn it, a hung server delays nobody.
-  bool broken = false;
+  // A group destroyed while an exception unwinds (the rank failed outside
+  // a collective: a checkpoint it could not write) counts as broken too: its
+  // peers wait inside a collective that this rank will never join, and
+  // would never set their keys; its launcher stops them once it has ended.
+  bool broken = std::uncaught_exceptions() > 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    broken = broken_ != nullptr;
+    broken = broken || broken_ != nullptr;
   }
   if (started && size > 1 && broken) {
     try {
