@@ -266,9 +266,32 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
   return result.signal != 0 ? 128 + result.signal : 0;
 }
 
+int runMain(int argc, char** argv);
+
+// A rank started by this node's launcher as a copy of it (no exec:
+// launcher.hpp's workerEntry). What main() would have found had the rank
+// been loaded afresh: the rank's own thread count (OMP_NUM_THREADS, read by
+// OpenMP when the launcher was loaded) and no run folder reserved.
+int rankInLaunchersCopy(const std::vector<std::string>& argv) {
+  gReservedRunDir.clear();
+  if (const char* threads = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(threads);
+    if (n > 0) ddp::setComputeThreads(n);
+  }
+  std::vector<std::string> copy = argv;
+  std::vector<char*> pointers;
+  for (auto& a : copy) pointers.push_back(a.data());
+  pointers.push_back(nullptr);
+  return runMain(static_cast<int>(copy.size()), pointers.data());
+}
+
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) { return runMain(argc, argv); }
+
+namespace {
+
+int runMain(int argc, char** argv) {
   // A mistake in the environment, like one on the command line: one line,
   // exit code 2, before anything starts.
   try {
@@ -542,6 +565,7 @@ int main(int argc, char** argv) {
         lo.killGrace = std::chrono::milliseconds(static_cast<int64_t>(args.killGrace * 1000));
         lo.workerArgv = {"/proc/self/exe"};
         for (int i = 1; i < argc; ++i) lo.workerArgv.push_back(argv[i]);
+        lo.workerEntry = rankInLaunchersCopy;
         return ddp::launchLocalRanks(lo);
       }
       return runDemo(env.value_or(ddp::RankEnv{}), args.demoBackend);
@@ -632,6 +656,7 @@ int main(int argc, char** argv) {
     lo.workerArgv.insert(lo.workerArgv.end(), {"--set", fmt::format("distributed.nproc_per_node={}", nproc), "--set",
                                                fmt::format("distributed.nnodes={}", args.nnodes)});
     if (args.resume) lo.workerArgv.push_back("--resume");
+    lo.workerEntry = rankInLaunchersCopy;
     return ddp::launchLocalRanks(lo);
   } catch (const ddp::UsageError& e) {
     std::cerr << e.what() << std::endl;
@@ -658,3 +683,5 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace

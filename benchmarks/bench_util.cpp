@@ -267,6 +267,12 @@ std::string benchHostAddr() {
   return v && *v ? v : "127.0.0.1";
 }
 
+namespace {
+std::function<int(const std::vector<std::string>&)> gWorkerEntry;
+}  // namespace
+
+void setWorkerEntry(std::function<int(const std::vector<std::string>& argv)> entry) { gWorkerEntry = std::move(entry); }
+
 void launchRanks(int worldSize, const std::function<std::vector<std::string>(int rank)>& argumentsForRank,
                  std::chrono::seconds timeLimit, const std::string& errorDir, const std::string& tag,
                  const SimCluster* cluster, HostLayout layout) {
@@ -297,6 +303,8 @@ void launchRanks(int worldSize, const std::function<std::vector<std::string>(int
         env["DDP_BENCH_MASTER_ADDR"] = cluster->address(0);
         env["DDP_BENCH_HOST_ADDR"] = cluster->address(host);
         options.environment = std::move(env);
+      } else {
+        options.inProcessEntry = gWorkerEntry;
       }
       // A worker must not outlive the launcher (e.g. when it is killed), or
       // it would hold the cores and ports of the next run.

@@ -99,6 +99,13 @@ std::string workerErrorPath(const std::string& dir, const std::string& tag, int 
 // and the environment, and also die if this process dies.
 // With a `cluster`, rank r runs inside host layout.hostOf(r) of it, and
 // finds its peers through benchMasterAddr() and benchHostAddr().
+// The function a worker runs in a copy of this process instead of exec'ing
+// it again (spawn.hpp's inProcessEntry: when this process is
+// single-threaded, a worker skips LibTorch's 0.8 s of loading); ddp-bench's
+// main sets it to itself. Unset, or on a simulated cluster (a worker runs
+// behind `ip netns exec`), workers exec.
+void setWorkerEntry(std::function<int(const std::vector<std::string>& argv)> entry);
+
 void launchRanks(int worldSize, const std::function<std::vector<std::string>(int rank)>& argumentsForRank,
                  std::chrono::seconds timeLimit, const std::string& errorDir, const std::string& tag,
                  const SimCluster* cluster = nullptr, HostLayout layout = {});

@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 
 #include <exception>
+#include <string>
+#include <vector>
 #include <csignal>
 #include <iostream>
 
@@ -10,7 +12,29 @@
 #include "benchmarks/commands.hpp"
 #include "framework/core/malloc_tuning.hpp"
 
+namespace {
+
+int benchMain(int argc, char** argv);
+
+// A worker started as a copy of ddp-bench (bench_util.hpp's setWorkerEntry).
+int workerInCopy(const std::vector<std::string>& argv) {
+  std::vector<std::string> copy = argv;
+  std::vector<char*> pointers;
+  for (auto& a : copy) pointers.push_back(a.data());
+  pointers.push_back(nullptr);
+  return benchMain(static_cast<int>(copy.size()), pointers.data());
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  ddp::bench::setWorkerEntry(workerInCopy);
+  return benchMain(argc, argv);
+}
+
+namespace {
+
+int benchMain(int argc, char** argv) {
   // As ddp-run does, so that our side is measured as users run it; the
   // Python references run with glibc's defaults, as PyTorch users do.
   ddp::tuneMallocForTensors();
@@ -42,3 +66,5 @@ int main(int argc, char** argv) {
   }
   return status;
 }
+
+}  // namespace

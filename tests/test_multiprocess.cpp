@@ -19,6 +19,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <iostream>
+#include <map>
+#include <stdexcept>
 #include <thread>
 
 #include "backends/builtin.hpp"
@@ -521,6 +525,96 @@ TEST_CASE("spawned process: runProcess returns its output and how it ended", "[p
   done = runProcess(options);
   CHECK(done.output == "cannot start /nonexistent/ddp-program: No such file or directory\n");
   CHECK(describeExitStatus(done.status) == "exited with code 127");
+}
+
+// inProcessEntry: the child is a copy of this process that runs the entry,
+// left as exec would have left it; with another thread running, it execs.
+TEST_CASE("spawned process: a copy runs the entry with the new environment and without close-on-exec descriptors",
+          "[process][solo]") {
+  int kept[2], dropped[2];
+  REQUIRE(::pipe2(kept, 0) == 0);
+  REQUIRE(::pipe2(dropped, O_CLOEXEC) == 0);
+  SpawnOptions options;
+  options.program = "/proc/self/exe";
+  options.argv = {"ddp_tests", "[.spawn-exec-probe]"};
+  options.environment = EnvMap{{"DDP_SPAWN_TEST", "the child's"}};
+  options.inProcessEntry = [&](const std::vector<std::string>& argv) {
+    std::cout << argv.size() << " " << argv[1] << "\n";
+    const char* mine = std::getenv("DDP_SPAWN_TEST");
+    std::cout << (mine ? mine : "unset") << ", HOME " << (std::getenv("HOME") ? "set" : "unset") << "\n";
+    std::cout << "kept " << (::fcntl(kept[1], F_GETFD) >= 0) << ", dropped " << (::fcntl(dropped[1], F_GETFD) >= 0)
+              << "\n";
+    std::printf("no newline, flushed at the end");
+    return 7;
+  };
+  FinishedProcess done = runProcess(options);
+  CHECK(done.inProcess);
+  CHECK(done.output ==
+        "2 [.spawn-exec-probe]\nthe child's, HOME unset\nkept 1, dropped 0\nno newline, flushed at the end");
+  CHECK(describeExitStatus(done.status) == "exited with code 7");
+
+  // An exception out of the entry: one line, exit code 1.
+  options.inProcessEntry = [](const std::vector<std::string>&) -> int { throw std::runtime_error("boom"); };
+  done = runProcess(options);
+  CHECK(done.inProcess);
+  CHECK(done.output == "/proc/self/exe: boom\n");
+  CHECK(describeExitStatus(done.status) == "exited with code 1");
+
+  // Another thread might hold a lock the copy needs: the child execs.
+  options.inProcessEntry = [](const std::vector<std::string>&) { return 9; };
+  std::promise<void> release;
+  std::thread busy([wait = release.get_future()]() mutable { wait.wait(); });
+  done = runProcess(options);
+  release.set_value();
+  busy.join();
+  CHECK_FALSE(done.inProcess);
+  CHECK(done.output.find("the exec'd probe ran") != std::string::npos);
+  CHECK(describeExitStatus(done.status) == "exited with code 0");
+
+  // DDP_SPAWN=exec asks for exec.
+  ::setenv("DDP_SPAWN", "exec", 1);
+  done = runProcess(options);
+  ::unsetenv("DDP_SPAWN");
+  CHECK_FALSE(done.inProcess);
+  CHECK(describeExitStatus(done.status) == "exited with code 0");
+  for (int fd : {kept[0], kept[1], dropped[0], dropped[1]}) ::close(fd);
+}
+
+TEST_CASE("spawned process: the probe an exec'd copy runs", "[.spawn-exec-probe]") {
+  std::cout << "the exec'd probe ran" << std::endl;
+}
+
+// The same run, ranks started as copies of the launcher and with exec.
+TEST_CASE("ddp-run: ranks started as copies of the launcher train as exec'd ranks do", "[launcher][process][solo]") {
+  if (!std::filesystem::exists(test::ddpRunPath())) {
+    WARN("SKIPPED: no ddp-run program at " << test::ddpRunPath());
+    return;
+  }
+  const test::TempDir dir;
+  const std::string experiment = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
+  std::map<std::string, std::string> logs;
+  for (const std::string mode : {"fork", "exec"}) {
+    const test::ProgramOutcome o = test::runDdpRun(
+        experiment + " --nproc-per-node 2 --set training.epochs=20 --out " + dir.path() + "/" + mode,
+        "DDP_LOG_LEVEL=info DDP_SPAWN=" + mode);
+    INFO(mode << ": " << o.output);
+    REQUIRE(o.exitCode == 0);
+    const std::string how = mode == "fork" ? "a copy of the launcher (no exec)" : "started with exec";
+    CHECK(o.output.find("rank 0 is pid ") != std::string::npos);
+    CHECK(o.output.find("rank 1 is pid ") != std::string::npos);
+    size_t lines = 0;
+    for (size_t at = o.output.find(", " + how); at != std::string::npos; at = o.output.find(", " + how, at + 1)) ++lines;
+    CHECK(lines == 2);
+    std::ifstream in(dir.path() + "/" + mode + "/train.log");
+    std::string line, epochs;
+    while (std::getline(in, line)) {
+      // Every figure but the epoch's seconds.
+      if (line.rfind("epoch ", 0) == 0) epochs += line.substr(0, line.rfind("  ")) + "\n";
+    }
+    logs[mode] = epochs;
+  }
+  CHECK(logs["fork"].find("epoch 20/20") != std::string::npos);
+  CHECK(logs["fork"] == logs["exec"]);
 }
 
 TEST_CASE("spawned process: a long output is read whole", "[process]") {

@@ -29,4 +29,9 @@ int blasThreads() {
   return get ? get() : -1;
 }
 
+void stopBlasThreads() {
+  using Shutdown = int (*)();
+  if (auto shutdown = openblasSymbol<Shutdown>("blas_thread_shutdown_")) shutdown();
+}
+
 }  // namespace ddp

@@ -16,6 +16,11 @@
 //   OpenBLAS's pool to n too. n < 1 is taken as 1.
 // - blasThreads() is OpenBLAS's pool size, or -1 when the process has no
 //   OpenBLAS (another BLAS, or a static one whose symbols are hidden).
+// - stopBlasThreads() ends OpenBLAS's worker threads now, as OpenBLAS's
+//   own fork handler does before every fork(); its next call starts them
+//   again. The launcher calls it so that it is single-threaded when it
+//   starts a rank as a copy of itself (launch/spawn.hpp). Nothing happens
+//   without OpenBLAS.
 // - Process-wide: ddp-run's ranks, ddp-bench's workers and the Trainer
 //   (training.threads) call it wherever they set ATen's count.
 #pragma once
@@ -24,5 +29,6 @@ namespace ddp {
 
 void setComputeThreads(int threads);
 int blasThreads();
+void stopBlasThreads();
 
 }  // namespace ddp

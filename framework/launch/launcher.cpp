@@ -138,6 +138,7 @@ pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::s
   // SIGTERM, not SIGKILL: a rank may end cleanly (a last checkpoint).
   spawn.dieWithParent = true;
   spawn.deathSignal = SIGTERM;
+  spawn.inProcessEntry = o.workerEntry;
   ChildProcess child;
   try {
     child = spawnProcess(spawn);
@@ -146,6 +147,8 @@ pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::s
     throw;
   }
   if (handSocket) ::fcntl(gStoreListenFd, F_SETFD, FD_CLOEXEC);
+  logInfo("ddp-run: rank {} is pid {}, {}", rank, child.pid,
+          child.inProcess ? "a copy of the launcher (no exec)" : "started with exec");
   *outputFd = child.outputFd;
   return child.pid;
 }

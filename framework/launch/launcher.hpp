@@ -40,11 +40,17 @@
 //   are removed.
 // - Everything it writes to stdout is flushed line by line, so a redirected
 //   output keeps what the ranks printed even if the launcher is killed.
+// - workerEntry (optional): the function a rank's copy of this process
+//   runs instead of exec'ing workerArgv[0] again (spawn.hpp's
+//   inProcessEntry), when the launcher is single-threaded at the time (an
+//   elastic launcher serves the store on a thread, so its ranks exec).
+//   Either way the rank gets the same argv and environment.
 // - More local ranks than cores: a note (testing a world size on a small
 //   machine is legitimate), not an error.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +68,7 @@ struct LaunchOptions {
   int minRanks = 0;
   std::string backend = "gloo";  // only for the printed mapping
   std::vector<std::string> workerArgv;
+  std::function<int(const std::vector<std::string>&)> workerEntry;
   std::chrono::milliseconds killGrace{3000};  // --kill-grace
   int lastLinesKept = 20;
   // --log-dir: every rank's output also goes to DIR/rank_<global rank>.log

@@ -24,6 +24,21 @@
 //   with the parent's ignored signals and signal mask otherwise.
 // - A child that cannot exec prints "cannot start <path>: <reason>" to its
 //   stderr and exits 127. fork() or pipe() failures throw std::runtime_error.
+// - inProcessEntry (optional) saves the child from loading the program
+//   again: when it is set, `program` is this very executable and this
+//   process runs a single thread, the child does not exec. It does what
+//   exec would have done (the environment replaced, every close-on-exec
+//   descriptor closed, the signal state above) and then calls
+//   inProcessEntry(argv) in the copy of this process that fork() made, and
+//   exits with what it returns, its streams flushed and its static objects
+//   left as they are (they are the parent's, shared copy-on-write:
+//   destroying them would copy pages only to free them). A LibTorch program spends about
+//   0.8 s of CPU loading before main; the copy pays none of it. The entry
+//   re-reads whatever the program had read from its environment before
+//   main (OMP_NUM_THREADS, say), because that was read by the parent. With
+//   more than one thread (a thread might hold a lock that the copy would
+//   wait on for ever), or with DDP_SPAWN=exec, the child execs as always.
+//   ChildProcess::inProcess tells which happened.
 // - runProcess() spawns with captureOutput, reads the output until the child
 //   closes it, and reaps the child: a program run to its end, as popen()
 //   would, but with no shell between (arguments are passed as they are).
@@ -32,6 +47,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,18 +64,24 @@ struct SpawnOptions {
   bool ownProcessGroup = false;
   bool dieWithParent = false;
   int deathSignal = SIGKILL;  // with dieWithParent
+  std::function<int(const std::vector<std::string>& argv)> inProcessEntry;
 };
 
 struct ChildProcess {
   pid_t pid = -1;
   int outputFd = -1;  // with captureOutput
+  bool inProcess = false;  // the child runs inProcessEntry (no exec)
 };
+
+// The number of threads this process runs (/proc/self/task); 0 if unknown.
+int threadCount();
 
 ChildProcess spawnProcess(const SpawnOptions& options);
 
 struct FinishedProcess {
   int status = 0;      // as waitpid() gives it: see describeExitStatus
   std::string output;  // stdout and stderr together
+  bool inProcess = false;  // the child ran inProcessEntry
 };
 
 // Runs the program to its end (captureOutput is implied) and returns its
