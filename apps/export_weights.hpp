@@ -4,8 +4,12 @@
 // Contract
 // - The run's model is rebuilt from config.json and model_context.json and
 //   loaded from the checkpoint `checkpoint` names ("latest", "best" or a
-//   file: framework/experiment/trained_model.hpp). Checkpoints are
-//   consolidated, so the strategy that trained it does not matter.
+//   file: framework/experiment/trained_model.hpp), whatever strategy and
+//   world size trained it. A sharded checkpoint is consolidated tensor by
+//   tensor, read from the ranges the ranks wrote, without building the
+//   model: peak memory is the largest tensor plus a fixed margin, not the
+//   model (checked with `verify()` first: a missing or truncated shard is a
+//   UsageError naming the file).
 // - Its parameters and buffers, under the names of python/ddp_models.py's
 //   modules, go to `output` (default RUN_DIR/model.safetensors or
 //   RUN_DIR/model.pt) in `format`: safetensors, with the experiment's model

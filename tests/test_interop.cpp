@@ -8,6 +8,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -136,6 +137,50 @@ TEST_CASE("safetensors: every dtype, empty and scalar tensors round-trip, with m
   for (const auto& [name, tensor] : tensors) {
     INFO(name);
     CHECK(at::equal(named(fromPython.tensors, name), tensor));
+  }
+}
+
+// The streamed writers (export of a sharded checkpoint): the same tensors
+// as the whole-file writers, asked for one at a time, in the layout's order;
+// a tensor that does not match its layout leaves no file.
+TEST_CASE("weights files written tensor by tensor hold what the whole-file writers hold", "[interop]") {
+  const std::string dir = tempDir();
+  const NamedTensors tensors = everyDtype();
+  std::vector<TensorLayout> layout;
+  for (const auto& [name, tensor] : tensors) layout.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+  for (const WeightsFormat format : {WeightsFormat::Safetensors, WeightsFormat::Torch}) {
+    INFO(weightsFormatName(format));
+    const std::string path = dir + "/streamed." + weightsFormatName(format);
+    std::vector<size_t> asked;
+    writeWeightsFileStreamed(path, format, layout, [&](size_t i) {
+      asked.push_back(i);
+      return tensors[i].second;
+    }, {{"format", "pt"}});
+    CHECK(asked.size() == tensors.size());
+    std::vector<size_t> sorted = asked;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());  // each once
+    const WeightsFile back = readWeightsFile(path);
+    REQUIRE(back.tensors.size() == tensors.size());
+    for (const auto& [name, tensor] : tensors) {
+      INFO(name);
+      const at::Tensor got = named(back.tensors, name);
+      CHECK(got.scalar_type() == tensor.scalar_type());
+      CHECK(got.sizes() == tensor.sizes());
+      CHECK(at::equal(got, tensor));
+    }
+    // Tensor 1 comes as another shape: an error naming it, and no file.
+    const std::string bad = dir + "/bad." + weightsFormatName(format);
+    try {
+      writeWeightsFileStreamed(bad, format, layout, [&](size_t i) {
+        return i == 1 ? at::zeros({7}, tensors[i].second.options()) : tensors[i].second;
+      });
+      FAIL("a tensor of the wrong shape was written");
+    } catch (const std::runtime_error& e) {
+      CHECK_THAT(e.what(), Contains("tensor " + tensors[1].first + " came as"));
+    }
+    CHECK_FALSE(fs::exists(bad));
+    CHECK_FALSE(fs::exists(bad + ".tmp"));
   }
 }
 
@@ -341,7 +386,7 @@ TEST_CASE("models trained here, exported, give PyTorch the same logits (wine, di
   }
   struct Case {
     const char* experiment;
-    const char* settings;  // each trains under another strategy: the checkpoint is consolidated anyway
+    const char* settings;  // fsdp and zero1 save sharded checkpoints: --export consolidates them
   };
   const std::vector<Case> cases = {
       {"wine_baseline", "--nproc-per-node 2 --set distributed.strategy=fsdp --set training.epochs=2"},

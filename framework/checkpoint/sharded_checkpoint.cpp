@@ -348,6 +348,7 @@ std::vector<std::string> ShardedCheckpoint::entries(const std::string& prefix) c
 }
 
 std::vector<int64_t> ShardedCheckpoint::shape(const std::string& name) const { return impl_->entry(name).shape; }
+at::ScalarType ShardedCheckpoint::dtype(const std::string& name) const { return impl_->entry(name).type; }
 std::string ShardedCheckpoint::scalar(const std::string& name) const { return impl_->entry(name).scalar; }
 
 at::Tensor ShardedCheckpoint::read(const std::string& name, int64_t offset, int64_t numel) const {

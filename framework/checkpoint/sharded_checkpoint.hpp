@@ -72,6 +72,7 @@ class ShardedCheckpoint {
   std::vector<std::string> names() const;
   std::vector<std::string> entries(const std::string& prefix) const;
   std::vector<int64_t> shape(const std::string& name) const;
+  at::ScalarType dtype(const std::string& name) const;
   // "int", "double", "bool" or "".
   std::string scalar(const std::string& name) const;
   // Elements [offset, offset + numel) of the flattened tensor, 1-D.

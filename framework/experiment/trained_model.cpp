@@ -61,8 +61,8 @@ ModelContext modelContextFromJson(const std::string& json, const std::string& wh
   return context;
 }
 
-TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registry, const std::string& which) {
-  TrainedModel trained;
+TrainedModelSource findTrainedModel(const std::string& runDir, PluginRegistry& registry, const std::string& which) {
+  TrainedModelSource trained;
   const std::string configPath = runDir + "/config.json";
   trained.config = Json::parse(readWhole(configPath, "the run's experiment"), nullptr, /*allow_exceptions=*/false);
   if (!trained.config.is_object() || !trained.config.contains("model")) {
@@ -70,8 +70,7 @@ TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registr
   }
   // Checked as an experiment file is (the file may have been edited since
   // training wrote it): a bad value is a line naming it, not a crash.
-  const PluginChoice choice = parsePluginSection(trained.config["model"], "model", PluginKind::Model, configPath, registry);
-  const std::string& name = choice.name;
+  trained.model = parsePluginSection(trained.config["model"], "model", PluginKind::Model, configPath, registry);
   const std::string contextPath = runDir + "/model_context.json";
   trained.context = modelContextFromJson(readWhole(contextPath, "the model's shapes"), contextPath);
   if (which == "best") {
@@ -95,6 +94,18 @@ TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registr
                        which, errnoText(errno));
     }
   }
+  return trained;
+}
+
+TrainedModel loadTrainedModel(const std::string& runDir, PluginRegistry& registry, const std::string& which) {
+  TrainedModelSource source = findTrainedModel(runDir, registry, which);
+  const std::string configPath = runDir + "/config.json";
+  const PluginChoice& choice = source.model;
+  const std::string& name = choice.name;
+  TrainedModel trained;
+  trained.context = source.context;
+  trained.checkpoint = source.checkpoint;
+  trained.config = std::move(source.config);
   trained.model = registry.get(PluginKind::Model, name).model(choice.params, trained.context);
   // LibTorch's load() takes a saved tensor of any shape: compare them.
   const auto shapesOf = [](const torch::nn::Module& module) {

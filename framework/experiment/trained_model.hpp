@@ -18,6 +18,7 @@
 
 #include <string>
 
+#include "framework/experiment/experiment_config.hpp"
 #include "framework/experiment/plugin_registry.hpp"
 
 namespace ddp {
@@ -32,6 +33,18 @@ struct TrainedModel {
   std::string checkpoint;  // the file the weights came from
   Json config;             // config.json
 };
+
+// The run's model section, context and checkpoint, resolved and checked as
+// loadTrainedModel does, without building the model (ddp-run --export of
+// a sharded checkpoint streams it tensor by tensor instead).
+struct TrainedModelSource {
+  PluginChoice model;
+  ModelContext context;
+  std::string checkpoint;
+  Json config;
+};
+TrainedModelSource findTrainedModel(const std::string& runDir, PluginRegistry& registry,
+                                    const std::string& which = "latest");
 
 // which: "latest" (the newest checkpoint), "best" (training.keep_best's
 // best, run_folder.hpp's bestCheckpoint), or a checkpoint file's path.

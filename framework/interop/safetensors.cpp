@@ -81,28 +81,25 @@ uint64_t littleEndian64(const unsigned char* b) {
 
 }  // namespace
 
-void writeSafetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+void writeSafetensorsStreamed(const std::string& path, const std::vector<TensorLayout>& layout,
+                              const TensorSource& tensor, const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
     for (const auto& [key, value] : metadata) meta[key] = value;
     header["__metadata__"] = meta;
   }
-  std::vector<at::Tensor> data;
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
-    if (name == "__metadata__" || header.contains(name)) {
-      fail<UsageError>("safetensors: tensor name {} is {}", name,
-                       name == "__metadata__" ? "reserved for the header's metadata" : "given twice");
+  for (const TensorLayout& t : layout) {
+    if (t.name == "__metadata__" || header.contains(t.name)) {
+      fail<UsageError>("safetensors: tensor name {} is {}", t.name,
+                       t.name == "__metadata__" ? "reserved for the header's metadata" : "given twice");
     }
-    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-    header[name] = {{"dtype", dtypeName(t.scalar_type(), name)},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    const uint64_t bytes = static_cast<uint64_t>(numel) * c10::elementSize(t.dtype);
+    header[t.name] = {{"dtype", dtypeName(t.dtype, t.name)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    data.push_back(std::move(t));
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
@@ -112,17 +109,38 @@ void writeSafetensors(const std::string& path, const NamedTensors& tensors,
   const std::string tmp = path + ".tmp";
   Fd out{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (out.fd < 0) fail<UsageError>("{}: cannot create: {}", tmp, errnoText(errno));
-  writeAll(out.fd, length, sizeof length, tmp);
-  writeAll(out.fd, text.data(), text.size(), tmp);
-  for (const at::Tensor& t : data) writeAll(out.fd, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), tmp);
+  try {
+    writeAll(out.fd, length, sizeof length, tmp);
+    writeAll(out.fd, text.data(), text.size(), tmp);
+    for (size_t i = 0; i < layout.size(); ++i) {
+      const at::Tensor t = tensor(i).detach().to(at::kCPU).contiguous();
+      if (t.scalar_type() != layout[i].dtype || t.sizes().vec() != layout[i].shape) {
+        fail<std::runtime_error>("safetensors {}: tensor {} came as {} [{}], where the header says {} [{}]", path,
+                                 layout[i].name, c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "),
+                                 c10::toString(layout[i].dtype), fmt::join(layout[i].shape, ", "));
+      }
+      writeAll(out.fd, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), tmp);
+    }
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
   if (::fsync(out.fd) != 0 || ::close(out.fd) != 0) {
     out.fd = -1;
+    ::unlink(tmp.c_str());
     fail<std::runtime_error>("{}: cannot write: {}", tmp, errnoText(errno));
   }
   out.fd = -1;
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     fail<UsageError>("{}: cannot rename {} to it: {}", path, tmp, errnoText(errno));
   }
+}
+
+void writeSafetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorLayout> layout;
+  for (const auto& [name, tensor] : tensors) layout.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+  writeSafetensorsStreamed(path, layout, [&](size_t i) { return tensors[i].second; }, metadata);
 }
 
 bool looksLikeSafetensors(const std::string& path) {

@@ -32,6 +32,13 @@ namespace ddp {
 void writeSafetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// The same file, from tensors produced one at a time in the layout's order
+// (`tensor(i)` must match layout[i]'s dtype and shape, else
+// std::runtime_error naming it and no file): the header first, then each
+// tensor's bytes as it comes, so at most one tensor is held at a time.
+void writeSafetensorsStreamed(const std::string& path, const std::vector<TensorLayout>& layout,
+                              const TensorSource& tensor, const std::map<std::string, std::string>& metadata = {});
+
 WeightsFile readSafetensors(const std::string& path);
 
 // The header alone, checked as readSafetensors checks it (the same

@@ -11,8 +11,12 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
+#include <exception>
+#include <functional>
+#include <unordered_map>
 #include <cstring>
 #include <fstream>
 
@@ -117,15 +121,14 @@ void checkZipRecords(const std::string& path) {
 
 bool looksLikeZip(const std::string& path) { return firstBytes(path, 4) == std::string("PK\x03\x04", 4); }
 
-void writeTorchStateDict(const std::string& path, const NamedTensors& tensors) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, tensor] : tensors) {
-    if (dict.contains(name)) fail<UsageError>("{}: tensor name {} given twice", path, name);
-    dict.insert(name, tensor.detach().to(at::kCPU).contiguous());
-  }
-  // What torch::pickle_save does, without tagging the dict with its type
-  // (torch.jit._pickle.restore_type_tag), which torch.load(weights_only=True)
-  // refuses: a plain dict, as Python's torch.save writes one.
+namespace {
+
+// A plain dict's pickle, as torch::pickle_save makes it but without tagging
+// the dict with its type (torch.jit._pickle.restore_type_tag), which
+// torch.load(weights_only=True) refuses: a plain dict, as Python's
+// torch.save writes one. `storages`: the tensors whose storages the pickle
+// names, the K-th as record data/K.
+std::vector<char> picklePlainDict(const c10::Dict<std::string, at::Tensor>& dict, std::vector<at::Tensor>* storages) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&](const char* data, size_t n) { pickle.insert(pickle.end(), data, data + n); },
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
@@ -133,10 +136,19 @@ void writeTorchStateDict(const std::string& path, const NamedTensors& tensors) {
   pickler.protocol();
   pickler.pushIValue(c10::IValue(dict));
   pickler.stop();
+  *storages = pickler.tensorData();
+  return pickle;
+}
+
+// PATH.tmp written through `records` (errors of the writer and of the disk
+// become one line), synced and renamed to PATH; nothing at PATH otherwise.
+void writeZipArchive(const std::string& path,
+                     const std::function<void(caffe2::serialize::PyTorchStreamWriter&)>& records) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail<UsageError>("{}: cannot create: {}", tmp, errnoText(errno));
   std::string failure;
+  std::exception_ptr thrown;
   {
     caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) -> size_t {
       if (failure.empty()) {
@@ -145,23 +157,70 @@ void writeTorchStateDict(const std::string& path, const NamedTensors& tensors) {
       return failure.empty() ? n : 0;
     });
     try {
-      torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+      records(writer);
       writer.writeEndOfFile();
     } catch (const c10::Error& e) {
       if (failure.empty()) failure = firstLine(e);
+    } catch (...) {
+      thrown = std::current_exception();
     }
   }
-  if (failure.empty() && ::fsync(fd) != 0) failure = errnoText(errno);
+  if (!thrown && failure.empty() && ::fsync(fd) != 0) failure = errnoText(errno);
   if (::close(fd) != 0 && failure.empty()) failure = errnoText(errno);
-  if (!failure.empty()) {
-    ::unlink(tmp.c_str());
-    fail<std::runtime_error>("{}: cannot write: {}", tmp, failure);
-  }
+  if (thrown || !failure.empty()) ::unlink(tmp.c_str());
+  if (thrown) std::rethrow_exception(thrown);
+  if (!failure.empty()) fail<std::runtime_error>("{}: cannot write: {}", tmp, failure);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string why = errnoText(errno);
     ::unlink(tmp.c_str());
     fail<UsageError>("{}: cannot rename {} to it: {}", path, tmp, why);
   }
+}
+
+}  // namespace
+
+void writeTorchStateDict(const std::string& path, const NamedTensors& tensors) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, tensor] : tensors) {
+    if (dict.contains(name)) fail<UsageError>("{}: tensor name {} given twice", path, name);
+    dict.insert(name, tensor.detach().to(at::kCPU).contiguous());
+  }
+  // Tensors that share a storage (tied weights) share one record.
+  std::vector<at::Tensor> storages;
+  const std::vector<char> pickle = picklePlainDict(dict, &storages);
+  writeZipArchive(path, [&](caffe2::serialize::PyTorchStreamWriter& writer) {
+    torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), storages, writer);
+  });
+}
+
+void writeTorchStateDictStreamed(const std::string& path, const std::vector<TensorLayout>& layout,
+                                 const TensorSource& tensor) {
+  // The pickle names storages by key: stand-ins of each tensor's dtype and
+  // size give it those keys without the data (allocated, never touched).
+  c10::Dict<std::string, at::Tensor> dict;
+  std::unordered_map<const c10::StorageImpl*, size_t> layoutOf;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    if (dict.contains(layout[i].name)) fail<UsageError>("{}: tensor name {} given twice", path, layout[i].name);
+    at::Tensor standIn = at::empty(layout[i].shape, at::TensorOptions().dtype(layout[i].dtype));
+    layoutOf[standIn.storage().unsafeGetStorageImpl()] = i;
+    dict.insert(layout[i].name, standIn);
+  }
+  std::vector<at::Tensor> storages;
+  const std::vector<char> pickle = picklePlainDict(dict, &storages);
+  writeZipArchive(path, [&](caffe2::serialize::PyTorchStreamWriter& writer) {
+    // As writeArchiveAndTensors lays them out: data/K, then data.pkl.
+    for (size_t k = 0; k < storages.size(); ++k) {
+      const size_t i = layoutOf.at(storages[k].storage().unsafeGetStorageImpl());
+      const at::Tensor t = tensor(i).detach().to(at::kCPU).contiguous();
+      if (t.scalar_type() != layout[i].dtype || t.sizes().vec() != layout[i].shape) {
+        fail<std::runtime_error>("{}: tensor {} came as {} [{}], where the layout says {} [{}]", path, layout[i].name,
+                                 c10::toString(t.scalar_type()), fmt::join(t.sizes(), ", "),
+                                 c10::toString(layout[i].dtype), fmt::join(layout[i].shape, ", "));
+      }
+      writer.writeRecord(fmt::format("data/{}", k), t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+    }
+    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  });
 }
 
 WeightsFile readTorchStateDict(const std::string& path) {

@@ -6,6 +6,11 @@
 //   contiguous), written with LibTorch's pickler to PATH.tmp and renamed.
 //   Python reads it with torch.load(PATH) (weights_only too) as a plain
 //   dict, which model.load_state_dict takes.
+// - writeTorchStateDictStreamed: the same file from tensors produced one at
+//   a time (`tensor(i)` must match layout[i], else std::runtime_error naming
+//   it and no file): at most one tensor is held at a time. The pickle names
+//   each storage only; it is made from stand-ins of each tensor's dtype and
+//   size that are allocated and never touched (no resident memory).
 // - readTorchStateDict: the state_dict in a file of torch.save(
 //   model.state_dict(), PATH) (an OrderedDict, which LibTorch's own
 //   unpickler cannot read: state_dict_unpickler.hpp), of a plain dict, or
@@ -18,12 +23,15 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "framework/interop/named_tensors.hpp"
 
 namespace ddp {
 
 void writeTorchStateDict(const std::string& path, const NamedTensors& tensors);
+void writeTorchStateDictStreamed(const std::string& path, const std::vector<TensorLayout>& layout,
+                                 const TensorSource& tensor);
 
 WeightsFile readTorchStateDict(const std::string& path);
 

@@ -83,6 +83,15 @@ void writeWeightsFile(const std::string& path, WeightsFormat format, const Named
   }
 }
 
+void writeWeightsFileStreamed(const std::string& path, WeightsFormat format, const std::vector<TensorLayout>& layout,
+                              const TensorSource& tensor, const std::map<std::string, std::string>& metadata) {
+  if (format == WeightsFormat::Safetensors) {
+    writeSafetensorsStreamed(path, layout, tensor, metadata);
+  } else {
+    writeTorchStateDictStreamed(path, layout, tensor);
+  }
+}
+
 WeightsFile readWeightsFile(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) fail<UsageError>("{}: no such file", path);

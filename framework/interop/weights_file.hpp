@@ -5,6 +5,9 @@
 // - parseWeightsFormat("safetensors" | "torch"), else UsageError listing both.
 // - writeWeightsFile: safetensors.hpp or torch_file.hpp; `metadata` goes into
 //   a safetensors header's __metadata__ (the torch format holds tensors only).
+// - writeWeightsFileStreamed: the same, from tensors produced one at a time
+//   (named_tensors.hpp's TensorLayout and TensorSource): at most one tensor
+//   in memory.
 // - readWeightsFile: a file that starts as a zip archive is read as torch.save's
 //   format, one with a plausible safetensors header as safetensors, whatever
 //   its name; anything else, or a missing file, is one UsageError naming it.
@@ -35,6 +38,8 @@ std::string weightsFormatName(WeightsFormat format);
 
 void writeWeightsFile(const std::string& path, WeightsFormat format, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+void writeWeightsFileStreamed(const std::string& path, WeightsFormat format, const std::vector<TensorLayout>& layout,
+                              const TensorSource& tensor, const std::map<std::string, std::string>& metadata = {});
 WeightsFile readWeightsFile(const std::string& path);
 
 NamedTensors moduleState(const torch::nn::Module& module);
