@@ -208,6 +208,16 @@ void shareCoresAmongHostRanks(const ddp::RankEnv& env, int ranksOnHost) {
 // `loaded`: the experiment as the launcher already read it (one process
 // runs); read it here otherwise.
 int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::ExperimentConfig> loaded = std::nullopt) {
+  // Before the first tensor of training. Only a process that trains: the
+  // launcher, --export and --sample keep glibc's settings (the export
+  // streams tensor by tensor; kept freed blocks would add up there).
+  const ddp::MallocTuning malloc = ddp::tuneMallocForTensors();
+  if (malloc.applied) {
+    ddp::logInfo("malloc: mmap threshold {} MiB, trim threshold {} MiB (DDP_MALLOC_TUNING=0 keeps glibc's)",
+                 malloc.mmapThreshold >> 20, malloc.trimThreshold >> 20);
+  } else {
+    ddp::logInfo("malloc: left as it is: {}", malloc.reason);
+  }
   auto& registry = ddp::builtinPlugins();
   const ReservedRunDir removeIfUnused;
   std::vector<std::string> overrides = args.overrides;
@@ -299,14 +309,6 @@ int runMain(int argc, char** argv) {
   } catch (const ddp::UsageError& e) {
     std::cerr << "ddp-run: " << e.what() << std::endl;
     return 2;
-  }
-  // Before the first tensor; the launcher's ranks are ddp-run processes too.
-  const ddp::MallocTuning malloc = ddp::tuneMallocForTensors();
-  if (malloc.applied) {
-    ddp::logInfo("malloc: mmap threshold {} MiB, trim threshold {} MiB (DDP_MALLOC_TUNING=0 keeps glibc's)",
-                 malloc.mmapThreshold >> 20, malloc.trimThreshold >> 20);
-  } else {
-    ddp::logInfo("malloc: left as it is: {}", malloc.reason);
   }
   // OpenBLAS's own pool follows ATen's count (OMP_NUM_THREADS, which the
   // launcher, torchrun or SLURM set per rank), unless the user sized it.

@@ -20,8 +20,11 @@
 //   MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_, MALLOC_MMAP_MAX_ or a
 //   glibc.malloc tunable in GLIBC_TUNABLES; another allocator preloaded
 //   (LD_PRELOAD naming jemalloc, tcmalloc or mimalloc); or not glibc.
-// - Process-wide and idempotent: ddp-run and ddp-bench call it first thing
-//   in main(); a program that embeds the Trainer calls it itself.
+// - Process-wide and idempotent: ddp-run calls it in every process that
+//   trains (a rank, a one-process run; not the launcher, --export or
+//   --sample, which stream tensors and would only keep freed blocks);
+//   ddp-bench first thing in main(); a program that embeds the Trainer
+//   calls it itself.
 #pragma once
 
 #include <cstddef>
