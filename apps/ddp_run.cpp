@@ -43,6 +43,7 @@
 #include "framework/launch/launcher.hpp"
 #include "framework/experiment/plugin_registry.hpp"
 #include "framework/launch/rank_env.hpp"
+#include "framework/launch/spawn.hpp"
 #include "framework/experiment/trainer.hpp"
 
 namespace {
@@ -288,11 +289,7 @@ int rankInLaunchersCopy(const std::vector<std::string>& argv) {
     const int n = std::atoi(threads);
     if (n > 0) ddp::setComputeThreads(n);
   }
-  std::vector<std::string> copy = argv;
-  std::vector<char*> pointers;
-  for (auto& a : copy) pointers.push_back(a.data());
-  pointers.push_back(nullptr);
-  return runMain(static_cast<int>(copy.size()), pointers.data());
+  return ddp::callMain(runMain, argv);
 }
 
 }  // namespace

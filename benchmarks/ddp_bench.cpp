@@ -10,6 +10,7 @@
 
 #include "benchmarks/bench_util.hpp"
 #include "benchmarks/commands.hpp"
+#include "framework/launch/spawn.hpp"
 #include "framework/core/malloc_tuning.hpp"
 
 namespace {
@@ -17,13 +18,7 @@ namespace {
 int benchMain(int argc, char** argv);
 
 // A worker started as a copy of ddp-bench (bench_util.hpp's setWorkerEntry).
-int workerInCopy(const std::vector<std::string>& argv) {
-  std::vector<std::string> copy = argv;
-  std::vector<char*> pointers;
-  for (auto& a : copy) pointers.push_back(a.data());
-  pointers.push_back(nullptr);
-  return benchMain(static_cast<int>(copy.size()), pointers.data());
-}
+int workerInCopy(const std::vector<std::string>& argv) { return ddp::callMain(benchMain, argv); }
 
 }  // namespace
 

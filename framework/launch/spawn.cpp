@@ -73,6 +73,14 @@ int threadCount() {
   return 0;
 }
 
+int callMain(int (*main)(int, char**), const std::vector<std::string>& argv) {
+  std::vector<std::string> copy = argv;  // main may modify its arguments
+  std::vector<char*> pointers;
+  for (auto& a : copy) pointers.push_back(a.data());
+  pointers.push_back(nullptr);
+  return main(static_cast<int>(copy.size()), pointers.data());
+}
+
 ChildProcess spawnProcess(const SpawnOptions& options) {
   DDP_CHECK(!options.argv.empty(), "spawnProcess needs a program");
   // Everything the child touches is built here, before fork().

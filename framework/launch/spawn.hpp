@@ -76,6 +76,9 @@ struct ChildProcess {
 // The number of threads this process runs (/proc/self/task); 0 if unknown.
 int threadCount();
 
+// Calls a main(argc, argv) with `argv` (an inProcessEntry's arguments).
+int callMain(int (*main)(int, char**), const std::vector<std::string>& argv);
+
 ChildProcess spawnProcess(const SpawnOptions& options);
 
 struct FinishedProcess {
