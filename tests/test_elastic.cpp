@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <algorithm>
 #include <set>
 #include <thread>
 
@@ -266,6 +267,49 @@ TEST_CASE("DistributedSampler: after a change of world mid-epoch every sample is
   }
   CHECK(static_cast<int64_t>(read.size()) == n);
   CHECK(std::set<int64_t>(read.begin(), read.end()).size() == read.size());  // none twice
+}
+
+// For strategies that cannot shadow a missing step (all but ddp), the rest
+// of the epoch comes in equal shards: every unread position once, then
+// repeats from the permutation's start (as the padded sampler pads); with
+// dropLast, equal shards of floor(left / world) and no repeat.
+TEST_CASE("DistributedSampler: the rest of an epoch in equal shards reads every unread sample", "[sampler]") {
+  const int64_t n = GENERATE(1, 7, 142, 1000);
+  const int after = GENERATE(1, 2, 3, 5);
+  const int64_t consumed = GENERATE(0, 8, 64, 140);
+  const bool dropLast = GENERATE(false, true);
+  INFO("n " << n << ", world " << after << " after " << consumed << (dropLast ? ", drop_last" : ""));
+  DistributedSampler sampler(n, 0, 2, /*seed=*/3, true, false, /*pad=*/true);
+  const std::vector<int64_t> order = [&] {
+    // The epoch's permutation: positions 0, 1, ... as rank 0 of world 1 reads them.
+    DistributedSampler one(n, 0, 1, 3, true, false, true);
+    return one.indicesForEpoch(2);
+  }();
+  const int64_t left = std::max<int64_t>(0, n - consumed);
+  const int64_t each = dropLast ? left / after : (left + after - 1) / after;
+  std::multiset<int64_t> read;
+  for (int r = 0; r < after; ++r) {
+    const auto rest = sampler.remainderForEpoch(2, consumed, r, after, /*equalShards=*/true, dropLast);
+    CHECK(static_cast<int64_t>(rest.size()) == each);
+    CHECK(DistributedSampler::remainderSamplesFor(n, consumed, r, after, true, dropLast) == each);
+    read.insert(rest.begin(), rest.end());
+  }
+  std::multiset<int64_t> unread;
+  for (int64_t p = consumed; p < n; ++p) unread.insert(order[static_cast<size_t>(p)]);
+  if (dropLast) {
+    // Positions consumed .. consumed + each * after - 1: each once.
+    CHECK(static_cast<int64_t>(read.size()) == each * after);
+    CHECK(std::includes(unread.begin(), unread.end(), read.begin(), read.end()));
+  } else {
+    // Every unread sample, and the padding from the permutation's start.
+    CHECK(static_cast<int64_t>(read.size()) == each * after);
+    CHECK(std::includes(read.begin(), read.end(), unread.begin(), unread.end()));
+    std::multiset<int64_t> padding;
+    for (int64_t p = std::max(n, consumed); p < consumed + each * after; ++p) padding.insert(order[static_cast<size_t>(p % n)]);
+    std::multiset<int64_t> expected = unread;
+    expected.insert(padding.begin(), padding.end());
+    CHECK(read == expected);
+  }
 }
 
 TEST_CASE("ddp-run --min-ranks: a rank killed mid-epoch, the others finish from memory, no step lost",

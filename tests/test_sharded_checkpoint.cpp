@@ -341,3 +341,68 @@ TEST_CASE("ddp-run: fsdp on 2 ranks saves in the background and ddp on 1 rank re
   CHECK(o.output.find(a + "/checkpoints/epoch_000004.shards/index.json is not a sharded checkpoint's index") !=
         std::string::npos);
 }
+
+// A checkpoint taken mid-epoch on a signal, resumed at another world size:
+// the epoch's samples not read yet are dealt over the new world (equal
+// shards under fsdp, which cannot shadow a step; unpadded under ddp),
+// instead of the new world's shard from the old batch count, which would
+// read some samples twice and others never.
+TEST_CASE("ddp-run: a mid-epoch checkpoint resumes at another world size with the epoch's unread samples",
+          "[checkpoint][process][solo]") {
+  TempFolder folder;
+  const std::string wine = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
+  const std::string run = folder.path + "/run";
+  const int64_t batch = 16;
+  const std::string settings = " --set training.epochs=3 --set training.batch_size=16 --set training.save_every=0"
+                               " --set training.eval_every=0 --set training.checkpoint_on_signal=true"
+                               " --set training.checkpoint_format=sharded";
+  auto o = runDdpRun(wine + " --nproc-per-node 2 --out " + run + settings + " --set distributed.strategy=fsdp",
+                     "DDP_FAULT_INJECT=0@7:term");
+  INFO(o.output);
+  REQUIRE(o.exitCode != 0);  // stopped by the signal, after its checkpoint
+  const std::string log = readFile(run + "/train.log");
+  int64_t trainSamples = 0, stoppedAt = 0, batches = 0, epoch = 0;
+  {
+    const size_t at = log.find(" train / ");
+    REQUIRE(at != std::string::npos);
+    trainSamples = std::stoll(log.substr(log.rfind(' ', at - 1) + 1));
+    const size_t saved = log.find("signal 15: saved ");
+    REQUIRE(saved != std::string::npos);
+    REQUIRE(std::sscanf(log.c_str() + log.find("(step ", saved), "(step %ld, %ld batches into epoch %ld)", &stoppedAt,
+                        &batches, &epoch) == 3);
+  }
+  REQUIRE(epoch == 2);
+  REQUIRE(batches > 0);
+  const int64_t consumed = batches * batch * 2;
+  const int64_t left = trainSamples - consumed;
+  REQUIRE(left > 0);
+  const std::string shards = fmt::format("{}/checkpoints/epoch_{:06}_batch_{:06}.shards", run, epoch, batches);
+  REQUIRE(isShardedCheckpoint(shards));
+  std::filesystem::copy(run, folder.path + "/ddp", std::filesystem::copy_options::recursive);
+
+  struct Resume {
+    std::string folder, settings;
+    int world;
+    int64_t remainderSteps;  // of epoch 2 at the new world size
+  };
+  const auto ceilDiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const std::vector<Resume> resumes = {
+      // fsdp: equal shards of the rest, ceil(left / 3) each.
+      {run, "--nproc-per-node 3 --set distributed.strategy=fsdp", 3, ceilDiv(ceilDiv(left, 3), batch)},
+      // ddp on 1 rank: the rest, once.
+      {folder.path + "/ddp", "--nproc-per-node 1 --set distributed.strategy=ddp", 1, ceilDiv(left, batch)},
+  };
+  for (const Resume& r : resumes) {
+    INFO(r.settings);
+    o = runDdpRun(wine + " --resume --out " + r.folder + settings + " " + r.settings);
+    INFO(o.output);
+    REQUIRE(o.exitCode == 0);
+    const std::string resumed = readFile(r.folder + "/train.log");
+    CHECK(resumed.find(fmt::format("(saved at world size 2; the {} samples of epoch 2 not read yet are dealt over {} "
+                                   "ranks)",
+                                   left, r.world)) != std::string::npos);
+    // Steps: those before the stop, the rest of epoch 2, then epoch 3 whole.
+    const int64_t expected = stoppedAt + r.remainderSteps + ceilDiv(ceilDiv(trainSamples, r.world), batch);
+    CHECK(o.output.find(fmt::format("done: {} steps", expected)) != std::string::npos);
+  }
+}

@@ -192,11 +192,22 @@ void Trainer::build() {
     s.startEpoch = state.epoch;
     s.steps = state.steps;
     s.resumeBatch = state.batch;
-    s.consumed = state.consumed;
+    // Mid-epoch, at the world size that saved it: on from its batch count,
+    // in the order of an unbroken run. At another world size (or after an
+    // elastic run, whose membership may have changed within the epoch):
+    // the samples of the epoch not read yet, dealt over this world.
+    const bool otherWorld = state.batch > 0 && (state.elastic || state.worldSize != worldSize());
+    s.consumed = otherWorld ? state.consumed : 0;
     if (isWriter()) s.resumeSums = state.partial;
-    s.log->line(state.batch > 0 ? fmt::format("resumed from {} after epoch {} and {} batches of epoch {}", resumeFrom,
-                                              state.epoch, state.batch, state.epoch + 1)
-                                : fmt::format("resumed from {} after epoch {}", resumeFrom, state.epoch));
+    std::string line = state.batch > 0 ? fmt::format("resumed from {} after epoch {} and {} batches of epoch {}",
+                                                     resumeFrom, state.epoch, state.batch, state.epoch + 1)
+                                       : fmt::format("resumed from {} after epoch {}", resumeFrom, state.epoch);
+    if (otherWorld && !state.elastic) {
+      line += fmt::format(" (saved at world size {}; the {} samples of epoch {} not read yet are dealt over {} ranks)",
+                          state.worldSize, std::max<int64_t>(0, trainSamples() - state.consumed),
+                          state.epoch + 1, worldSize());
+    }
+    s.log->line(line);
   } else if (options_.resume) {
     s.log->line(fmt::format("resume: no checkpoint in {}/checkpoints; starting from scratch", options_.runDir));
   }

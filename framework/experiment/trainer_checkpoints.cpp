@@ -70,7 +70,13 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
     archive->write("epoch", at::tensor(epoch, at::kLong));
     archive->write("steps", at::tensor(s.steps, at::kLong));
     archive->write("rng", at::detail::getDefaultCPUGenerator().get_state());
-    if (s.rendezvous && batch > 0) archive->write("consumed", at::tensor(s.consumed, at::kLong));
+    // Mid-epoch: the samples of the epoch's permutation read so far, which a
+    // resume at another world size deals the rest from; the world size says
+    // whether it is another (an elastic run's membership may have changed
+    // within the epoch: it always resumes from `consumed`).
+    archive->write("world_size", at::tensor(int64_t(worldSize()), at::kLong));
+    if (batch > 0) archive->write("consumed", at::tensor(s.consumed, at::kLong));
+    archive->write("elastic", at::tensor(int64_t(s.rendezvous ? 1 : 0), at::kLong));
     if (batch > 0) {
       archive->write("batch", at::tensor(batch, at::kLong));
       archive->write("partial", at::tensor(partial, at::kDouble));
@@ -194,7 +200,8 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
                       {"partial", partial},
                       {"strategy", config_.distributed.strategy},
                       {"world_size", world}};
-  if (s.rendezvous && batch > 0) meta["consumed"] = s.consumed;
+  if (batch > 0) meta["consumed"] = s.consumed;
+  meta["elastic"] = s.rendezvous != nullptr;
   if (background) {
     // A copy of what this rank holds, in host memory it owns: all that
     // training waits for. The write and (rank 0) the index follow on the

@@ -98,7 +98,9 @@ struct CheckpointState {
   int64_t batch = 0;  // batches of the next epoch finished (a checkpoint on a signal)
   int64_t steps = 0;
   std::vector<double> partial;  // that epoch's loss sum and samples so far, over all ranks
-  int64_t consumed = 0;         // samples of that epoch's permutation read (an elastic run's stop)
+  int64_t consumed = 0;         // samples of that epoch's permutation read (mid-epoch)
+  int64_t worldSize = 0;        // the world that saved it (0: not recorded, an older checkpoint)
+  bool elastic = false;         // an elastic run's: its membership may have changed within the epoch
   // A sharded checkpoint: model and optimizer are loaded once the strategy
   // exists (Trainer::loadShardedState), each rank reading what it holds.
   bool sharded = false;

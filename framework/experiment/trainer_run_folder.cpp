@@ -95,6 +95,10 @@ CheckpointState loadShardedCheckpointMeta(const std::string& path, torch::nn::Mo
     state.steps = meta.at("steps").get<int64_t>();
     state.batch = meta.value("batch", int64_t(0));
     state.consumed = meta.value("consumed", int64_t(0));
+    state.worldSize = meta.value("world_size", int64_t(0));
+    // Checkpoints from before "elastic" was recorded held `consumed` only
+    // when an elastic run wrote them.
+    state.elastic = meta.contains("elastic") ? meta["elastic"].get<bool>() : state.consumed > 0;
     state.partial = meta.value("partial", std::vector<double>{});
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     generator.set_state(checkpoint.readWhole("trainer/rng").contiguous());
@@ -120,7 +124,7 @@ CheckpointState loadCheckpoint(const std::string& path, torch::nn::Module& model
     torch::serialize::InputArchive archive;
     archive.load_from(path);
     loadModelAndOptimizer(archive, model, optimizer);
-    at::Tensor epoch, steps, rng, batch, partial, consumed;
+    at::Tensor epoch, steps, rng, batch, partial, consumed, world, elastic;
     archive.read("epoch", epoch);
     archive.read("steps", steps);
     archive.read("rng", rng);
@@ -130,6 +134,10 @@ CheckpointState loadCheckpoint(const std::string& path, torch::nn::Module& model
     state.steps = steps.item<int64_t>();
     if (archive.try_read("batch", batch)) state.batch = batch.item<int64_t>();
     if (archive.try_read("consumed", consumed)) state.consumed = consumed.item<int64_t>();
+    if (archive.try_read("world_size", world)) state.worldSize = world.item<int64_t>();
+    // Checkpoints from before "elastic" was recorded held `consumed` only
+    // when an elastic run wrote them.
+    state.elastic = archive.try_read("elastic", elastic) ? elastic.item<int64_t>() != 0 : state.consumed > 0;
     if (archive.try_read("partial", partial)) {
       partial = partial.to(at::kDouble).contiguous();
       state.partial.assign(partial.data_ptr<double>(), partial.data_ptr<double>() + partial.numel());

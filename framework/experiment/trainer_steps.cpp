@@ -83,7 +83,8 @@ std::pair<double, double> Trainer::trainEpoch(int64_t epoch) {
     }
     firstBatch = 0;
   }
-  s.consumed = 0;
+  // An epoch stopped by a signal keeps what it read, for its checkpoint.
+  if (!s.partialEpoch) s.consumed = 0;
   return {sums.lossSum, double(sums.seen)};
 }
 
@@ -96,10 +97,17 @@ bool Trainer::trainSegment(int64_t epoch, int64_t firstBatch, EpochSums& sums) {
   const int world = worldSize();
   sums.pendingLoss = 0;  // a step that did not finish is redone
   sums.pendingSeen = 0;
-  // The whole epoch's shard, or what is left of it (elastic).
+  // The whole epoch's shard, or what is left of it (an elastic run's new
+  // membership, or a mid-epoch checkpoint resumed at another world size).
+  // A strategy that cannot shadow a rank's missing steps gets equal
+  // shards of the rest.
   const bool remainder = s.consumed > 0;
-  const std::vector<int64_t> order = remainder ? s.sampler->remainderForEpoch(epoch, s.consumed, rank(), world)
-                                               : s.sampler->indicesForEpoch(epoch);
+  const bool join = s.join || (remainder && world > 1 && strategy.supportsJoin());
+  const bool equalShards = remainder && !join;
+  const bool dropLast = equalShards && tc.dropLast;
+  const std::vector<int64_t> order =
+      remainder ? s.sampler->remainderForEpoch(epoch, s.consumed, rank(), world, equalShards, dropLast)
+                : s.sampler->indicesForEpoch(epoch);
   const auto myN = static_cast<int64_t>(order.size());
   const int64_t batches = (myN + tc.batchSize - 1) / tc.batchSize;
   const int64_t usable = tc.dropLast ? myN / tc.batchSize : batches;
@@ -110,7 +118,6 @@ bool Trainer::trainSegment(int64_t epoch, int64_t firstBatch, EpochSums& sums) {
   // remainder) a rank may have one step fewer than its peers; it shadows
   // that step. Every rank knows every rank's count, so no collective
   // decides it.
-  const bool join = s.join || (remainder && world > 1 && strategy.supportsJoin());
   auto stepsOf = [&](int64_t samples) {
     const int64_t b = tc.dropLast ? samples / tc.batchSize : (samples + tc.batchSize - 1) / tc.batchSize;
     return (b + tc.accumulateGradBatches - 1) / tc.accumulateGradBatches;

@@ -53,20 +53,25 @@ std::vector<int64_t> DistributedSampler::permutation(int64_t epoch) const {
   return order;
 }
 
-int64_t DistributedSampler::remainderSamplesFor(int64_t datasetSize, int64_t consumed, int rank, int worldSize) {
+int64_t DistributedSampler::remainderSamplesFor(int64_t datasetSize, int64_t consumed, int rank, int worldSize,
+                                                bool equalShards, bool dropLast) {
   const int64_t left = std::max<int64_t>(0, datasetSize - consumed);
+  if (equalShards) return dropLast ? left / worldSize : (left + worldSize - 1) / worldSize;
   return left > rank ? (left - rank + worldSize - 1) / worldSize : 0;
 }
 
-std::vector<int64_t> DistributedSampler::remainderForEpoch(int64_t epoch, int64_t consumed, int rank,
-                                                           int worldSize) const {
+std::vector<int64_t> DistributedSampler::remainderForEpoch(int64_t epoch, int64_t consumed, int rank, int worldSize,
+                                                           bool equalShards, bool dropLast) const {
   if (worldSize < 1 || rank < 0 || rank >= worldSize || consumed < 0) {
     fail<UsageError>("DistributedSampler: rank {} of world size {} after {} samples", rank, worldSize, consumed);
   }
   const std::vector<int64_t> order = permutation(epoch);
+  const int64_t count = remainderSamplesFor(datasetSize_, consumed, rank, worldSize, equalShards, dropLast);
   std::vector<int64_t> mine;
-  for (int64_t position = consumed + rank; position < datasetSize_; position += worldSize) {
-    mine.push_back(order[static_cast<size_t>(position)]);
+  mine.reserve(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t position = consumed + rank + k * worldSize;
+    mine.push_back(order[static_cast<size_t>(position % datasetSize_)]);
   }
   return mine;
 }

@@ -42,8 +42,15 @@ class DistributedSampler {
   // are dealt position by position, so any number of steps at one world
   // size reads a prefix), so the rest of the epoch is read once, by
   // whichever ranks are left.
-  std::vector<int64_t> remainderForEpoch(int64_t epoch, int64_t consumed, int rank, int worldSize) const;
-  static int64_t remainderSamplesFor(int64_t datasetSize, int64_t consumed, int rank, int worldSize);
+  // With equalShards (a strategy that cannot shadow a rank's missing
+  // steps), every rank gets as many: ceil(left / worldSize), the positions
+  // past the permutation's end repeating it from its start as the padded
+  // sampler does, or with dropLast floor(left / worldSize), the tail left
+  // out.
+  std::vector<int64_t> remainderForEpoch(int64_t epoch, int64_t consumed, int rank, int worldSize,
+                                         bool equalShards = false, bool dropLast = false) const;
+  static int64_t remainderSamplesFor(int64_t datasetSize, int64_t consumed, int rank, int worldSize,
+                                     bool equalShards = false, bool dropLast = false);
 
   void setEpoch(int64_t epoch);
   int64_t epoch() const { return epoch_; }

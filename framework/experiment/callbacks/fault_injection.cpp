@@ -45,6 +45,8 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank, std::s
     const std::string action = how;
     if (action == "stop") {
       f.signal = SIGSTOP;
+    } else if (action == "term") {
+      f.signal = SIGTERM;
     } else if (action.rfind("sleep=", 0) == 0) {
       f.signal = 0;
       f.sleepMs = std::atoi(action.c_str() + 6);
