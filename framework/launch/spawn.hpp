@@ -32,13 +32,14 @@
 //   inProcessEntry(argv) in the copy of this process that fork() made, and
 //   exits with what it returns, its streams flushed and its static objects
 //   left as they are (they are the parent's, shared copy-on-write:
-//   destroying them would copy pages only to free them). A LibTorch program spends about
-//   0.8 s of CPU loading before main; the copy pays none of it. The entry
-//   re-reads whatever the program had read from its environment before
-//   main (OMP_NUM_THREADS, say), because that was read by the parent. With
-//   more than one thread (a thread might hold a lock that the copy would
-//   wait on for ever), or with DDP_SPAWN=exec, the child execs as always.
-//   ChildProcess::inProcess tells which happened.
+//   destroying them would copy pages only to free them). A LibTorch
+//   program spends about 0.8 s of CPU loading before main; the copy pays
+//   none of it. The entry re-reads whatever the program had read from its
+//   environment before main (OMP_NUM_THREADS, say), because that was read
+//   by the parent. With more than one thread (a thread might hold a lock
+//   that the copy would wait on for ever; OpenBLAS's idle pool is stopped
+//   first, as its own fork handler would), or with DDP_SPAWN=exec, the
+//   child execs as always. ChildProcess::inProcess tells which happened.
 // - runProcess() spawns with captureOutput, reads the output until the child
 //   closes it, and reaps the child: a program run to its end, as popen()
 //   would, but with no shell between (arguments are passed as they are).
