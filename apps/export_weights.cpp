@@ -1,6 +1,7 @@
 // `ddp-run --export` (export_weights.hpp).
 #include "apps/export_weights.hpp"
 
+#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 
 #include <fstream>
@@ -58,11 +59,7 @@ std::string exportWeights(const ExportOptions& options, PluginRegistry& registry
                              [&](size_t i) { return checkpoint.readWhole("model/" + layout[i].name); },
                              exportMetadata(options, source.config, source.checkpoint));
     count = layout.size();
-    for (const TensorLayout& t : layout) {
-      int64_t n = 1;
-      for (int64_t d : t.shape) n *= d;
-      elements += n;
-    }
+    for (const TensorLayout& t : layout) elements += c10::multiply_integers(t.shape);
     checkpointPath = source.checkpoint;
   } else {
     const TrainedModel trained = loadTrainedModel(options.runDir, registry, options.checkpoint);

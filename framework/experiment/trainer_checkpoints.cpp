@@ -75,9 +75,9 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
     // whether it is another (an elastic run's membership may have changed
     // within the epoch: it always resumes from `consumed`).
     archive->write("world_size", at::tensor(int64_t(worldSize()), at::kLong));
-    if (batch > 0) archive->write("consumed", at::tensor(s.consumed, at::kLong));
     archive->write("elastic", at::tensor(int64_t(s.rendezvous ? 1 : 0), at::kLong));
     if (batch > 0) {
+      archive->write("consumed", at::tensor(s.consumed, at::kLong));
       archive->write("batch", at::tensor(batch, at::kLong));
       archive->write("partial", at::tensor(partial, at::kDouble));
     }
@@ -209,7 +209,7 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
     if (!failure.empty()) fail<std::runtime_error>("{}", failure.substr(0, failure.find('\n')));
     HeldState held = s.strategy ? s.strategy->heldState() : wholeHeldState(*s.model, *s.releasedOptimizer, 1, 0);
     std::vector<StateSlice> slices =
-        savedSlices(held, s.strategy ? s.strategy->optimizer() : *s.releasedOptimizer, SliceData::Views);
+        savedSlices(held, s.strategy ? s.strategy->optimizer() : *s.releasedOptimizer);
     // One copy, into the buffers of the previous background save where the
     // shapes match (writeCheckpoint waited for that save: they are free).
     const bool reuse = s.asyncStaging.size() == slices.size() &&
@@ -240,7 +240,7 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
       HeldState held = s.strategy ? s.strategy->heldState() : wholeHeldState(*s.model, *s.releasedOptimizer, 1, 0);
       // Training waits for this write: the live tensors are written as they are.
       std::vector<StateSlice> slices =
-          savedSlices(held, s.strategy ? s.strategy->optimizer() : *s.releasedOptimizer, SliceData::Views);
+          savedSlices(held, s.strategy ? s.strategy->optimizer() : *s.releasedOptimizer);
       if (writer) {
         at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
         slices.push_back({"trainer/rng", {rng.numel()}, 0, rng.reshape({-1}).clone(), ""});

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -95,9 +96,7 @@ void writeSafetensorsStreamed(const std::string& path, const std::vector<TensorL
       fail<UsageError>("safetensors: tensor name {} is {}", t.name,
                        t.name == "__metadata__" ? "reserved for the header's metadata" : "given twice");
     }
-    int64_t numel = 1;
-    for (int64_t d : t.shape) numel *= d;
-    const uint64_t bytes = static_cast<uint64_t>(numel) * c10::elementSize(t.dtype);
+    const uint64_t bytes = static_cast<uint64_t>(c10::multiply_integers(t.shape)) * c10::elementSize(t.dtype);
     header[t.name] = {{"dtype", dtypeName(t.dtype, t.name)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }

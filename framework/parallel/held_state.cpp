@@ -73,12 +73,10 @@ HeldState wholeHeldState(torch::nn::Module& model, torch::optim::Optimizer& opti
   return held;
 }
 
-std::vector<StateSlice> savedSlices(const HeldState& held, torch::optim::Optimizer& optimizer, SliceData data) {
+std::vector<StateSlice> savedSlices(const HeldState& held, torch::optim::Optimizer& optimizer) {
   at::NoGradGuard noGrad;
   std::vector<StateSlice> out;
-  const auto hostData = [data](const at::Tensor& t) {
-    return data == SliceData::Views ? t.detach().to(at::kCPU) : t.detach().to(at::kCPU).clone();
-  };
+  const auto hostData = [](const at::Tensor& t) { return t.detach().to(at::kCPU); };
   // This rank's part of a held range (or of a state tensor of its extent).
   const auto addRange = [&](const std::string& name, const HeldTensor& h, const at::Tensor& flat) {
     const auto [begin, end] = replicaPart(flat.numel(), h.replicas, h.replica);

@@ -23,11 +23,10 @@
 //   for; its state entries shaped like it are ranges of the same extent,
 //   other entries (Adam's step) are whole values, written once by the
 //   holder of the range's start with replica 0.
-// - savedSlices() is this rank's share to write, copied (a later step may
-//   change the live tensors), or with SliceData::Views the live tensors
-//   themselves (host tensors; device ones are copied to the host), for a
-//   writer that finishes before training goes on or copies them into
-//   buffers of its own. loadHeldState() fills what the rank holds:
+// - savedSlices() is this rank's share to write: the live tensors
+//   themselves (host tensors; device ones are copied to the host), so a
+//   writer finishes before training goes on or copies them into buffers of
+//   its own (the asynchronous save does). loadHeldState() fills what the rank holds:
 //   model ranges in place, and the optimizer's state, created first where
 //   the optimizer has none yet (one step on zero gradients whose effect on
 //   the parameters is undone), entry by entry; a logical tensor the reader
@@ -85,9 +84,7 @@ std::vector<HeldTensor> wholeModel(torch::nn::Module& model, int replicas, int r
 // rank): the default of ParallelStrategy::heldState().
 HeldState wholeHeldState(torch::nn::Module& model, torch::optim::Optimizer& optimizer, int replicas, int replica);
 
-enum class SliceData { Copies, Views };
-std::vector<StateSlice> savedSlices(const HeldState& held, torch::optim::Optimizer& optimizer,
-                                    SliceData data = SliceData::Copies);
+std::vector<StateSlice> savedSlices(const HeldState& held, torch::optim::Optimizer& optimizer);
 void loadHeldState(const HeldState& held, torch::optim::Optimizer& optimizer, const StateReader& reader);
 
 }  // namespace ddp
