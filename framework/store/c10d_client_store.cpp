@@ -2,13 +2,12 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <thread>
-
 #include "ddp/config.hpp"
 
 #if DDP_HAVE_C10D_STORE
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "framework/store/c10d_store.hpp"
 #endif
 
 namespace ddp {
@@ -16,36 +15,8 @@ namespace ddp {
 #if DDP_HAVE_C10D_STORE
 
 struct C10dClientStore::Impl {
-  std::unique_ptr<c10d::TCPStore> store;
+  std::unique_ptr<C10dStore> store;
 };
-
-namespace {
-
-std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-std::string keysText(const std::vector<std::string>& keys) {
-  std::string out;
-  for (const auto& k : keys) out += (out.empty() ? "'" : ", '") + k + "'";
-  return out;
-}
-
-// c10d reports a timeout in its message ("Socket Timeout", "Wait timeout").
-bool isTimeout(const std::string& what) {
-  return what.find("imeout") != std::string::npos || what.find("timed out") != std::string::npos;
-}
-
-template <typename Fn>
-auto translated(const std::string& where, const std::string& what, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    const std::string reason = firstLine(e.what_without_backtrace());
-    if (isTimeout(reason)) throw StoreTimeout(fmt::format("store {}: timed out on {}: {}", where, what, reason));
-    throw StoreError(fmt::format("store {}: {} failed: {}", where, what, reason));
-  }
-}
-
-}  // namespace
 
 bool C10dClientStore::available() { return true; }
 
@@ -58,53 +29,31 @@ C10dClientStore::C10dClientStore(const std::string& host, uint16_t port, std::ch
   options.isServer = false;
   options.waitWorkers = false;
   options.timeout = connectTimeout;  // c10d retries connecting until its timeout
+  c10::intrusive_ptr<c10d::TCPStore> client;
   try {
-    impl_->store = std::make_unique<c10d::TCPStore>(host, options);
+    client = c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const c10::Error& e) {
+    const std::string reason = e.what_without_backtrace();
     throw StoreError(fmt::format("cannot reach the c10d store at {}:{} within {} s: {}", host, port,
-                                 connectTimeout.count() / 1000.0, firstLine(e.what_without_backtrace())));
+                                 connectTimeout.count() / 1000.0, reason.substr(0, reason.find('\n'))));
   }
-  impl_->store->setTimeout(timeout);
+  client->setTimeout(timeout);
+  impl_->store = std::make_unique<C10dStore>(std::move(client), where_, timeout);
 }
 
 C10dClientStore::~C10dClientStore() = default;
 
-void C10dClientStore::set(const std::string& key, const Bytes& value) {
-  translated(where_, "set '" + key + "'", [&] { impl_->store->set(key, value); });
-}
-
+void C10dClientStore::set(const std::string& key, const Bytes& value) { impl_->store->set(key, value); }
+// Waits with this store's timeout (setTimeout may have changed it since).
 Bytes C10dClientStore::get(const std::string& key) {
-  wait({key});
-  return translated(where_, "get '" + key + "'", [&] { return impl_->store->get(key); });
+  impl_->store->wait({key}, timeout_);
+  return impl_->store->get(key);
 }
-
-int64_t C10dClientStore::add(const std::string& key, int64_t delta) {
-  return translated(where_, "add '" + key + "'", [&] { return impl_->store->add(key, delta); });
-}
-
-bool C10dClientStore::check(const std::vector<std::string>& keys) {
-  return translated(where_, "check " + keysText(keys), [&] { return impl_->store->check(keys); });
-}
-
-// By polling check(), not with c10d's wait: LibTorch 1.13's client keeps a
-// short wait's timeout on its socket, and after a wait that timed out it
-// takes the stale reply for the next request.
+int64_t C10dClientStore::add(const std::string& key, int64_t delta) { return impl_->store->add(key, delta); }
+bool C10dClientStore::check(const std::vector<std::string>& keys) { return impl_->store->check(keys); }
 void C10dClientStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
-  const auto limit = effectiveTimeout(timeout);
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  auto pause = std::chrono::milliseconds(1);
-  for (;;) {
-    if (check(keys)) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
-      throw StoreTimeout(fmt::format("store {}: timed out after {} s waiting for {}", where_, limit.count() / 1000.0,
-                                     keysText(keys)));
-    }
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
-    pause = std::min(pause * 2, std::chrono::milliseconds(50));
-  }
+  impl_->store->wait(keys, timeout.count() > 0 ? timeout : timeout_);
 }
-
 std::string C10dClientStore::describe() const { return where_; }
 
 #else  // no c10d client in this build
