@@ -52,6 +52,10 @@ if(DDP_HAVE_GLOO)
 endif()
 list(JOIN ddp_deb_depends ", " CPACK_DEBIAN_PACKAGE_DEPENDS)
 # Without OpenBLAS's threaded build LibTorch's CPU steps are ~16x slower;
-# ddp-plot draws with matplotlib.
+# ddp-plot draws with matplotlib; ddp_torch (when built) is imported by
+# python3, whose torch is python3-torch.
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libopenblas0-pthread, python3-matplotlib")
+if(DDP_HAVE_PYTHON_TORCH)
+  string(APPEND CPACK_DEBIAN_PACKAGE_RECOMMENDS ", python3-torch")
+endif()
 include(CPack)

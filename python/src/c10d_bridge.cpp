@@ -1,4 +1,4 @@
-#include "c10d_bridge.hpp"
+#include "python/src/c10d_bridge.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>

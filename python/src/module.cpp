@@ -4,7 +4,7 @@
 #include <pybind11/chrono.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "c10d_bridge.hpp"
+#include "python/src/c10d_bridge.hpp"
 
 namespace py = pybind11;
 

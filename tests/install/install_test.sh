@@ -155,6 +155,15 @@ dpkg -x "$deb" "$root"
 for f in usr/bin/ddp-run usr/bin/ddp-plot usr/include/ddp/ddp.hpp usr/share/ddp/data/wine.csv; do
   [ -e "$root/$f" ] || fail "$deb does not hold /$f"
 done
+# ddp_torch (issue 43), where this build made it: where /usr/bin/python3
+# finds it, and it imports from there and registers the backend "ddp".
+if [ -f "$build/python/ddp_torch/__init__.py" ]; then
+  pkg="$root/usr/lib/python3/dist-packages"
+  ls "$pkg"/ddp_torch/_C*.so > /dev/null 2>&1 || fail "$deb does not hold /usr/lib/python3/dist-packages/ddp_torch/_C*.so"
+  PYTHONPATH="$pkg" /usr/bin/python3 -c "import ddp_torch, torch.distributed as d; assert 'DDP' in d.Backend._plugins" ||
+    fail "ddp_torch from $deb does not import"
+  echo "ok: $(basename "$deb") holds ddp_torch, which imports and registers the backend \"ddp\""
+fi
 grep -q 'DDP_INSTALL_DATA_DIR "/usr/share/ddp"' "$root/usr/include/ddp/install_dirs.hpp" ||
   fail "$deb: its libraries look for data elsewhere than /usr/share/ddp ($(grep DDP_INSTALL_DATA_DIR "$root/usr/include/ddp/install_dirs.hpp"))"
 readelf -d "$root/usr/bin/ddp-run" | grep -qi 'cudart\|nccl' && fail "$deb: ddp-run needs CUDA or NCCL libraries"
