@@ -17,6 +17,7 @@ packages=(
   python3-torch python3-sklearn   # references and data sources for the benchmarks
   python3-jsonschema              # tests/schema: experiments/ checked against ddp-run --schema
   python3-matplotlib              # scripts/ddp-plot: PNGs of run folders and benchmark records
+  pybind11-dev python3-dev        # python/ddp_torch: the backend "ddp" of torch.distributed
   fortunes                        # a text corpus: /usr/share/games/fortunes (experiments/char_gpt.json)
   openmpi-bin iproute2            # cluster tests: mpirun, and two hosts in network namespaces
   slurm-wlm munge                 # cluster test: a SLURM cluster on this machine (tests/cluster/slurm_test.sh)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Reference for `ddp-bench train-step`: PyTorch's own DDP over gloo
-(or over nccl with --device cuda, rank r on cuda:r).
+(or over nccl with --device cuda, rank r on cuda:r; or over our collectives
+with --backend ddp, which imports ddp_torch: benchmarks/python_backend.py).
 
 --model mlp (default): the MLP 256-1024-1024-1024-512-10 (about 2.9M
 parameters), batch 64 per rank, Adam lr 1e-3, cross entropy.
@@ -75,7 +76,9 @@ def worker(rank, world, store, args, out):
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
-    rendezvous.init("nccl" if cuda else "gloo", rank, world, store)
+    if args.backend == "ddp":
+        import ddp_torch  # noqa: F401  (registers the backend "ddp")
+    rendezvous.init("nccl" if cuda else args.backend, rank, world, store)
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
     net, opt_cfg = make_workload(args, dev)
     model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[rank] if cuda else None)
@@ -110,7 +113,7 @@ def worker(rank, world, store, args, out):
     if rank == 0:
         step_ms = statistics.median(times) * 1000
         params = sum(p.numel() for p in net.parameters())
-        out.put({"impl": "torch-ddp", "model": args.model, "world_size": world, "params": params,
+        out.put({"impl": "torch-ddp", "backend": "nccl" if cuda else args.backend, "model": args.model, "world_size": world, "params": params,
                  "batch_per_rank": args.batch, "step_ms": step_ms, "samples_per_s": world * args.batch / (step_ms / 1000),
                  "max_param_diff": diff.item(),
                  **{name + "_ms": statistics.median(p[k] for p in phases) * 1000
@@ -131,6 +134,8 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--batch", type=int, default=None, help="samples per rank (default: 64 for mlp, else 32)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--backend", choices=["gloo", "ddp"], default="gloo",
+                   help="the CPU backend: gloo, or ddp (ours, through ddp_torch; PYTHONPATH must hold it)")
     p.add_argument("--repeats", type=int, default=1, help="runs per world size; the median run is printed")
     args = p.parse_args()
     if args.model != "mlp" and (args.model_config is None or args.optimizer is None):

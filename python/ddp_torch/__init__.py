@@ -22,7 +22,12 @@ import torch.distributed as _dist
 if not _dist.is_available():
     raise ImportError("ddp_torch: this torch was built without torch.distributed")
 
-from . import _C  # noqa: E402  (after torch: _C links torch's libraries)
+try:
+    from . import _C  # noqa: E402  (after torch: _C links torch's libraries)
+except ImportError as e:
+    raise ImportError(f"ddp_torch: cannot load its extension _C next to {__file__} ({e}). HINT: import the built "
+                      "package (PYTHONPATH=<build>/python) or the installed one, not python/ddp_torch of the "
+                      "source tree") from e
 
 BACKEND = "ddp"
 
