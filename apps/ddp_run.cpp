@@ -25,6 +25,7 @@
 #include <sstream>
 #include <thread>
 
+#include "apps/ddp_run.hpp"
 #include "apps/export_weights.hpp"
 #include "apps/sample.hpp"
 #include "ddp/config.hpp"
@@ -294,7 +295,7 @@ int rankInLaunchersCopy(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return runMain(argc, argv); }
+int ddpRunMain(int argc, char** argv) { return runMain(argc, argv); }
 
 namespace {
 

@@ -50,7 +50,7 @@ void closeCloseOnExecDescriptors() {
 bool mayRunInProcess(const SpawnOptions& options, const std::string& program) {
   if (!options.inProcessEntry) return false;
   if (const char* mode = std::getenv("DDP_SPAWN"); mode != nullptr && std::string(mode) == "exec") return false;
-  if (program != "/proc/self/exe") {
+  if (program != "/proc/self/exe" && !options.entryRunsProgram) {
     std::error_code ec;
     const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
     if (ec || std::filesystem::weakly_canonical(program, ec) != self) return false;

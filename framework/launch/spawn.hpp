@@ -66,6 +66,10 @@ struct SpawnOptions {
   bool dieWithParent = false;
   int deathSignal = SIGKILL;  // with dieWithParent
   std::function<int(const std::vector<std::string>& argv)> inProcessEntry;
+  // inProcessEntry runs `program`'s own main, linked into this process
+  // though this is another executable (the tests run ddp-run so): a copy
+  // may stand for `program`, not only for "/proc/self/exe".
+  bool entryRunsProgram = false;
 };
 
 struct ChildProcess {
