@@ -96,8 +96,15 @@ TEST_CASE("worker: collectives in a separate process", "[.worker]") {
   auto ctx = joinFromEnvironment();
   ProcessGroup& pg = *ctx.group;
   const int n = pg.size(), r = pg.rank();
+  // Every dtype past the inline limit (100003); MiB messages (ring chunks,
+  // shared-memory slot rounds) in float32 only: the kernels per dtype are
+  // the same at every size, and the thread-rank closed forms take the large
+  // sizes in two dtypes (issue 40: 1 << 20 in all six was most of this
+  // test's 32 s).
   for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong}) {
-    for (int64_t count : {0, 1, 7, 1000, 1 << 20}) {
+    std::vector<int64_t> counts = {0, 1, 7, 1000, 100003};
+    if (dtype == at::kFloat) counts.push_back(1 << 20);
+    for (int64_t count : counts) {
       at::Tensor base = at::arange(count, at::kLong).remainder(7);
       at::Tensor t = (base + r + 1).to(dtype);
       pg.allreduce(t)->wait();

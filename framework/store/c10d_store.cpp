@@ -34,6 +34,14 @@ auto translated(const std::string& where, const std::string& what, Fn&& fn) -> d
     const std::string reason = firstLine(e.what_without_backtrace());
     if (isTimeout(reason)) throw StoreTimeout(fmt::format("store {}: timed out on {}: {}", where, what, reason));
     throw StoreError(fmt::format("store {}: {} failed: {}", where, what, reason));
+  } catch (const StoreError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // c10d's TimeoutError and C10dError, and std::system_error when the
+    // server's connection resets.
+    const std::string reason = firstLine(e.what());
+    if (isTimeout(reason)) throw StoreTimeout(fmt::format("store {}: timed out on {}: {}", where, what, reason));
+    throw StoreError(fmt::format("store {}: {} failed: {}", where, what, reason));
   }
 }
 

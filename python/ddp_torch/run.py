@@ -10,7 +10,8 @@ on each with --nnodes, --node-rank, --master-addr and --master-port.
 
 When a rank fails, the others are stopped (SIGTERM, then SIGKILL after
 --kill-grace seconds) and the launcher exits with that rank's code, after a
-line naming it. SIGINT and SIGTERM to the launcher are passed to every rank.
+line naming it. SIGINT and SIGTERM to the launcher are passed to every rank,
+and ranks still running --kill-grace seconds later are killed.
 """
 
 import argparse
@@ -75,57 +76,89 @@ def main(argv=None):
             return 2
         port = _free_port()
     world = a.nnodes * a.nproc_per_node
-    ranks = []
-    for local in range(a.nproc_per_node):
-        rank = a.node_rank * a.nproc_per_node + local
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
-                   LOCAL_WORLD_SIZE=str(a.nproc_per_node), GROUP_RANK=str(a.node_rank), MASTER_ADDR=addr,
-                   MASTER_PORT=str(port))
-        ranks.append((rank, subprocess.Popen([sys.executable, "-c", _BOOT, a.script] + a.args, env=env)))
-
-    stopping = []
+    ranks = {}  # pid -> (rank, Popen)
+    stopping = []  # signals forwarded to the ranks
 
     def forward(signum, _frame):
-        stopping.append(signum)
-        for _, proc in ranks:
-            if proc.poll() is None:
+        stopping.append((signum, time.monotonic()))
+        for _, proc in ranks.values():
+            if proc.returncode is None:
                 proc.send_signal(signum)
 
+    # Before the first rank starts: a signal meanwhile reaches those started.
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
+    try:
+        for local in range(a.nproc_per_node):
+            rank = a.node_rank * a.nproc_per_node + local
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
+                       LOCAL_WORLD_SIZE=str(a.nproc_per_node), GROUP_RANK=str(a.node_rank), MASTER_ADDR=addr,
+                       MASTER_PORT=str(port))
+            proc = subprocess.Popen([sys.executable, "-c", _BOOT, a.script] + a.args, env=env)
+            ranks[proc.pid] = (rank, proc)
+    except OSError as e:
+        print(f"ddp_torch.run: cannot start rank {rank}: {e}", file=sys.stderr)
+        for _, proc in ranks.values():
+            proc.kill()
+            proc.wait()
+        return 1
+
+    def reap():
+        """The ranks that ended since the last call, in the order the kernel reports them."""
+        ended = []
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return ended
+            if pid == 0:
+                return ended
+            if pid in ranks:
+                rank, proc = ranks[pid]
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                ended.append((rank, proc))
+
+    def running():
+        return [(r, p) for r, p in ranks.values() if p.returncode is None]
+
+    def stop_rest(grace):
+        for _, p in running():
+            p.terminate()
+        deadline = time.monotonic() + grace
+        while running() and time.monotonic() < deadline:
+            reap()
+            time.sleep(0.05)
+        for r, p in running():
+            print(f"ddp_torch.run: rank {r} (pid {p.pid}) did not stop within {grace} s; killing it", file=sys.stderr)
+            p.kill()
+        while running():
+            reap()
+            time.sleep(0.01)
 
     status = 0
-    while True:
-        running = [(r, p) for r, p in ranks if p.poll() is None]
-        failed = [(r, p) for r, p in ranks if p.returncode not in (None, 0)]
-        if failed and not status:
-            rank, proc = failed[0]
+    while running():
+        for rank, proc in reap():
             code = proc.returncode
+            if code == 0 or status:
+                continue
             why = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
             status = 128 - code if code < 0 else code
-            if running:
-                print(f"ddp_torch.run: rank {rank} (pid {proc.pid}) {why}; stopping the other "
-                      f"{len(running)} rank(s)", file=sys.stderr)
-                for _, p in running:
-                    p.terminate()
-                deadline = time.monotonic() + a.kill_grace
-                while time.monotonic() < deadline and any(p.poll() is None for _, p in running):
-                    time.sleep(0.05)
-                for r, p in running:
-                    if p.poll() is None:
-                        print(f"ddp_torch.run: rank {r} (pid {p.pid}) did not stop within {a.kill_grace} s; "
-                              "killing it", file=sys.stderr)
-                        p.kill()
-                for _, p in running:
-                    p.wait()
+            left = running()
+            if left:
+                print(f"ddp_torch.run: rank {rank} (pid {proc.pid}) {why}; stopping the other {len(left)} rank(s)",
+                      file=sys.stderr)
+                stop_rest(a.kill_grace)
             else:
                 print(f"ddp_torch.run: rank {rank} (pid {proc.pid}) {why}", file=sys.stderr)
-            break
-        if not running:
-            break
+        if stopping and running() and time.monotonic() - stopping[0][1] > a.kill_grace:
+            for r, p in running():
+                print(f"ddp_torch.run: rank {r} (pid {p.pid}) still runs {a.kill_grace} s after "
+                      f"{_signal_name(stopping[0][0])}; killing it", file=sys.stderr)
+                p.kill()
+            stopping[0] = (stopping[0][0], float("inf"))
         time.sleep(0.05)
     if stopping and not status:
-        status = 128 + stopping[0]
+        status = 128 + stopping[0][0]
     return status
 
 

@@ -1,10 +1,14 @@
 #include "python/src/c10d_bridge.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/ivalue.h>
 #include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 
@@ -177,10 +181,17 @@ class BridgeWork : public c10d::Work {
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
     ddp::Work* done = done_.get();
     done_->onFinish([done, future = future_, outputs = outputs_] {
-      if (auto error = done->exception()) {
-        future->setError(asC10Error(error));
-      } else {
-        future->markCompleted(c10::IValue(outputs));
+      // The future runs its callbacks here; one that throws must not end
+      // the backend's thread or skip the Work's other callbacks.
+      try {
+        if (auto error = done->exception()) {
+          future->setError(asC10Error(error));
+        } else {
+          future->markCompleted(c10::IValue(outputs));
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "ddp_torch: a callback on %s's future failed: %s\n", done->description().c_str(),
+                     e.what());
       }
     });
   }
@@ -214,9 +225,32 @@ class BridgeWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// `after` runs on whichever thread completes the operation, with the
+// caller's thread-local state (inference mode, grad mode), as the caller's
+// own copy would.
 c10::intrusive_ptr<c10d::Work> bridged(int rank, c10d::OpType type, WorkPtr op, std::function<void()> after,
                                        std::vector<at::Tensor> outputs) {
+  if (after) {
+    after = [state = at::ThreadLocalState(), after = std::move(after)] {
+      at::ThreadLocalStateGuard guard(state);
+      after();
+    };
+  }
   return c10::make_intrusive<BridgeWork>(rank, type, std::move(op), std::move(after), std::move(outputs));
+}
+
+// The host peers reach for the network interface: MASTER_ADDR, else the
+// TCPStore's host under torch.distributed's PrefixStores (init_method
+// "tcp://HOST:PORT" sets no MASTER_ADDR), else "" (loopback: one host).
+std::string masterAddressOf(c10::intrusive_ptr<c10d::Store> store) {
+  if (const char* master = std::getenv("MASTER_ADDR"); master != nullptr && *master) return master;
+  for (int depth = 0; store && depth < 8; ++depth) {
+    if (auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get())) return tcp->getHost();
+    auto* prefix = dynamic_cast<c10d::PrefixStore*>(store.get());
+    if (!prefix) break;
+    store = prefix->getUnderlyingStore();
+  }
+  return "";
 }
 
 // The copy back of `wire` into `dst` when they are not the same memory.
@@ -235,7 +269,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> C10dBridge::create(const c10::intrusive_p
     auto ours = std::make_shared<C10dStore>(store, "torch.distributed's store", timeout);
     ProcessGroupOptions options;
     options.timeout = timeout;
-    if (const char* master = std::getenv("MASTER_ADDR")) options.masterAddr = master;
+    options.masterAddr = masterAddressOf(store);
     return c10::intrusive_ptr<c10d::ProcessGroup>(
         c10::make_intrusive<C10dBridge>(builtinBackends().create(backend, ours, rank, size, options)));
   });

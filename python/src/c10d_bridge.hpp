@@ -6,8 +6,14 @@
 //   store (a c10d PrefixStore per group), the rank, the size and the
 //   timeout. Our group rendezvouses through that store alone (C10dStore),
 //   as our "gloo" backend: shared memory within a host, TCP across,
-//   hierarchical when both. MASTER_ADDR, when set, only picks the network
-//   interface that reaches it, as for our own launcher.
+//   hierarchical when both. The network interface is the one that reaches
+//   MASTER_ADDR, or else the host of the TCPStore under the PrefixStores
+//   (init_method "tcp://HOST:PORT"); neither: loopback, one host.
+// - Copies back run with the calling thread's thread-local state
+//   (inference mode, grad mode). An input copied to the wire (widened,
+//   conjugated or non-contiguous) is read when the call is made.
+// - Destroying the group waits for its peers through the store (up to its
+//   closing timeout); Python holds the GIL meanwhile.
 // - The operations PyTorch's DDP, ZeroRedundancyOptimizer and common code
 //   call: allreduce (SUM, AVG, PRODUCT, MIN, MAX) and allreduce_coalesced,
 //   broadcast, allgather and _allgather_base, reduce_scatter and

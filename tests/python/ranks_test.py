@@ -145,6 +145,14 @@ t = torch.full((6, 4), float(r)).t()
 dist.broadcast(t, src=0)
 expect("broadcast non-contiguous", t, torch.zeros(4, 6))
 
+# Copies back on the backend's thread keep the caller's inference mode
+# (a list output of a large allgather is filled there).
+with torch.inference_mode():
+    outs = [torch.empty(100003) for _ in range(n)]
+    dist.all_gather(outs, torch.full((100003,), float(r)))
+    for i in range(n):
+        expect(f"allgather under inference_mode from {i}", outs[i], torch.full((100003,), float(i)))
+
 # Point to point: a ring with a tag, then receives from any source.
 t = torch.full((5,), float(r))
 dst, src = (r + 1) % n, (r - 1) % n
