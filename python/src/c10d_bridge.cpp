@@ -253,6 +253,24 @@ std::string masterAddressOf(c10::intrusive_ptr<c10d::Store> store) {
   return "";
 }
 
+// The tensors on the wire, laid end to end (one flat tensor).
+at::Tensor flatWire(const std::vector<at::Tensor>& tensors, const Wire& w) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : tensors) flat.push_back(toWire(t, w).reshape({-1}));
+  return at::cat(flat);
+}
+
+// The copy back of flat `wire` into `dsts`, laid end to end in it.
+std::function<void()> copyBackEach(const at::Tensor& wire, const std::vector<at::Tensor>& dsts, const Wire& w) {
+  return [wire, dsts = std::vector<at::Tensor>(dsts), w]() mutable {
+    int64_t offset = 0;
+    for (auto& t : dsts) {
+      fromWire(wire, offset, t, w);
+      offset += t.numel();
+    }
+  };
+}
+
 // The copy back of `wire` into `dst` when they are not the same memory.
 std::function<void()> copyBack(const at::Tensor& wire, const at::Tensor& dst, const Wire& w) {
   if (wire.is_alias_of(dst)) return {};
@@ -319,19 +337,10 @@ c10::intrusive_ptr<c10d::Work> C10dBridge::allreduce_coalesced(std::vector<at::T
     }
     const ReduceOp op = reduceOpFor(opts.reduceOp, first.scalar_type(), "allreduce_coalesced");
     const Wire w = wireFor(first.scalar_type(), "allreduce_coalesced");
-    std::vector<at::Tensor> flat;
-    for (const auto& t : tensors) flat.push_back(toWire(t, w).reshape({-1}));
-    at::Tensor wire = at::cat(flat);
+    at::Tensor wire = flatWire(tensors, w);
     ++issued_;
     auto work = group_->allreduce(wire, {op, timeoutOf(opts.timeout)});
-    auto after = [wire, tensors, w]() mutable {
-      int64_t offset = 0;
-      for (auto& t : tensors) {
-        fromWire(wire, offset, t, w);
-        offset += t.numel();
-      }
-    };
-    return bridged(rank_, c10d::OpType::ALLREDUCE_COALESCED, work, after, tensors);
+    return bridged(rank_, c10d::OpType::ALLREDUCE_COALESCED, work, copyBackEach(wire, tensors, w), tensors);
   });
 }
 
@@ -361,10 +370,7 @@ c10::intrusive_ptr<c10d::Work> C10dBridge::allgather(std::vector<std::vector<at:
     at::Tensor wireOut = emptyWire(size_ * in.numel(), in, w);
     ++issued_;
     auto work = group_->allgather(wireIn.reshape({-1}), wireOut, {timeoutOf(opts.timeout)});
-    auto after = [wireOut, outs, n = in.numel(), w]() mutable {
-      for (size_t r = 0; r < outs.size(); ++r) fromWire(wireOut, r * n, outs[r], w);
-    };
-    return bridged(rank_, c10d::OpType::ALLGATHER, work, after, outs);
+    return bridged(rank_, c10d::OpType::ALLGATHER, work, copyBackEach(wireOut, outs, w), outs);
   });
 }
 
@@ -406,13 +412,8 @@ c10::intrusive_ptr<c10d::Work> C10dBridge::gather(std::vector<std::vector<at::Te
     }
     ++issued_;
     auto work = group_->gather(wireIn, wireOut, {root, timeoutOf(opts.timeout)});
-    std::function<void()> after;
-    if (rank_ == root) {
-      after = [wireOut, outs, n = in.numel(), w]() mutable {
-        for (size_t r = 0; r < outs.size(); ++r) fromWire(wireOut, r * n, outs[r], w);
-      };
-    }
-    return bridged(rank_, c10d::OpType::GATHER, work, after, outs);
+    return bridged(rank_, c10d::OpType::GATHER, work, rank_ == root ? copyBackEach(wireOut, outs, w) : nullptr,
+                   outs);
   });
 }
 
@@ -428,9 +429,7 @@ c10::intrusive_ptr<c10d::Work> C10dBridge::scatter(std::vector<at::Tensor>& outp
       if (inputs.size() != 1) raise(fmt::format("ddp backend: scatter's root takes one input list, got {}", inputs.size()));
       requireCount(inputs[0], size_, "scatter", "the root's input list");
       requireSameKind(inputs[0], out, "scatter", "input");
-      std::vector<at::Tensor> flat;
-      for (const auto& t : inputs[0]) flat.push_back(toWire(t, w).reshape({-1}));
-      wireIn = at::cat(flat);
+      wireIn = flatWire(inputs[0], w);
     } else if (!inputs.empty() && !inputs[0].empty()) {
       raise(fmt::format("ddp backend: scatter: rank {} is not the root ({}) and must pass no input list", rank_, root));
     }
@@ -451,9 +450,7 @@ c10::intrusive_ptr<c10d::Work> C10dBridge::reduce_scatter(std::vector<at::Tensor
     requireSameKind(inputs[0], out, "reduce_scatter", "input");
     const ReduceOp op = reduceOpFor(opts.reduceOp, out.scalar_type(), "reduce_scatter");
     const Wire w = wireFor(out.scalar_type(), "reduce_scatter");
-    std::vector<at::Tensor> flat;
-    for (const auto& t : inputs[0]) flat.push_back(toWire(t, w).reshape({-1}));
-    at::Tensor wireIn = at::cat(flat);
+    at::Tensor wireIn = flatWire(inputs[0], w);
     at::Tensor wireOut = toWire(out, w).reshape({-1});
     ++issued_;
     auto work = group_->reduceScatter(wireIn, wireOut, {op, timeoutOf(opts.timeout)});
@@ -514,27 +511,18 @@ c10::intrusive_ptr<c10d::Work> C10dBridge::alltoall(std::vector<at::Tensor>& out
       }
     }
     const Wire w = wireFor(type, "alltoall");
-    std::vector<at::Tensor> flat;
     std::vector<int64_t> sendSplits, recvSplits;
     int64_t total = 0;
     for (int j = 0; j < size_; ++j) {
-      flat.push_back(toWire(inputs[j], w).reshape({-1}));
-      sendSplits.push_back(flat.back().numel());
+      sendSplits.push_back(wireNumel(inputs[j].numel(), w));
       recvSplits.push_back(wireNumel(outputs[j].numel(), w));
       total += outputs[j].numel();
     }
-    at::Tensor wireIn = at::cat(flat);
+    at::Tensor wireIn = flatWire(inputs, w);
     at::Tensor wireOut = emptyWire(total, inputs[0], w);
     ++issued_;
     auto work = group_->alltoall(wireIn, wireOut, sendSplits, recvSplits, {timeoutOf(opts.timeout)});
-    auto after = [wireOut, outputs, w]() mutable {
-      int64_t offset = 0;
-      for (auto& t : outputs) {
-        fromWire(wireOut, offset, t, w);
-        offset += t.numel();
-      }
-    };
-    return bridged(rank_, c10d::OpType::ALLTOALL, work, after, outputs);
+    return bridged(rank_, c10d::OpType::ALLTOALL, work, copyBackEach(wireOut, outputs, w), outputs);
   });
 }
 
