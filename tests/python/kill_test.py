@@ -1,10 +1,12 @@
-"""A killed rank on the backend "ddp": the others' next collective raises a RuntimeError naming it, within seconds.
+"""A killed or a hung rank on the backend "ddp": the others' next collective raises a RuntimeError naming it.
 
 Run by ctest: /usr/bin/python3 kill_test.py (PYTHONPATH holds the built ddp_torch).
-Three ranks, each a process of this script in the role "worker"; rank 2
-kills itself with SIGKILL after one allreduce, the others go on reducing.
-Their group timeout is 60 s, so an error within 15 s comes from noticing
-the dead peer, not from waiting it out.
+Three ranks, each a process of this script in the role "worker", twice:
+- "kill": rank 2 kills itself with SIGKILL after one allreduce, the others
+  go on reducing. Their group timeout is 60 s, so an error within 15 s
+  comes from noticing the dead peer, not from waiting it out.
+- "hang": rank 2 sleeps instead of reducing, with a group timeout of 3 s:
+  the others' error comes by the timeout and names rank 2 (killed after).
 """
 import os
 import signal
@@ -16,18 +18,20 @@ import time
 WORLD, VICTIM, LIMIT_S = 3, 2, 15.0
 
 
-def worker():
+def worker(mode):
     import datetime
     import torch
     import torch.distributed as dist
     import ddp_torch  # noqa: F401
 
-    dist.init_process_group(backend="ddp", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(backend="ddp", timeout=datetime.timedelta(seconds=60 if mode == "kill" else 3))
     rank = dist.get_rank()
     t = torch.ones(1000)
     dist.all_reduce(t)
     dist.barrier()
     if rank == VICTIM:
+        if mode == "hang":
+            time.sleep(60)  # killed by the driver once the others have failed
         os.kill(os.getpid(), signal.SIGKILL)
     started = time.monotonic()
     try:
@@ -42,17 +46,20 @@ def worker():
     os._exit(1)
 
 
-def main():
+def scenario(mode):
+    print(f"=== {mode}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
     for rank in range(WORLD):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, __file__, "worker"], env=env, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen([sys.executable, __file__, "worker", mode], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     failed = False
     for rank, proc in enumerate(procs):
+        if rank == VICTIM and mode == "hang":
+            proc.kill()
         try:
             out, _ = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
@@ -80,11 +87,11 @@ def main():
             failed = True
     if failed:
         return 1
-    print(f"ok: ranks other than {VICTIM} raised a RuntimeError naming it")
+    print(f"ok ({mode}): ranks other than {VICTIM} raised a RuntimeError naming it")
     return 0
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["worker"]:
-        worker()
-    sys.exit(main())
+    if sys.argv[1:2] == ["worker"]:
+        worker(sys.argv[2])
+    sys.exit(scenario("kill") or scenario("hang"))
