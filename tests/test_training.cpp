@@ -621,10 +621,12 @@ TEST_CASE("a hung rank 0 (stopped, serving the store) fails its peer after one c
   // store's timeout as well). The launcher ends rank 0 with SIGKILL after
   // its grace period.
   // The same job to epoch 3 without the fault: its start-up, under this
-  // machine's load now.
+  // machine's load now. Started as the faulted one is (an environment of
+  // its own: by exec, LibTorch loaded afresh), not as a copy.
   const std::string experiment = "--nproc-per-node 2 " + std::string(DDP_SOURCE_DIR) +
                                  "/experiments/wine_ddp.json --set distributed.timeout_s=8 --out ";
-  const ddp::test::ProgramOutcome base = runDdpRun(experiment + tempDir() + "/base --set training.epochs=3");
+  const ddp::test::ProgramOutcome base =
+      runDdpRun(experiment + tempDir() + "/base --set training.epochs=3", "DDP_TEST_BASELINE=1");
   REQUIRE(base.exitCode == 0);
   const std::string runDir = tempDir() + "/run";
   ddp::test::ProgramOutcome o =
