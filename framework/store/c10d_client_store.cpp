@@ -33,10 +33,8 @@ C10dClientStore::C10dClientStore(const std::string& host, uint16_t port, std::ch
   try {
     client = c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const std::exception& e) {  // c10::Error, c10d's TimeoutError, a refused connection
-    const c10::Error* c10 = dynamic_cast<const c10::Error*>(&e);
-    const std::string reason = c10 ? c10->what_without_backtrace() : e.what();
     throw StoreError(fmt::format("cannot reach the c10d store at {}:{} within {} s: {}", host, port,
-                                 connectTimeout.count() / 1000.0, reason.substr(0, reason.find('\n'))));
+                                 connectTimeout.count() / 1000.0, c10dErrorText(e)));
   }
   client->setTimeout(timeout);
   impl_->store = std::make_unique<C10dStore>(std::move(client), where_, timeout);

@@ -13,8 +13,6 @@ namespace ddp {
 
 namespace {
 
-std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 std::string keysText(const std::vector<std::string>& keys) {
   std::string out;
   for (const auto& k : keys) out += (out.empty() ? "'" : ", '") + k + "'";
@@ -30,22 +28,24 @@ template <typename Fn>
 auto translated(const std::string& where, const std::string& what, Fn&& fn) -> decltype(fn()) {
   try {
     return fn();
-  } catch (const c10::Error& e) {
-    const std::string reason = firstLine(e.what_without_backtrace());
-    if (isTimeout(reason)) throw StoreTimeout(fmt::format("store {}: timed out on {}: {}", where, what, reason));
-    throw StoreError(fmt::format("store {}: {} failed: {}", where, what, reason));
   } catch (const StoreError&) {
     throw;
   } catch (const std::exception& e) {
-    // c10d's TimeoutError and C10dError, and std::system_error when the
-    // server's connection resets.
-    const std::string reason = firstLine(e.what());
+    const std::string reason = c10dErrorText(e);
     if (isTimeout(reason)) throw StoreTimeout(fmt::format("store {}: timed out on {}: {}", where, what, reason));
     throw StoreError(fmt::format("store {}: {} failed: {}", where, what, reason));
   }
 }
 
 }  // namespace
+
+// c10::Error without its backtrace; c10d's TimeoutError and C10dError, and
+// std::system_error when the server's connection resets, as they are.
+std::string c10dErrorText(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = c10 ? c10->what_without_backtrace() : e.what();
+  return text.substr(0, text.find('\n'));
+}
 
 C10dStore::C10dStore(c10::intrusive_ptr<c10d::Store> store, std::string where, std::chrono::milliseconds timeout)
     : store_(std::move(store)), where_(std::move(where)) {

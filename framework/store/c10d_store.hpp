@@ -42,4 +42,8 @@ class C10dStore : public Store {
   const std::string where_;
 };
 
+// The first line of what LibTorch's c10d threw (c10::Error without its
+// backtrace), for errors of our own.
+std::string c10dErrorText(const std::exception& e);
+
 }  // namespace ddp
