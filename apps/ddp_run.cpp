@@ -34,6 +34,7 @@
 #include "backends/builtin.hpp"
 #include "framework/comm/backend_registry.hpp"
 #include "framework/launch/distributed.hpp"
+#include "framework/store/etcd_store.hpp"
 #include "framework/core/malloc_tuning.hpp"
 #include "framework/core/compute_threads.hpp"
 #include "framework/core/errors.hpp"
@@ -74,6 +75,7 @@ struct Args {
   std::string rdzvEndpoint;
   std::string rdzvBackend = "static";
   std::string rdzvId;
+  std::string storeUrl;  // --rdzv-backend etcd: etcd://HOST:PORT[,...]/ddp/<rdzv-id>
   bool demo = false;
   bool version = false;
   std::string demoBackend = "gloo";
@@ -357,9 +359,13 @@ int runMain(int argc, char** argv) {
                  "29400 if not given)");
   app.add_option("--rdzv-backend,--rdzv_backend", args.rdzvBackend,
                  "static or c10d (as torchrun): either way the store runs on the endpoint's node, node ranks from "
-                 "--node-rank")
-      ->check(CLI::IsMember({"static", "c10d"}));
-  app.add_option("--rdzv-id,--rdzv_id", args.rdzvId, "accepted for torchrun's command lines; not used");
+                 "--node-rank; etcd: the store is etcd at --rdzv-endpoint HOST:PORT[,HOST:PORT...] (its client "
+                 "URLs), under --rdzv-id, and outlives any training host")
+      ->check(CLI::IsMember({"static", "c10d", "etcd"}));
+  app.add_option("--rdzv-id,--rdzv_id", args.rdzvId,
+                 "the job's name in the store: needed with --rdzv-backend etcd (its keys live under /ddp/<id>), the "
+                 "same on every node, new for each job (e.g. $SLURM_JOB_ID); otherwise accepted for torchrun's "
+                 "command lines and not used");
   app.add_option("--kill-grace", args.killGrace,
                  "seconds ranks get to exit, before SIGKILL, after SIGTERM (a rank failed) or after the SIGINT, "
                  "SIGTERM or SIGHUP that the launcher received and passed on; after such a signal ddp-run exits "
@@ -421,7 +427,49 @@ int runMain(int argc, char** argv) {
                                  "is one node with a store on a free port; it excludes --nnodes > 1, --rdzv-endpoint "
                                  "and --master-addr");
     }
-    if (!args.rdzvEndpoint.empty()) {
+    if (args.rdzvBackend == "etcd") {
+      // The store is etcd: HOST[:PORT] of one or more of its members.
+      if (args.rdzvEndpoint.empty()) {
+        throw CLI::ValidationError("--rdzv-backend etcd",
+                                   "needs --rdzv-endpoint HOST:PORT (etcd's client URL; several, comma-separated, for "
+                                   "an etcd cluster)");
+      }
+      if (args.rdzvId.empty()) {
+        throw CLI::ValidationError("--rdzv-backend etcd",
+                                   "needs --rdzv-id: the job's name in etcd, the same on every node and new for each "
+                                   "job (e.g. --rdzv-id $SLURM_JOB_ID)");
+      }
+      if (args.rdzvId.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
+          std::string::npos) {
+        throw CLI::ValidationError("--rdzv-id", fmt::format("'{}': use letters, digits, '.', '_' and '-'", args.rdzvId));
+      }
+      if (app.count("--master-addr") > 0 || app.count("--master-port") > 0 || args.standalone) {
+        throw CLI::ValidationError("--rdzv-backend etcd",
+                                   "names the store already; drop --master-addr / --master-port / --standalone");
+      }
+      std::string endpoints;
+      for (size_t start = 0; start <= args.rdzvEndpoint.size();) {
+        const size_t comma = std::min(args.rdzvEndpoint.find(',', start), args.rdzvEndpoint.size());
+        std::string one = args.rdzvEndpoint.substr(start, comma - start);
+        const size_t colon = one.rfind(':');
+        if (colon == std::string::npos || one.find(']', colon) != std::string::npos) one += ":2379";
+        endpoints += (endpoints.empty() ? "" : ",") + one;
+        start = comma + 1;
+      }
+      ddp::EtcdStoreOptions eo;
+      try {
+        ddp::parseEtcdUrl(fmt::format("etcd://{}/ddp/{}", endpoints, args.rdzvId), &eo);
+      } catch (const ddp::UsageError& e) {
+        throw CLI::ValidationError("--rdzv-endpoint", e.what());
+      }
+      args.storeUrl = ddp::formatEtcdUrl(eo);
+      // MASTER_ADDR: the ranks pick the interface that reaches it.
+      const std::string& first = eo.endpoints.front();
+      std::string host = first.substr(0, first.rfind(':'));
+      if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+      args.masterAddr = host;
+      args.masterPort = std::atoi(first.c_str() + first.rfind(':') + 1);
+    } else if (!args.rdzvEndpoint.empty()) {
       if (app.count("--master-addr") > 0 || app.count("--master-port") > 0) {
         throw CLI::ValidationError("--rdzv-endpoint", "names the store already; drop --master-addr / --master-port");
       }
@@ -634,6 +682,7 @@ int runMain(int argc, char** argv) {
     lo.masterPort = args.masterPort;
     lo.maxRestarts = args.maxRestarts;
     lo.minRanks = args.minRanks;
+    lo.storeUrl = args.storeUrl;
     if (args.minRanks > 0 && config.distributed.strategy != "ddp") {
       throw ddp::UsageError(fmt::format(
           "--min-ranks: distributed.strategy {} cannot recover in place (its optimizer state is sharded). HINT: "

@@ -21,6 +21,7 @@ packages=(
   fortunes                        # a text corpus: /usr/share/games/fortunes (experiments/char_gpt.json)
   openmpi-bin iproute2            # cluster tests: mpirun, and two hosts in network namespaces
   slurm-wlm munge                 # cluster test: a SLURM cluster on this machine (tests/cluster/slurm_test.sh)
+  etcd-server etcd-client         # the store on etcd (--rdzv-backend etcd); its tests start their own etcd
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,4 +1,4 @@
-// Stores: the Store contract for HashStore, FileStore and TCPStore alike,
+// Stores: the Store contract for HashStore, FileStore, TCPStore and EtcdStore alike,
 // then what only TCPStore promises (errors that say what to fix, refusing
 // rogue peers, failing instead of hanging, several processes).
 #include <arpa/inet.h>
@@ -24,12 +24,15 @@
 #include <memory>
 #include <thread>
 
+#include "framework/store/etcd/base64.hpp"
+#include "framework/store/etcd_store.hpp"
 #include "framework/store/file_store.hpp"
 #include "framework/store/hash_store.hpp"
 #include "framework/store/prefix_store.hpp"
 #include "framework/store/tcp/auth.hpp"
 #include "framework/store/tcp/wire.hpp"
 #include "framework/store/tcp_store.hpp"
+#include "tests/etcd_support.hpp"
 #include "tests/test_support.hpp"
 
 using namespace ddp;
@@ -53,6 +56,16 @@ TCPStoreOptions serverOptions(uint16_t port = 0) {
   o.host = "127.0.0.1";
   o.port = port;  // 0: let the kernel pick, so parallel test runs never collide
   o.isServer = true;
+  o.token = kToken;
+  o.connectTimeout = milliseconds(5000);
+  o.timeout = milliseconds(30000);
+  return o;
+}
+
+EtcdStoreOptions etcdOptions(const std::string& endpoint, const std::string& prefix = "/ddp/test") {
+  EtcdStoreOptions o;
+  o.endpoints = {endpoint};
+  o.prefix = prefix;
   o.token = kToken;
   o.connectTimeout = milliseconds(5000);
   o.timeout = milliseconds(30000);
@@ -101,6 +114,16 @@ const std::map<std::string, std::function<StoreUnderTest()>>& factories() {
            return std::shared_ptr<Store>(client, [server](Store* s) { delete s; });
          };
          return StoreUnderTest{server, open};
+       }},
+      {"etcd",
+       [] {
+         // Its own etcd, and a job prefix of its own in it.
+         auto server = std::make_shared<test::EtcdServer>();
+         auto open = [server]() -> std::shared_ptr<Store> {
+           auto* client = new EtcdStore(etcdOptions(server->endpoint()));
+           return std::shared_ptr<Store>(client, [server](Store* s) { delete s; });
+         };
+         return StoreUnderTest{open(), open};
        }},
   };
   return table;
@@ -274,8 +297,8 @@ std::string lengthPrefix(uint32_t len) {
 // The Store contract, for every implementation
 // ============================================================================
 
-TEST_CASE("stores round-trip values, empty and binary ones included", "[store]") {
-  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+// stores round-trip values, empty and binary ones included.
+void roundTrip(const std::string& kind) {
   INFO("store: " << kind);
   auto s = makeStore(kind);
   auto other = s.another();
@@ -305,8 +328,8 @@ TEST_CASE("stores round-trip values, empty and binary ones included", "[store]")
   CHECK(s.first->get("binary") == binary);  // other keys untouched
 }
 
-TEST_CASE("get blocks until another thread sets the key", "[store]") {
-  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+// get blocks until another thread sets the key.
+void getBlocks(const std::string& kind) {
   INFO("store: " << kind);
   auto s = makeStore(kind);
   auto other = s.another();
@@ -345,8 +368,8 @@ TEST_CASE("get blocks until another thread sets the key", "[store]") {
   CHECK(s.first->check({"w1", "w2"}));
 }
 
-TEST_CASE("add is atomic across threads and handles", "[store]") {
-  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+// add is atomic across threads and handles.
+void addIsAtomic(const std::string& kind) {
   INFO("store: " << kind);
   auto s = makeStore(kind);
 
@@ -378,8 +401,8 @@ TEST_CASE("add is atomic across threads and handles", "[store]") {
   CHECK(s.first->add("counter", 0) == 350);  // still usable after the error
 }
 
-TEST_CASE("check reports whether every key exists, without blocking", "[store]") {
-  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+// check reports whether every key exists, without blocking.
+void checkDoesNotBlock(const std::string& kind) {
   INFO("store: " << kind);
   auto s = makeStore(kind);
   auto other = s.another();
@@ -394,8 +417,8 @@ TEST_CASE("check reports whether every key exists, without blocking", "[store]")
   CHECK(s.first->check({"x", "y", "x"}));
 }
 
-TEST_CASE("wait and get time out with StoreTimeout", "[store]") {
-  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+// wait and get time out with StoreTimeout.
+void waitTimesOut(const std::string& kind) {
   INFO("store: " << kind);
   auto s = makeStore(kind);
   s.first->setString("present", "1");
@@ -420,8 +443,8 @@ TEST_CASE("wait and get time out with StoreTimeout", "[store]") {
   CHECK(s.first->getString("missing") == "now");
 }
 
-TEST_CASE("PrefixStore keeps namespaces apart", "[store]") {
-  const std::string kind = GENERATE(as<std::string>{}, "hash", "file", "tcp");
+// PrefixStore keeps namespaces apart.
+void prefixesApart(const std::string& kind) {
   INFO("store: " << kind);
   auto s = makeStore(kind);
   PrefixStore a("a", s.first);
@@ -445,6 +468,145 @@ TEST_CASE("PrefixStore keeps namespaces apart", "[store]") {
   auto [waited, message] = expectTimeout([&] { b.wait({"only-in-a"}, kShortTimeout); });
   CHECK(waited < milliseconds(2000));
   CHECK_THAT(message, Contains("b/only-in-a"));
+}
+
+TEST_CASE("stores round-trip values, empty and binary ones included", "[store]") {
+  roundTrip(GENERATE(as<std::string>{}, "hash", "file", "tcp"));
+}
+
+TEST_CASE("get blocks until another thread sets the key", "[store]") {
+  getBlocks(GENERATE(as<std::string>{}, "hash", "file", "tcp"));
+}
+
+TEST_CASE("add is atomic across threads and handles", "[store]") {
+  addIsAtomic(GENERATE(as<std::string>{}, "hash", "file", "tcp"));
+}
+
+TEST_CASE("check reports whether every key exists, without blocking", "[store]") {
+  checkDoesNotBlock(GENERATE(as<std::string>{}, "hash", "file", "tcp"));
+}
+
+TEST_CASE("wait and get time out with StoreTimeout", "[store]") {
+  waitTimesOut(GENERATE(as<std::string>{}, "hash", "file", "tcp"));
+}
+
+TEST_CASE("PrefixStore keeps namespaces apart", "[store]") {
+  prefixesApart(GENERATE(as<std::string>{}, "hash", "file", "tcp"));
+}
+
+TEST_CASE("EtcdStore: the Store contract, as every store keeps it", "[store][etcd][solo]") {
+  const std::string whyNot = test::EtcdServer::whyNot();
+  if (!whyNot.empty()) {
+    WARN("SKIPPED: " << whyNot);
+    return;
+  }
+  SECTION("round trip") { roundTrip("etcd"); }
+  SECTION("get blocks") { getBlocks("etcd"); }
+  SECTION("add is atomic") { addIsAtomic("etcd"); }
+  SECTION("check") { checkDoesNotBlock("etcd"); }
+  SECTION("timeouts") { waitTimesOut("etcd"); }
+  SECTION("prefixes") { prefixesApart("etcd"); }
+}
+
+TEST_CASE("EtcdStore: tokens, endpoints, a run's lifetime, and an etcd that goes away", "[store][etcd][solo]") {
+  const std::string whyNot = test::EtcdServer::whyNot();
+  if (!whyNot.empty()) {
+    WARN("SKIPPED: " << whyNot);
+    return;
+  }
+  test::EtcdServer etcd;
+  SECTION("a handle with another token is refused at once, with a hint") {
+    EtcdStore job(etcdOptions(etcd.endpoint(), "/ddp/tokens"));
+    auto other = etcdOptions(etcd.endpoint(), "/ddp/tokens");
+    other.token = "another-token";
+    auto [took, message] = expectStoreError([&] { EtcdStore refused(other); });
+    CHECK(took < milliseconds(3000));
+    CHECK_THAT(message, Contains("another store token") && Contains("HINT") && Contains("/ddp/tokens"));
+    // Another job id is another run, whatever its token.
+    other.prefix = "/ddp/tokens2";
+    EtcdStore separate(other);
+    job.setString("k", "1");
+    CHECK_FALSE(separate.check({"k"}));
+  }
+  SECTION("URLs: endpoints and prefix, and what is wrong with a bad one") {
+    EtcdStoreOptions o;
+    parseEtcdUrl("etcd://10.0.0.1:2379,[::1]:2380/ddp/job7/", &o);
+    CHECK(o.endpoints == std::vector<std::string>{"10.0.0.1:2379", "[::1]:2380"});
+    CHECK(o.prefix == "/ddp/job7");
+    CHECK(formatEtcdUrl(o) == "etcd://10.0.0.1:2379,[::1]:2380/ddp/job7");
+    CHECK_THROWS_WITH(parseEtcdUrl("http://h:1", &o), Contains("expected etcd://"));
+    CHECK_THROWS_WITH(parseEtcdUrl("etcd://host/ddp", &o), Contains("has no port"));
+    CHECK_THROWS_WITH(parseEtcdUrl("etcd://host:99999", &o), Contains("port 1-65535"));
+    CHECK_THROWS_WITH(parseEtcdUrl("etcd://h:1,,h:2", &o), Contains("empty endpoint"));
+  }
+  SECTION("an endpoint that does not answer is passed over for the next") {
+    auto o = etcdOptions("127.0.0.1:1", "/ddp/endpoints");
+    o.endpoints.push_back(etcd.endpoint());
+    EtcdStore store(o);
+    store.setString("k", "v");
+    CHECK(store.getString("k") == "v");
+    CHECK(store.add("n", 2) == 2);
+  }
+  SECTION("nobody answers: fails after connectTimeout, naming the endpoints") {
+    auto o = etcdOptions("127.0.0.1:1", "/ddp/none");
+    o.connectTimeout = milliseconds(300);
+    auto [took, message] = expectStoreError([&] { EtcdStore unreachable(o); });
+    CHECK(took >= milliseconds(290));
+    CHECK(took < milliseconds(3000));
+    CHECK_THAT(message, Contains("127.0.0.1:1") && Contains("cannot reach etcd") && Contains("HINT"));
+  }
+  SECTION("a value over etcd's request limit fails with a hint") {
+    EtcdStore store(etcdOptions(etcd.endpoint(), "/ddp/big"));
+    auto [took, message] = expectStoreError([&] { store.set("huge", Bytes(17 << 20, 'x')); });
+    CHECK_THAT(message, Contains("--max-request-bytes") && Contains("huge"));
+    store.setString("small", "still works");
+    CHECK(store.getString("small") == "still works");
+  }
+  SECTION("the run's keys outlive its last handle by the lease, then go") {
+    auto o = etcdOptions(etcd.endpoint(), "/ddp/lease");
+    o.leaseTtl = std::chrono::seconds(1);
+    int64_t firstLease = 0;
+    {
+      EtcdStore a(o);
+      EtcdStore b(o);
+      CHECK(a.leaseId() == b.leaseId());  // one run
+      firstLease = a.leaseId();
+      a.setString("k", "v");
+      // Kept alive while a handle lives, well past the TTL.
+      std::this_thread::sleep_for(milliseconds(2500));
+      CHECK(b.getString("k") == "v");
+    }
+    // Gone a TTL after the last handle (etcd checks leases about every 0.5 s).
+    const auto deadline = Clock::now() + milliseconds(8000);
+    bool gone = false;
+    while (!gone && Clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(250));
+      gone = !EtcdStore(o).check({"k"});
+    }
+    CHECK(gone);
+    EtcdStore fresh(o);
+    CHECK(fresh.leaseId() != firstLease);
+    CHECK_FALSE(fresh.check({"k"}));
+  }
+  SECTION("etcd killed while a get waits: StoreError, not a hang") {
+    auto o = etcdOptions(etcd.endpoint(), "/ddp/dies");
+    o.connectTimeout = milliseconds(1000);
+    EtcdStore store(o);
+    std::thread killer([&] {
+      std::this_thread::sleep_for(milliseconds(300));
+      etcd.stop();
+    });
+    const auto start = Clock::now();
+    std::string message;
+    try {
+      store.get("never");
+    } catch (const StoreError& e) {
+      message = e.what();
+    }
+    killer.join();
+    CHECK(since(start) < milliseconds(10000));
+    CHECK_THAT(message, Contains("cannot reach etcd") && Contains(etcd.endpoint()));
+  }
 }
 
 // ============================================================================
@@ -932,4 +1094,23 @@ TEST_CASE("TCPStore: a rendezvous logs nothing at the default log level", "[stor
   REQUIRE(code == 0);
   CHECK(err.find("worker port ") != std::string::npos);
   CHECK(err.find("ddp[") == std::string::npos);
+}
+
+TEST_CASE("EtcdStore: base64 as etcd's gateway carries bytes", "[store][etcd]") {
+  using etcd::base64Decode;
+  using etcd::base64Encode;
+  // RFC 4648's test vectors.
+  const std::vector<std::pair<std::string, std::string>> vectors = {
+      {"", ""}, {"f", "Zg=="}, {"fo", "Zm8="}, {"foo", "Zm9v"}, {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="},
+      {"foobar", "Zm9vYmFy"}};
+  for (const auto& [plain, coded] : vectors) {
+    CHECK(base64Encode(plain) == coded);
+    CHECK(base64Decode(coded) == plain);
+  }
+  std::string every;
+  for (int b = 0; b < 256; ++b) every += static_cast<char>(b);
+  for (size_t n = 0; n <= every.size(); n += 37) CHECK(base64Decode(base64Encode(every.substr(0, n))) == every.substr(0, n));
+  CHECK_THROWS_AS(base64Decode("Zm9"), std::invalid_argument);
+  CHECK_THROWS_AS(base64Decode("Zm9*"), std::invalid_argument);
+  CHECK_THROWS_AS(base64Decode("Z=9v"), std::invalid_argument);
 }

@@ -10,6 +10,7 @@
 #include "framework/core/errors.hpp"
 #include "framework/launch/arrival.hpp"
 #include "framework/launch/store_token.hpp"
+#include "framework/store/etcd_store.hpp"
 #include "framework/store/hash_store.hpp"
 #include "framework/comm/single_process_group.hpp"
 #include "framework/core/log.hpp"
@@ -60,6 +61,16 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
     ctx.store = std::make_shared<PrefixStore>("ddp/attempt_" + attempt, agent);
     logInfo("rendezvous: joined torchrun's agent store at {}:{} (TORCHELASTIC_USE_AGENT_STORE), attempt {}",
             env.masterAddr, env.masterPort, attempt);
+  } else if (const char* url = std::getenv("DDP_STORE_URL"); url != nullptr && *url != '\0') {
+    // ddp-run --rdzv-backend etcd: every rank is a client of etcd; no rank
+    // serves, so no host's loss takes the store with it.
+    EtcdStoreOptions eo;
+    parseEtcdUrl(url, &eo);
+    eo.token = storeTokenFromEnvironment();
+    eo.tokenFromEnvironment = false;
+    eo.connectTimeout = options.connectTimeout;
+    eo.timeout = options.timeout;
+    ctx.store = std::make_shared<EtcdStore>(eo);
   } else {
     TCPStoreOptions so;
     so.host = env.masterAddr;

@@ -23,6 +23,7 @@
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
 #include "framework/launch/stop_signals.hpp"
+#include "framework/store/etcd_store.hpp"
 #include "framework/store/tcp_store.hpp"
 
 namespace ddp {
@@ -107,6 +108,9 @@ pid_t spawnRank(const LaunchOptions& o, int localRank, int attempt, const std::s
   env["DDP_RUN_LAUNCHED"] = "1";
   env["DDP_RESTART"] = std::to_string(attempt);
   if (!token.empty()) env["DDP_STORE_TOKEN"] = token;
+  if (!o.storeUrl.empty()) {
+    env["DDP_STORE_URL"] = o.minRanks > 0 ? o.storeUrl : fmt::format("{}/a{}", o.storeUrl, attempt);
+  }
   if (!env.count("OMP_NUM_THREADS")) {
     unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     env["OMP_NUM_THREADS"] = std::to_string(std::max(1u, cores / static_cast<unsigned>(o.nprocPerNode)));
@@ -376,14 +380,27 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
         }
         if (o.minRanks > 0 && failed && stopSignal == 0 && !stopping && code != 2 && code != 3) {
           // Elastic: the others carry on without it; it may come back.
-          if (gElasticStore) ElasticRendezvous::markDead(*gElasticStore, p.rank);
+          // A store that is gone too (node 0's host, with a TCPStore)
+          // leaves the survivors to notice the death themselves.
+          bool storeLost = false;
+          try {
+            if (gElasticStore) ElasticRendezvous::markDead(*gElasticStore, p.rank);
+          } catch (const StoreError& e) {
+            storeLost = true;
+            std::cerr << fmt::format("ddp-run: could not mark rank {} dead in the store: {}\n", p.rank, e.what());
+          }
           if (p.outputFd >= 0) {
             drain(p, keep);
             ::close(p.outputFd);
             p.outputFd = -1;
           }
           // Nothing to rejoin once the members are past their last step.
-          const bool over = gElasticStore && ElasticRendezvous::finished(*gElasticStore);
+          bool over = storeLost;
+          try {
+            over = over || (gElasticStore && ElasticRendezvous::finished(*gElasticStore));
+          } catch (const StoreError&) {
+            over = true;  // no store, no rejoin
+          }
           const bool again = attempt + elasticRestarts < o.maxRestarts && !over;
           std::cerr << fmt::format("ddp-run: rank {} (pid {}) {}; the others carry on{}\n", p.rank, p.pid,
                                    describeExitStatus(status),
@@ -531,7 +548,7 @@ int launchLocalRanks(LaunchOptions o) {
   if (o.masterPort == 0 && o.nnodes > 1) {
     throw UsageError("ddp-run: a multi-node job needs --master-port (the same on every node)");
   }
-  if (o.nodeRank == 0) {
+  if (o.nodeRank == 0 && o.storeUrl.empty()) {
     // Bound and listening from now to the end of the job: rank 0 serves the
     // store on this very socket, so no other process can take the port.
     o.masterPort = listenForStore(o.masterAddr, o.masterPort, &gStoreListenFd);
@@ -539,18 +556,25 @@ int launchLocalRanks(LaunchOptions o) {
   std::string token;
   if (const char* t = std::getenv("DDP_STORE_TOKEN")) token = t;
   if (token.empty() && o.nnodes == 1) token = randomHex(16);
-  if (o.minRanks > 0 && o.nodeRank == 0) {
-    // Elastic: the store outlives every rank (node 0's launcher serves it).
-    // Other nodes' launchers do not mark their dead ranks: the survivors
-    // wait for them up to the collective timeout instead.
-    TCPStoreOptions so;
-    so.host = o.masterAddr;
-    so.port = static_cast<uint16_t>(o.masterPort);
-    so.isServer = o.nodeRank == 0;
-    so.listenFd = o.nodeRank == 0 ? gStoreListenFd : -1;
-    so.token = token;
-    so.tokenFromEnvironment = token.empty();
-    gElasticStore = std::make_shared<TCPStore>(so);
+  if (o.minRanks > 0) {
+    // Elastic: every node's launcher marks its own dead ranks in the job's
+    // store, which outlives every rank: etcd, or node 0's launcher serves it.
+    if (!o.storeUrl.empty()) {
+      EtcdStoreOptions eo;
+      parseEtcdUrl(o.storeUrl, &eo);
+      eo.token = token;
+      eo.tokenFromEnvironment = token.empty();
+      gElasticStore = std::make_shared<EtcdStore>(eo);
+    } else {
+      TCPStoreOptions so;
+      so.host = o.masterAddr;
+      so.port = static_cast<uint16_t>(o.masterPort);
+      so.isServer = o.nodeRank == 0;
+      so.listenFd = o.nodeRank == 0 ? gStoreListenFd : -1;
+      so.token = token;
+      so.tokenFromEnvironment = token.empty();
+      gElasticStore = std::make_shared<TCPStore>(so);
+    }
   }
 
   // From here on SIGINT, SIGTERM and SIGHUP stop the ranks first.

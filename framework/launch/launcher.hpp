@@ -21,8 +21,9 @@
 //   Exit codes that a restart would only repeat end the job at once: 2 (a
 //   mistake in the job's input) and 3 (a non-finite loss).
 // - Elastic (minRanks > 0): node 0's launcher serves the store itself
-//   (DDP_STORE_SERVED=1: it outlives every rank) and every rank gets
-//   DDP_MIN_RANKS. A rank that ends with any code but 0, 2, 3 or 4 (or a
+//   (DDP_STORE_SERVED=1: it outlives every rank), or with storeUrl the
+//   store is etcd, and every rank gets DDP_MIN_RANKS. Every node's launcher
+//   holds a handle on the store and marks its own dead ranks. A rank that ends with any code but 0, 2, 3 or 4 (or a
 //   signal) does not stop the others: it is marked dead in the store (so
 //   the survivors' new membership need not wait for it) and, while
 //   maxRestarts allows (a budget for the whole job), started again with
@@ -80,6 +81,12 @@ struct LaunchOptions {
   // carry "[rank r] "; with tee every line does.
   std::vector<int> consoleLocalRanks;
   bool tee = false;
+  // --rdzv-backend etcd: the job's store is etcd at this URL
+  // ("etcd://HOST:PORT[,...]/ddp/<rdzv-id>", store/etcd_store.hpp), not
+  // a TCPStore of node 0: no node serves anything, and losing any host
+  // leaves the store. The ranks get it as DDP_STORE_URL (with "/a<attempt>"
+  // appended unless elastic, so that a restart starts on clean keys).
+  std::string storeUrl;
 };
 
 // Runs the job; returns the exit code for ddp-run: 0 on success, 128 + the

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <chrono>
+#include <filesystem>
+#include <unistd.h>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -50,6 +52,9 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank, std::s
     } else if (action.rfind("sleep=", 0) == 0) {
       f.signal = 0;
       f.sleepMs = std::atoi(action.c_str() + 6);
+    } else if (action == "host") {
+      f.signal = SIGKILL;
+      f.wholeHost = true;
     } else if (action == "until-replaced") {
       f.signal = 0;
       f.untilReplaced = true;
@@ -65,7 +70,34 @@ FaultInjection::FaultInjection(std::vector<Fault> faults, std::shared_ptr<Store>
   for (const Fault& f : faults_) steps_ = steps_ || f.atStep;
 }
 
+namespace {
+
+// SIGKILL to every other process of this session, which the launcher (our
+// parent) leads; to the launcher alone when it leads none.
+void killHost() {
+  const pid_t launcher = ::getppid();
+  const pid_t session = ::getsid(0);
+  if (session != launcher) {
+    logWarn("DDP_FAULT_INJECT :host: the launcher (pid {}) leads no session of its own (start it with setsid); "
+            "killing it and this rank only",
+            launcher);
+    ::kill(launcher, SIGKILL);
+    return;
+  }
+  logInfo("DDP_FAULT_INJECT :host: SIGKILL to every process of session {} (the launcher and its ranks)", session);
+  std::error_code ignored;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ignored)) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::atol(name.c_str()));
+    if (pid != ::getpid() && ::getsid(pid) == session) ::kill(pid, SIGKILL);
+  }
+}
+
+}  // namespace
+
 void FaultInjection::act(const Fault& f) {
+  if (f.wholeHost) killHost();
   if (f.signal != 0) ::raise(f.signal);
   if (f.sleepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.sleepMs));
   if (f.untilReplaced && store_) {

@@ -9,7 +9,11 @@
 // makes it sleep (a rank that hangs for a while, then wakes);
 // ":until-replaced" makes it hang until the others have decided a new
 // elastic membership without it ("elastic/generation" in the store), then
-// wake: a hung rank that comes back late, whatever the machine's speed. Several
+// wake: a hung rank that comes back late, whatever the machine's speed;
+// ":host" kills its whole host at once: SIGKILL to every process of the
+// launcher's session (the launcher and all its ranks), when the launcher
+// leads a session of its own (a test starts it with setsid: one session,
+// one simulated host); else only the launcher and this rank. Several
 // faults: a comma-separated list ("1@10,2@30").
 // SlowRank: for the straggler report's tests, DDP_FAULT_SLOW="RANK:MS"
 // makes that rank sleep MS milliseconds after each optimizer step.
@@ -41,6 +45,7 @@ class FaultInjection : public TrainerCallback {
     int signal = SIGKILL;  // 0: none
     int sleepMs = 0;
     bool untilReplaced = false;
+    bool wholeHost = false;
   };
   FaultInjection(std::vector<Fault> faults, std::shared_ptr<Store> store);
   bool wantsSteps() const override { return steps_; }

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The store on etcd (ddp-run --rdzv-backend etcd), and a host lost with it
+# gone nowhere: two "hosts" (two ddp-run launchers, --nnodes 2, each in a
+# session of its own) train wine on 2 + 2 ranks, in place on --min-ranks 2,
+# against an etcd of the test's own:
+#   1. unfailed: both launchers exit 0 (the reference);
+#   2. node 0's host dies at optimizer step 9 (DDP_FAULT_INJECT=0@9:host:
+#      SIGKILL to its launcher and both its ranks at once, so nobody marks
+#      them dead): node 1 carries on in place, exit 0, with every optimizer
+#      step done once, world 4 then 2, and the final test accuracy within
+#      0.05 of the reference; nothing of node 0 is left running;
+#   3. what ddp-run says to an etcd command line that lacks something.
+# Prints "SKIPPED: <reason>" without etcd (Debian's etcd-server).
+#
+# Usage: etcd_hosts_test.sh DDP_RUN
+set -euo pipefail
+ddp_run=$(realpath -e "${1:?usage: $0 DDP_RUN}")
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+python=/usr/bin/python3
+if [ ! -x /usr/bin/etcd ]; then
+  echo "SKIPPED: /usr/bin/etcd is not installed (Debian's etcd-server; scripts/setup.sh installs it)"
+  exit 0
+fi
+work=$(mktemp -d /tmp/ddp-etcd-hosts-XXXXXX)
+etcd_pid=
+cleanup() {
+  set +e
+  [ -n "$etcd_pid" ] && { kill -KILL "$etcd_pid"; wait "$etcd_pid"; } 2>/dev/null
+  for f in "$work"/*.sid; do [ -f "$f" ] && pkill -KILL -s "$(cat "$f")" 2>/dev/null; done
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$work"
+}
+trap 'rc=$?; cleanup; exit $rc' EXIT
+unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK DDP_FAULT_INJECT
+export DDP_STORE_TOKEN=etcd-hosts-test-$$
+fail() { echo "FAILED: $*"; exit 1; }
+free_port() { $python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+client=$(free_port) peer=$(free_port)
+/usr/bin/etcd --name t --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$client" \
+  --advertise-client-urls "http://127.0.0.1:$client" --listen-peer-urls "http://127.0.0.1:$peer" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$peer" --initial-cluster "t=http://127.0.0.1:$peer" \
+  --log-level error > "$work/etcd.log" 2>&1 &
+etcd_pid=$!
+for _ in $(seq 100); do
+  $python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$client/health', timeout=1)" 2>/dev/null && break
+  sleep 0.1
+done
+echo "etcd at 127.0.0.1:$client (pid $etcd_pid)"
+
+experiment=("$repo/experiments/wine_baseline.json" --set training.epochs=12 --set training.eval_every=1
+  --set training.log_every=1 --set training.save_every=0 --set distributed.timeout_s=5)
+# run_hosts NAME ID FAULT: both launchers; their exit codes in $work/NAME.node<K>.rc.
+run_hosts() {
+  local name=$1 id=$2 fault=$3 k pids=()
+  for k in 0 1; do
+    (
+      [ "$k" = 0 ] && [ -n "$fault" ] && export DDP_FAULT_INJECT="$fault"
+      # setsid: the node's launcher leads a session of its own, one simulated host.
+      rc=0
+      # (setsid does not fork here: timeout's child leads no process group.)
+      timeout -k 5 180 setsid bash -c 'echo $$ > "$0"; exec "$@"' "$work/$name.node$k.sid" \
+        "$ddp_run" --nnodes 2 --node-rank "$k" --nproc-per-node 2 --rdzv-backend etcd \
+        --rdzv-endpoint "127.0.0.1:$client" --rdzv-id "$id" --min-ranks 2 --max-restarts 0 \
+        "${experiment[@]}" --out "$work/$name" > "$work/$name.node$k.log" 2>&1 < /dev/null || rc=$?
+      echo "$rc" > "$work/$name.node$k.rc"
+    ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"  # not etcd
+}
+steps_json() { $python -c "import json,sys; print(json.dumps([json.loads(l) for l in open(sys.argv[1])]))" "$1"; }
+
+echo "== 1. unfailed, 2 hosts x 2 ranks, the store on etcd"
+run_hosts plain job-plain ""
+for k in 0 1; do
+  [ "$(cat "$work/plain.node$k.rc")" = 0 ] || { tail -30 "$work/plain.node$k.log"; fail "node $k of the unfailed run exited $(cat "$work/plain.node$k.rc")"; }
+done
+# The job's keys are in etcd (they outlive the job by the run's lease).
+keys=$(ETCDCTL_API=3 /usr/bin/etcdctl --endpoints "127.0.0.1:$client" get --prefix /ddp/job-plain/ --keys-only)
+grep -q "^/ddp/job-plain/run$" <<< "$keys" && grep -q "^/ddp/job-plain/kv/elastic/" <<< "$keys" ||
+  { echo "$keys" | head; fail "etcd holds no keys of the job under /ddp/job-plain/"; }
+echo "etcd holds $(grep -c . <<< "$keys") keys of the job under /ddp/job-plain/"
+
+echo "== 2. node 0's host killed at step 9 (its launcher and both ranks, SIGKILL)"
+run_hosts killed job-killed "0@9:host"
+rc0=$(cat "$work/killed.node0.rc") rc1=$(cat "$work/killed.node1.rc")
+echo "node 0 exited $rc0, node 1 exited $rc1"
+[ "$rc1" = 0 ] || { tail -40 "$work/killed.node1.log"; fail "node 1 exited $rc1, expected 0"; }
+[ "$rc0" = 137 ] || { tail -20 "$work/killed.node0.log"; fail "node 0 exited $rc0, expected 137 (SIGKILL)"; }
+# (Zombies aside: a container's init may not reap the orphans at once.)
+left=$(ps -o pid=,stat=,args= -s "$(cat "$work/killed.node0.sid")" | awk '$2 !~ /^Z/' || true)
+[ -z "$left" ] || fail "processes of node 0's session are still running: $left"
+$python - "$work/plain" "$work/killed" <<'PY' || fail "the run that lost a host differs from the unfailed one (above)"
+import json, sys
+def records(path):
+    return [json.loads(l) for l in open(path) if l.strip()]
+plain, killed = (records(d + "/steps.jsonl") for d in sys.argv[1:3])
+steps = [r["step"] for r in killed]
+ok = True
+def check(cond, what):
+    global ok
+    if not cond:
+        print("  not so:", what)
+        ok = False
+# Every step once (no repeat, no gap; at world 2 an epoch takes 3 steps
+# instead of 2), and every epoch, as in the unfailed run.
+check(steps == list(range(1, len(steps) + 1)), f"every step once: {steps}")
+epochs = lambda d: [r["epoch"] for r in records(d + "/metrics.jsonl")]
+check(epochs(sys.argv[2]) == epochs(sys.argv[1]), f"epochs {epochs(sys.argv[2])} against {epochs(sys.argv[1])}")
+check(all(r["world_size"] == 4 for r in killed[:9]), "steps 1-9 at world 4")
+check(killed[-1]["world_size"] == 2, f"the last step at world 2 (it is {killed[-1]['world_size']})")
+a = records(sys.argv[2] + "/metrics.jsonl")[-1]["test_accuracy"]
+b = records(sys.argv[1] + "/metrics.jsonl")[-1]["test_accuracy"]
+check(abs(a - b) <= 0.05, f"final test accuracy {a:.4f} within 0.05 of the unfailed run's {b:.4f}")
+print(f"steps {len(steps)}, world 4 -> 2 after step 9, test accuracy {a:.4f} (unfailed {b:.4f})")
+sys.exit(0 if ok else 1)
+PY
+grep -q "lost rank id(s) 0, 1\|lost rank id(s) 0,1" "$work/killed/train.log" "$work/killed.node1.log" ||
+  { grep -h "elastic" "$work/killed.node1.log" | tail; fail "node 1 did not say it lost rank ids 0 and 1"; }
+
+echo "== 3. etcd command lines that lack something"
+expect_usage() {  # expect_usage TEXT ARGS...: exit 2 and TEXT on one line
+  local text=$1 rc=0 out
+  shift
+  out=$("$ddp_run" "$@" "${experiment[@]}" --out "$work/usage" 2>&1) || rc=$?
+  [ "$rc" = 2 ] || { echo "$out"; fail "ddp-run $* exited $rc, expected 2"; }
+  grep -qF -- "$text" <<< "$out" || { echo "$out"; fail "ddp-run $*: no '$text'"; }
+}
+expect_usage "needs --rdzv-id" --rdzv-backend etcd --rdzv-endpoint "127.0.0.1:$client"
+expect_usage "needs --rdzv-endpoint" --rdzv-backend etcd --rdzv-id x
+expect_usage "use letters, digits" --rdzv-backend etcd --rdzv-endpoint "127.0.0.1:$client" --rdzv-id "a/b"
+expect_usage "drop --master-addr" --rdzv-backend etcd --rdzv-endpoint "127.0.0.1:$client" --rdzv-id x --master-addr 127.0.0.1
+echo "PASSED"
