@@ -126,8 +126,24 @@ echo "ok: add_subdirectory configures; ddp/config.hpp names $repo"
 
 step "scripts/package.sh: the .deb, unpacked into a scratch root"
 # Its own build tree (for /usr, CPU backends only): what a user packages.
-logged package "$repo/scripts/package.sh" "${DDP_PACKAGE_BUILD_DIR:-$work/deb-build}"
-deb=$(tail -1 "$work/package.log")
+# scripts/test.sh packed it moments ago: that .deb is used as it is when
+# its build has nothing to do and no file of the source tree is newer (a
+# repack is 15-25 s of configure and compression); otherwise packed anew.
+deb=
+if [ -n "${DDP_PACKAGE_BUILD_DIR:-}" ]; then
+  made=$(find "$DDP_PACKAGE_BUILD_DIR" -maxdepth 1 -name 'ddp_*.deb' 2>/dev/null | head -1)
+  if [ -n "$made" ] && command -v ninja > /dev/null &&
+     ninja -C "$DDP_PACKAGE_BUILD_DIR" -n 2>/dev/null | grep -q "^ninja: no work to do" &&
+     [ -z "$(cd "$repo" && git ls-files -z 2>/dev/null | xargs -0 -r find 2>/dev/null -maxdepth 0 -newer "$made" | head -1)" ] &&
+     [ -n "$(cd "$repo" && git ls-files 2>/dev/null | head -1)" ]; then
+    deb=$made
+    echo "ok: $deb is up to date with its build and the source tree (packed by scripts/package.sh before)"
+  fi
+fi
+if [ -z "$deb" ]; then
+  logged package "$repo/scripts/package.sh" "${DDP_PACKAGE_BUILD_DIR:-$work/deb-build}"
+  deb=$(tail -1 "$work/package.log")
+fi
 [ -f "$deb" ] || fail "scripts/package.sh did not end with the path of a .deb (log: $work/package.log)"
 [ "$(dpkg-deb -f "$deb" Package)" = ddp ] || fail "$deb: Package is not ddp"
 depends=$(dpkg-deb -f "$deb" Depends)
