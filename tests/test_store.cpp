@@ -562,9 +562,29 @@ TEST_CASE("EtcdStore: tokens, endpoints, a run's lifetime, and an etcd that goes
     store.setString("small", "still works");
     CHECK(store.getString("small") == "still works");
   }
+  SECTION("check over more keys than one etcd transaction holds; add(key, 0) reads, writing nothing") {
+    EtcdStore store(etcdOptions(etcd.endpoint(), "/ddp/many"));
+    std::vector<std::string> keys;
+    for (int i = 0; i < 300; ++i) keys.push_back(fmt::format("k{}", i));
+    for (const auto& k : keys) store.setString(k, "1");
+    CHECK(store.check(keys));
+    keys.push_back("missing");
+    CHECK_FALSE(store.check(keys));
+    CHECK(store.add("absent", 0) == 0);
+    CHECK_FALSE(store.check({"absent"}));
+    CHECK(store.add("n", 3) == 3);
+    CHECK(store.add("n", 0) == 3);
+  }
   SECTION("the run's keys outlive its last handle by the lease, then go") {
     auto o = etcdOptions(etcd.endpoint(), "/ddp/lease");
     o.leaseTtl = std::chrono::seconds(1);
+    // Whether the key is there, looked at from outside (a handle would join
+    // the run and renew its lease).
+    auto present = [&] {
+      etcd::HttpConnection c("127.0.0.1", static_cast<uint16_t>(etcd.clientPort()), Clock::now() + milliseconds(2000));
+      const std::string body = fmt::format(R"({{"key":"{}","count_only":true}})", etcd::base64Encode("/ddp/lease/kv/k"));
+      return c.post("/v3/kv/range", body, Clock::now() + milliseconds(2000)).body.find("\"count\"") != std::string::npos;
+    };
     int64_t firstLease = 0;
     {
       EtcdStore a(o);
@@ -572,16 +592,18 @@ TEST_CASE("EtcdStore: tokens, endpoints, a run's lifetime, and an etcd that goes
       CHECK(a.leaseId() == b.leaseId());  // one run
       firstLease = a.leaseId();
       a.setString("k", "v");
+      CHECK(present());
       // Kept alive while a handle lives, well past the TTL.
       std::this_thread::sleep_for(milliseconds(2500));
       CHECK(b.getString("k") == "v");
+      CHECK(present());
     }
     // Gone a TTL after the last handle (etcd checks leases about every 0.5 s).
     const auto deadline = Clock::now() + milliseconds(8000);
     bool gone = false;
     while (!gone && Clock::now() < deadline) {
       std::this_thread::sleep_for(milliseconds(250));
-      gone = !EtcdStore(o).check({"k"});
+      gone = !present();
     }
     CHECK(gone);
     EtcdStore fresh(o);

@@ -564,6 +564,10 @@ int launchLocalRanks(LaunchOptions o) {
       parseEtcdUrl(o.storeUrl, &eo);
       eo.token = token;
       eo.tokenFromEnvironment = token.empty();
+      // Marking a rank dead runs inside the loop that reaps ranks and
+      // forwards signals: an etcd that does not answer must not hold it long.
+      eo.connectTimeout = std::chrono::seconds(15);
+      eo.timeout = std::chrono::seconds(15);
       gElasticStore = std::make_shared<EtcdStore>(eo);
     } else {
       TCPStoreOptions so;

@@ -115,6 +115,7 @@ std::string formatEtcdUrl(const EtcdStoreOptions& options) {
 class EtcdStore::Impl {
  public:
   explicit Impl(EtcdStoreOptions options) : options_(std::move(options)) {
+    timeoutMs_ = options_.timeout.count();
     if (options_.endpoints.empty()) throw UsageError("EtcdStore: no etcd endpoint given");
     for (const auto& e : options_.endpoints) endpoints_.push_back(parseEndpoint(e, "EtcdStore"));
     if (options_.prefix.empty() || options_.prefix.front() != '/') options_.prefix = "/" + options_.prefix;
@@ -150,6 +151,11 @@ class EtcdStore::Impl {
     const std::string full = kvPrefix_ + key;
     const auto deadline = Clock::now() + timeout();
     json current = call("/v3/kv/range", {{"key", base64Encode(full)}}, "add", key, true);
+    // add(key, 0) reads (pollers do): no write, and safe to send twice.
+    if (delta == 0) {
+      if (!current.contains("kvs") || current["kvs"].empty()) return 0;
+      return parseCounter(key, toBytes(bytesField(current["kvs"][0], "value")));
+    }
     while (true) {
       json compare;
       int64_t value = 0;
@@ -178,13 +184,16 @@ class EtcdStore::Impl {
 
   bool check(const std::vector<std::string>& keys) {
     if (keys.empty()) return true;
-    json ranges = json::array();
-    for (const auto& k : keys) {
-      ranges.push_back({{"request_range", {{"key", base64Encode(kvPrefix_ + k)}, {"count_only", true}}}});
-    }
-    const json reply = call("/v3/kv/txn", {{"success", ranges}}, "check", keys.front(), true);
-    for (const auto& r : reply.value("responses", json::array())) {
-      if (number(r["response_range"], "count") == 0) return false;
+    // One read transaction per 128 keys (etcd's --max-txn-ops by default).
+    for (size_t first = 0; first < keys.size(); first += 128) {
+      json ranges = json::array();
+      for (size_t i = first; i < std::min(keys.size(), first + 128); ++i) {
+        ranges.push_back({{"request_range", {{"key", base64Encode(kvPrefix_ + keys[i])}, {"count_only", true}}}});
+      }
+      const json reply = call("/v3/kv/txn", {{"success", ranges}}, "check", keys[first], true);
+      for (const auto& r : reply.value("responses", json::array())) {
+        if (number(r["response_range"], "count") == 0) return false;
+      }
     }
     return true;
   }
@@ -207,20 +216,30 @@ class EtcdStore::Impl {
 
   // A connection from the pool, or a new one to the first endpoint that
   // answers (starting with the one that answered last).
-  std::unique_ptr<HttpConnection> take() {
-    {
-      std::lock_guard<std::mutex> lock(poolMutex_);
-      if (!idle_.empty()) {
-        auto c = std::move(idle_.back());
+  // A pooled connection that etcd closed (or that holds stray bytes) is
+  // dropped, never used: a request sent on it might be lost unseen.
+  std::unique_ptr<HttpConnection> take(Clock::time_point callerDeadline) {
+    while (true) {
+      std::unique_ptr<HttpConnection> c;
+      {
+        std::lock_guard<std::mutex> lock(poolMutex_);
+        if (idle_.empty()) break;
+        c = std::move(idle_.back());
         idle_.pop_back();
-        return c;
       }
+      if (c->idleAndOpen()) return c;
     }
-    return connect();
+    return connect(callerDeadline);
   }
 
-  std::unique_ptr<HttpConnection> connect() {
-    const auto deadline = Clock::now() + options_.connectTimeout;
+  void dropPool() {
+    std::lock_guard<std::mutex> lock(poolMutex_);
+    idle_.clear();
+  }
+
+  std::unique_ptr<HttpConnection> connect(Clock::time_point callerDeadline) {
+    const auto deadline = std::min(callerDeadline, Clock::now() + options_.connectTimeout);
+    const auto start = Clock::now();
     std::string errors;
     int attempt = 0;
     while (true) {
@@ -240,10 +259,14 @@ class EtcdStore::Impl {
       if (Clock::now() >= deadline) {
         fail<StoreError>("store {}: cannot reach etcd after {} ms (last: {}). HINT: is etcd running there? "
                          "(etcdctl --endpoints {} endpoint health)",
-                         describe(), options_.connectTimeout.count(), errors, fmt::join(options_.endpoints, ","));
+                         describe(),
+                         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(),
+                         errors, fmt::join(options_.endpoints, ","));
       }
       // 50 ms, doubling to 1 s, while etcd starts or an endpoint comes back.
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(1000, 50 << std::min(attempt++, 5))));
+      const auto pause = std::chrono::milliseconds(std::min(1000, 50 << std::min(attempt++, 5)));
+      std::this_thread::sleep_for(std::min<Clock::duration>(pause, std::max<Clock::duration>(
+                                                                       deadline - Clock::now(), Clock::duration(0))));
     }
   }
 
@@ -267,37 +290,54 @@ class EtcdStore::Impl {
                        "--max-request-bytes (1.5 MiB by default; values travel in base64, 4/3 of their size)",
                        describe(), op, key, endpoint, message);
     }
+    if (message.find("requested lease not found") != std::string::npos) {
+      fail<StoreError>("store {}: {}('{}'): the run's lease has expired, and etcd dropped the job's keys (no process "
+                       "of the job kept it alive for {} s). HINT: start the job again with a new --rdzv-id",
+                       describe(), op, key, options_.leaseTtl.count());
+    }
+    if (status == 200) {  // an error inside a stream
+      fail<StoreError>("store {}: {}('{}'): etcd at {}: {}", describe(), op, key, endpoint, message);
+    }
     fail<StoreError>("store {}: {}('{}'): etcd at {} answered HTTP {}: {}", describe(), op, key, endpoint, status,
                      message);
   }
 
-  // One unary request; a connection lost before the reply moves to the
-  // next endpoint when the request may be sent twice.
+  // One unary request, by `callerDeadline` (the store's timeout if none).
+  // A request that may go twice (reads, writes of a value) moves to the
+  // next endpoint when its connection breaks or its member stops
+  // answering; one that may not (an add's compare-and-set) is never sent
+  // again: it fails, saying so.
   json call(const std::string& path, const json& request, const std::string& op, const std::string& key,
-            bool idempotent) {
+            bool idempotent, std::optional<Clock::time_point> callerDeadline = std::nullopt) {
     const std::string body = request.dump();
-    const auto deadline = Clock::now() + std::max(timeout(), std::chrono::milliseconds(1000));
+    const auto deadline =
+        callerDeadline ? *callerDeadline : Clock::now() + std::max(timeout(), std::chrono::milliseconds(1000));
     for (int tries = 0;; ++tries) {
-      auto c = take();
+      auto c = take(deadline);
       const std::string endpoint = c->endpoint();
       etcd::HttpReply reply;
+      std::string broke;
       try {
         reply = c->post(path, body, deadline);
       } catch (const IoTimeout&) {
-        fail<StoreTimeout>("store {}: {}('{}'): etcd at {} did not answer within {} ms", describe(), op, key,
-                           endpoint, timeout().count());
+        broke = "no answer";
+        if (!idempotent || Clock::now() >= deadline) {
+          fail<StoreTimeout>("store {}: {}('{}'): etcd at {} did not answer in time ({} ms){}", describe(), op, key,
+                             endpoint, timeout().count(),
+                             idempotent ? "" : "; not sent again, since it may have been applied");
+        }
       } catch (const ConnectionLost& lost) {
-        // A kept-alive connection that etcd closed while idle never read
-        // the request: send it again on a fresh one. Otherwise a member
-        // went away: a request that may go twice moves to the next endpoint.
-        const bool staleIdle = tries == 0 && lost.reason == "the server closed the connection";
-        if ((staleIdle || idempotent) && tries < 2 * static_cast<int>(endpoints_.size()) + 2 &&
-            Clock::now() < deadline) {
-          if (!staleIdle) current_ = (current_.load() + 1) % endpoints_.size();
+        broke = lost.reason;
+      }
+      if (!broke.empty()) {
+        // That member may be gone: none of its connections is reused.
+        dropPool();
+        if (idempotent && tries < 2 * static_cast<int>(endpoints_.size()) + 2 && Clock::now() < deadline) {
+          current_ = (current_.load() + 1) % endpoints_.size();
           continue;
         }
         fail<StoreError>("store {}: {}('{}'): lost the connection to etcd at {} ({}){}", describe(), op, key,
-                         endpoint, lost.reason, idempotent ? "" : "; not sent again, since it may have been applied");
+                         endpoint, broke, idempotent ? "" : "; not sent again, since it may have been applied");
       }
       if (reply.status != 200) failReply(op, key, endpoint, reply.status, reply.body);
       giveBack(std::move(c));
@@ -316,27 +356,36 @@ class EtcdStore::Impl {
                       const std::vector<std::string>& waitedFor) {
     const std::string full = kvPrefix_ + key;
     while (true) {
-      const json range = call("/v3/kv/range", {{"key", base64Encode(full)}}, "get", key, true);
+      const json range = call("/v3/kv/range", {{"key", base64Encode(full)}}, "get", key, true,
+                              std::max(deadline, Clock::now() + std::chrono::milliseconds(1000)));
       if (range.contains("kvs") && !range["kvs"].empty()) return bytesField(range["kvs"][0], "value");
       const int64_t revision = number(range["header"], "revision");
       if (Clock::now() >= deadline) fail<StoreTimeout>("{}", waitTimeoutMessage(describe(), waitedFor, timeout));
+      // A watch of at most 10 s, then a range again: a member that went
+      // dark without closing the connection cannot hold the wait.
+      const auto window = std::min(deadline, Clock::now() + std::chrono::seconds(10));
       std::unique_ptr<HttpConnection> stream;
       try {
-        stream = connect();
+        stream = connect(window);
         const json create = {{"create_request",
                               {{"key", base64Encode(full)}, {"start_revision", std::to_string(revision + 1)}}}};
-        const int status = stream->startStream("/v3/watch", create.dump(), deadline);
+        const int status = stream->startStream("/v3/watch", create.dump(), window);
         std::string line;
         if (status != 200) {
-          stream->nextLine(&line, deadline);
+          stream->nextLine(&line, window);
           failReply("wait", key, stream->endpoint(), status, line);
         }
-        while (stream->nextLine(&line, deadline)) {
+        while (stream->nextLine(&line, window)) {
           if (line.empty()) continue;
           const json message = json::parse(line);
           if (message.contains("error")) failReply("wait", key, stream->endpoint(), 200, line);
           const json& result = message["result"];
-          if (result.value("canceled", false)) break;  // compacted past our revision: range again
+          if (result.value("canceled", false)) {
+            if (number(result, "compact_revision") != 0) break;  // compacted past our revision: range again
+            failReply("wait", key, stream->endpoint(), 200,
+                      json{{"message", "the watch was cancelled: " + result.value("cancel_reason", std::string("?"))}}
+                          .dump());
+          }
           for (const auto& event : result.value("events", json::array())) {
             if (event.value("type", std::string("PUT")) == "PUT") return bytesField(event["kv"], "value");
           }
@@ -345,6 +394,7 @@ class EtcdStore::Impl {
       } catch (const ConnectionLost&) {
         // The member went away: range again, on the next endpoint.
         current_ = (current_.load() + 1) % endpoints_.size();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
         continue;
       } catch (const json::exception& e) {
         fail<StoreError>("store {}: wait('{}'): a watch message does not parse: {}", describe(), key, e.what());
@@ -355,6 +405,13 @@ class EtcdStore::Impl {
 
   // The run: created by the first handle, joined by the others.
   void joinRun() {
+    for (int attempt = 0;; ++attempt) {
+      if (joinRunOnce() || attempt == 2) return;
+    }
+  }
+
+  // False when the run found had just expired: look again.
+  bool joinRunOnce() {
     const std::string runKey = options_.prefix + "/run";
     const std::string proof = hex(tcpstore::hmacSha256(options_.token, "ddp etcd run proof"));
     json range = call("/v3/kv/range", {{"key", base64Encode(runKey)}}, "join", runKey, true);
@@ -374,15 +431,20 @@ class EtcdStore::Impl {
         lease_ = mine;
         logInfo("store {}: started run {} (lease {:x}, TTL {} s)", describe(), runKey, lease_,
                 options_.leaseTtl.count());
-        return;
+        return true;
       }
-      call("/v3/lease/revoke", {{"ID", std::to_string(mine)}}, "join", runKey, true);
       range = reply["responses"][0]["response_range"];
+      if (!range.contains("kvs") || range["kvs"].empty()) return false;  // gone again meanwhile
+      // Ours is not the run (another handle created it first): give it back.
+      const json found = json::parse(bytesField(range["kvs"][0], "value"), nullptr, false);
+      if (found.is_object() && found.value("lease", std::string()) != std::to_string(mine)) {
+        call("/v3/lease/revoke", {{"ID", std::to_string(mine)}}, "join", runKey, true);
+      }
     }
     const json run = json::parse(bytesField(range["kvs"][0], "value"), nullptr, false);
     if (run.is_discarded() || !run.contains("proof") || !run.contains("lease")) {
       fail<StoreError>("store {}: {} holds something other than a ddp run. HINT: pick another --rdzv-id, or "
-                       "remove it (etcdctl del --prefix {})",
+                       "remove it (etcdctl del --prefix {}/)",
                        describe(), runKey, options_.prefix);
     }
     if (!tcpstore::sameBytes(run["proof"].get<std::string>(), proof)) {
@@ -391,24 +453,32 @@ class EtcdStore::Impl {
                        describe(), options_.prefix, kStoreTokenEnv);
     }
     lease_ = std::strtoll(run["lease"].get<std::string>().c_str(), nullptr, 10);
+    // The run may have expired just now (a job of the same id that ended
+    // a lease's TTL ago): then start a fresh one.
+    const json alive = call("/v3/lease/keepalive", {{"ID", std::to_string(lease_)}}, "join", runKey, true);
+    if (number(alive.value("result", json::object()), "TTL") <= 0) return false;
     logInfo("store {}: joined run {} (lease {:x})", describe(), runKey, lease_);
+    return true;
   }
 
   void keepAliveLoop() {
     const auto every = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(200), options_.leaseTtl / 3);
-    bool warned = false;
+    bool warnedExpired = false, warnedFailed = false;
     std::unique_lock<std::mutex> lock(stopMutex_);
     while (!stopWake_.wait_for(lock, every, [this] { return stopping_; })) {
       lock.unlock();
+      // Each try within one period, so the lease is renewed several times
+      // a TTL, and the destructor waits at most one period for this thread.
       try {
-        const json reply = call("/v3/lease/keepalive", {{"ID", std::to_string(lease_)}}, "keepalive", "", true);
-        if (number(reply.value("result", json::object()), "TTL") <= 0 && !warned) {
-          warned = true;
+        const json reply = call("/v3/lease/keepalive", {{"ID", std::to_string(lease_)}}, "keepalive", "", true,
+                                Clock::now() + std::max<std::chrono::milliseconds>(every, std::chrono::seconds(1)));
+        if (number(reply.value("result", json::object()), "TTL") <= 0 && !warnedExpired) {
+          warnedExpired = true;
           logWarn("store {}: the run's lease {:x} has expired: etcd dropped the job's keys", describe(), lease_);
         }
       } catch (const std::exception& e) {
-        if (!warned) logWarn("store {}: keeping the run's lease alive failed: {}", describe(), e.what());
-        warned = true;
+        if (!warnedFailed) logWarn("store {}: keeping the run's lease alive failed (tried again): {}", describe(), e.what());
+        warnedFailed = true;
       }
       lock.lock();
     }

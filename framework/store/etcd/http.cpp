@@ -44,6 +44,13 @@ HttpConnection::HttpConnection(const std::string& host, uint16_t port, Clock::ti
 
 HttpConnection::~HttpConnection() { tcpstore::closeFd(fd_); }
 
+bool HttpConnection::idleAndOpen() const {
+  if (!reusable() || !in_.empty()) return false;
+  char c;
+  const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 void HttpConnection::sendRequest(const std::string& path, const std::string& json, Clock::time_point deadline) {
   if (fd_ < 0 || broken_ || streaming_) throw ConnectionLost{"the connection is not reusable"};
   const std::string request = fmt::format(
@@ -109,6 +116,7 @@ int HttpConnection::readHead(Clock::time_point deadline, long long* contentLengt
     while (!value.empty() && value.front() == ' ') value.erase(0, 1);
     if (name == "content-length") *contentLength = std::atoll(value.c_str());
     if (name == "transfer-encoding" && lower(value).find("chunked") != std::string::npos) *chunked = true;
+    if (name == "connection" && lower(value).find("close") != std::string::npos) closeAfter_ = true;
   }
   return status;
 }
@@ -122,8 +130,9 @@ bool HttpConnection::readChunk(Clock::time_point deadline) {
   if (size > kMaxReply) throw ConnectionLost{"malformed reply: a chunk over 256 MiB"};
   if (size == 0) {
     std::string trailer;
-    while (readLine(&trailer, deadline) && !trailer.empty()) {
-    }
+    do {
+      if (!readLine(&trailer, deadline)) throw IoTimeout{};  // the reply is not whole: never reused
+    } while (!trailer.empty());
     throw ConnectionLost{"the stream ended"};
   }
   std::string data;
@@ -154,7 +163,7 @@ HttpReply HttpConnection::post(const std::string& path, const std::string& json,
   } else {
     throw ConnectionLost{"malformed reply: neither Content-Length nor chunked"};
   }
-  broken_ = false;
+  broken_ = closeAfter_;
   return reply;
 }
 

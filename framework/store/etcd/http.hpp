@@ -48,6 +48,9 @@ class HttpConnection {
 
   // False after an error or a stream: the connection must not be reused.
   bool reusable() const { return fd_ >= 0 && !streaming_ && !broken_; }
+  // Reusable, and the server has neither closed it nor sent anything
+  // unasked since the last reply (checked without blocking).
+  bool idleAndOpen() const;
   std::string endpoint() const { return endpoint_; }
 
  private:
@@ -67,6 +70,7 @@ class HttpConnection {
   std::string stream_;  // decoded body of a stream, not yet returned as lines
   bool streaming_ = false;
   bool broken_ = false;
+  bool closeAfter_ = false;  // the server said Connection: close
 };
 
 }  // namespace ddp::etcd
