@@ -9,7 +9,9 @@
 #      them dead): node 1 carries on in place, exit 0, with every optimizer
 #      step done once, world 4 then 2, and the final test accuracy within
 #      0.05 of the reference; nothing of node 0 is left running;
-#   3. what ddp-run says to an etcd command line that lacks something.
+#   3. a rank of node 1 killed: node 1's own launcher marks it dead in the
+#      store (elastic/dead/3 in etcd), and both nodes finish with exit 0;
+#   4. what ddp-run says to an etcd command line that lacks something.
 # Prints "SKIPPED: <reason>" without etcd (Debian's etcd-server).
 #
 # Usage: etcd_hosts_test.sh DDP_RUN
@@ -49,12 +51,13 @@ echo "etcd at 127.0.0.1:$client (pid $etcd_pid)"
 
 experiment=("$repo/experiments/wine_baseline.json" --set training.epochs=12 --set training.eval_every=1
   --set training.log_every=1 --set training.save_every=0 --set distributed.timeout_s=5)
-# run_hosts NAME ID FAULT: both launchers; their exit codes in $work/NAME.node<K>.rc.
+# run_hosts NAME ID FAULT [NODE]: both launchers, DDP_FAULT_INJECT=FAULT on
+# node NODE (0 by default); their exit codes in $work/NAME.node<K>.rc.
 run_hosts() {
-  local name=$1 id=$2 fault=$3 k pids=()
+  local name=$1 id=$2 fault=$3 faulty=${4:-0} k pids=()
   for k in 0 1; do
     (
-      [ "$k" = 0 ] && [ -n "$fault" ] && export DDP_FAULT_INJECT="$fault"
+      [ "$k" = "$faulty" ] && [ -n "$fault" ] && export DDP_FAULT_INJECT="$fault"
       # setsid: the node's launcher leads a session of its own, one simulated host.
       rc=0
       # (setsid does not fork here: timeout's child leads no process group.)
@@ -118,7 +121,18 @@ PY
 grep -q "lost rank id(s) 0, 1\|lost rank id(s) 0,1" "$work/killed/train.log" "$work/killed.node1.log" ||
   { grep -h "elastic" "$work/killed.node1.log" | tail; fail "node 1 did not say it lost rank ids 0 and 1"; }
 
-echo "== 3. etcd command lines that lack something"
+echo "== 3. a rank of node 1 killed at step 9: node 1's own launcher marks it dead in the store"
+run_hosts rank job-rank "3@9" 1
+for k in 0 1; do
+  [ "$(cat "$work/rank.node$k.rc")" = 0 ] || { tail -30 "$work/rank.node$k.log"; fail "node $k exited $(cat "$work/rank.node$k.rc"), expected 0"; }
+done
+dead=$(ETCDCTL_API=3 /usr/bin/etcdctl --endpoints "127.0.0.1:$client" get --print-value-only /ddp/job-rank/kv/elastic/dead/3)
+[ "$dead" = 1 ] || fail "etcd holds '$dead' at /ddp/job-rank/kv/elastic/dead/3: node 1's launcher did not mark rank 3 dead"
+grep -q "ddp-run: rank 3 (pid [0-9]*) .*the others carry on" "$work/rank.node1.log" ||
+  { tail -20 "$work/rank.node1.log"; fail "node 1's launcher did not report rank 3's death"; }
+grep -h "elastic: generation 1" "$work/rank.node0.log" "$work/rank.node1.log" | head -1 | cut -c1-160
+
+echo "== 4. etcd command lines that lack something"
 expect_usage() {  # expect_usage TEXT ARGS...: exit 2 and TEXT on one line
   local text=$1 rc=0 out
   shift
