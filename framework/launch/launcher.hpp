@@ -23,8 +23,9 @@
 // - Elastic (minRanks > 0): node 0's launcher serves the store itself
 //   (DDP_STORE_SERVED=1: it outlives every rank), or with storeUrl the
 //   store is etcd, and every rank gets DDP_MIN_RANKS. Every node's launcher
-//   holds a handle on the store and marks its own dead ranks. A rank that ends with any code but 0, 2, 3 or 4 (or a
-//   signal) does not stop the others: it is marked dead in the store (so
+//   holds a handle on the store and marks its own dead ranks. A rank that
+//   ends with any code but 0, 2, 3 or 4 (or a signal) does not stop the
+//   others: it is marked dead in the store (so
 //   the survivors' new membership need not wait for it) and, while
 //   maxRestarts allows (a budget for the whole job), started again with
 //   DDP_ELASTIC_JOIN=1 to rejoin. Codes 2 and 3 fail fast as always; 4
