@@ -360,10 +360,12 @@ TrainResult Trainer::runStages() {
 
     const bool lastEpoch = epoch + 1 == tc.epochs || s.stop;
     const bool evaluated = lastEpoch || (tc.evalEvery > 0 && (epoch + 1) % tc.evalEvery == 0);
-    // Evaluation and the epoch's sums over the ranks; an elastic run that
-    // loses a rank here evaluates again over the new membership (the lost
-    // rank's training samples then count in no train loss).
+    // Evaluation, the epoch's sums and the memory held, over the ranks; an
+    // elastic run that loses a rank here evaluates again over the new
+    // membership (the lost rank's training samples then count in no train
+    // loss).
     std::vector<double> sums;
+    at::Tensor memory;
     for (;;) {
       try {
         sums = {lossSum, seen, s.dataSeconds};
@@ -377,6 +379,11 @@ TrainResult Trainer::runStages() {
           group().allreduce(t)->wait();
           sums.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
         }
+        const ParallelStrategy::HeldBytes held = s.strategy->heldBytes();
+        memory = at::tensor(std::vector<double>{double(held.parameters), double(held.gradients),
+                                                double(held.optimizerState), double(peakResidentBytes())},
+                            at::kDouble);
+        if (worldSize() > 1) group().allreduce(memory, {ReduceOp::Max})->wait();
         break;
       } catch (const std::exception& e) {
         if (!recoverable(e)) throw;
@@ -411,11 +418,6 @@ TrainResult Trainer::runStages() {
       }
     }
     {
-      const ParallelStrategy::HeldBytes held = s.strategy->heldBytes();
-      at::Tensor memory = at::tensor(std::vector<double>{double(held.parameters), double(held.gradients),
-                                                         double(held.optimizerState), double(peakResidentBytes())},
-                                     at::kDouble);
-      if (worldSize() > 1) group().allreduce(memory, {ReduceOp::Max})->wait();
       const double* v = memory.data_ptr<double>();
       m.parameterBytes = static_cast<int64_t>(v[0]);
       m.gradientBytes = static_cast<int64_t>(v[1]);
