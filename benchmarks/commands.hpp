@@ -38,4 +38,9 @@ void registerStrategiesCommand(CLI::App& app);
 // baseline recorded in benchmarks/baselines/train_step.json.
 void registerRegressCommand(CLI::App& app);
 
+// `ddp-bench faults`: hosts killed and links cut on a simulated cluster
+// under a job that recovers in place, its store on etcd; the time to the
+// next step, steps lost, final world and accuracy, per fault.
+void registerFaultsCommand(CLI::App& app);
+
 }  // namespace ddp::bench

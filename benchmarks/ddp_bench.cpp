@@ -42,6 +42,7 @@ int benchMain(int argc, char** argv) {
   ddp::bench::registerLmCommand(app);
   ddp::bench::registerStrategiesCommand(app);
   ddp::bench::registerRegressCommand(app);
+  ddp::bench::registerFaultsCommand(app);
 
   int status = 0;
   try {

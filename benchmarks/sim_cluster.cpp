@@ -63,10 +63,16 @@ std::vector<std::string> listNamespaces() {
   return names;
 }
 
-void removeNamespace(const std::string& ns) {
+int killNamespace(const std::string& ns) {
   std::istringstream pids(runTool({"ip", "netns", "pids", ns}, /*mustSucceed=*/false));
   long pid = 0;
-  while (pids >> pid) ::kill(static_cast<pid_t>(pid), SIGKILL);
+  int killed = 0;
+  while (pids >> pid) killed += ::kill(static_cast<pid_t>(pid), SIGKILL) == 0;
+  return killed;
+}
+
+void removeNamespace(const std::string& ns) {
+  killNamespace(ns);
   runTool({"ip", "netns", "delete", ns}, /*mustSucceed=*/false);
 }
 
@@ -185,6 +191,9 @@ SimCluster::SimCluster(int hosts, LinkProfile link) : link_(std::move(link)) {
     runTool({"ip", "netns", "add", switchNs_});
     runTool({"ip", "-n", switchNs_, "link", "add", "br0", "type", "bridge"});
     runTool({"ip", "-n", switchNs_, "link", "set", "br0", "up"});
+    runTool({"ip", "-n", switchNs_, "link", "set", "lo", "up"});
+    serviceAddress_ = subnet + ".254";
+    runTool({"ip", "-n", switchNs_, "addr", "add", serviceAddress_ + "/24", "dev", "br0"});
     for (int h = 0; h < hosts; ++h) {
       if (stopSignal()) throw BenchError(fmt::format("stopped by signal {} while making the cluster", stopSignal()));
       const std::string ns = fmt::format("{}h{}", prefix_, h);
@@ -219,6 +228,7 @@ void SimCluster::teardown() {
   namespaces_.clear();
   addresses_.clear();
   switchNs_.clear();
+  serviceAddress_.clear();
   if (lockFd_ >= 0) {
     ::unlink(lockPath(prefix_).c_str());
     ::close(lockFd_);
@@ -246,6 +256,18 @@ std::vector<std::string> SimCluster::wrap(int host, const std::vector<std::strin
   std::vector<std::string> out = {findTool("ip"), "netns", "exec", netns(host)};
   out.insert(out.end(), argv.begin(), argv.end());
   return out;
+}
+
+std::vector<std::string> SimCluster::wrapService(const std::vector<std::string>& argv) const {
+  std::vector<std::string> out = {findTool("ip"), "netns", "exec", switchNs_};
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+int SimCluster::killHost(int host) const { return killNamespace(netns(host)); }
+
+void SimCluster::setLink(int host, bool up) const {
+  runTool({"ip", "-n", netns(host), "link", "set", "eth0", up ? "up" : "down"});
 }
 
 }  // namespace ddp::bench

@@ -23,6 +23,15 @@
 //   /run/ddpsim/ddpsim<pid>.lock while it lives, and namespaces whose lock
 //   is free are stale, whatever became of the pid.
 // - run(host, argv) gives the argv that starts a program inside a host.
+// - The switch's namespace also has an address of its own on the bridge,
+//   serviceAddress(): a service node (etcd for the store) that every host
+//   reaches over its link, and that survives any host. wrapService(argv)
+//   runs a program there.
+// - Faults (ddp-bench faults): killHost(h) SIGKILLs every process inside
+//   host h's namespace at once, as a host that loses power; setLink(h,
+//   false) takes its interface down (no packet passes, no connection is
+//   closed: a cut cable) and setLink(h, true) brings it back, shaped as
+//   before.
 #pragma once
 
 #include <memory>
@@ -71,6 +80,11 @@ class SimCluster {
   const std::string& note() const { return note_; }
   // `argv` run inside `host`'s namespace: {"ip", "netns", "exec", NS, argv...}.
   std::vector<std::string> wrap(int host, const std::vector<std::string>& argv) const;
+  const std::string& serviceAddress() const { return serviceAddress_; }
+  std::vector<std::string> wrapService(const std::vector<std::string>& argv) const;
+  // SIGKILL to every process of `host`'s namespace; returns how many.
+  int killHost(int host) const;
+  void setLink(int host, bool up) const;
 
  private:
   void teardown();
@@ -79,6 +93,7 @@ class SimCluster {
   std::string prefix_;  // "ddpsim<pid>"
   int lockFd_ = -1;     // flock on /run/ddpsim/<prefix>.lock: this cluster is alive
   std::string switchNs_;
+  std::string serviceAddress_;
   std::vector<std::string> namespaces_, addresses_;
 };
 

@@ -17,6 +17,7 @@
 
 #include "framework/core/errors.hpp"
 #include "framework/core/log.hpp"
+#include "framework/experiment/callbacks/fault_injection.hpp"
 #include "framework/experiment/trainer_impl.hpp"
 
 namespace ddp {
@@ -70,10 +71,12 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
       s.membership = s.rendezvous->next(s.membership, s.steps);
       // For the tests: DDP_FAULT_RECOVERY=ID kills rank id ID once its
       // first new membership is decided, before the group forms: a failure
-      // during the recovery itself.
+      // during the recovery itself; "ID:host" kills its whole host then
+      // (fault_injection.hpp's killThisHost).
       if (const char* f = std::getenv("DDP_FAULT_RECOVERY");
           f != nullptr && std::atoi(f) == s.rendezvous->id() && s.membership.generation == 1 &&
           std::getenv("DDP_ELASTIC_JOIN") == nullptr) {
+        if (std::strstr(f, ":host") != nullptr) killThisHost();
         ::raise(SIGKILL);
       }
       if (s.membership.belowMinimum) {

@@ -44,7 +44,13 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank, std::s
     }
     if (read < 2 || faultRank != rank) continue;
     f.when = when;
-    const std::string action = how;
+    // The action, and before it optionally "delay=MS:" (wait, then act).
+    std::string action = how;
+    if (action.rfind("delay=", 0) == 0) {
+      f.delayMs = std::atoi(action.c_str() + 6);
+      const size_t colon = action.find(':');
+      action = colon == std::string::npos ? "" : action.substr(colon + 1);
+    }
     if (action == "stop") {
       f.signal = SIGSTOP;
     } else if (action == "term") {
@@ -70,11 +76,7 @@ FaultInjection::FaultInjection(std::vector<Fault> faults, std::shared_ptr<Store>
   for (const Fault& f : faults_) steps_ = steps_ || f.atStep;
 }
 
-namespace {
-
-// SIGKILL to every other process of this session, which the launcher (our
-// parent) leads; to the launcher alone when it leads none.
-void killHost() {
+void killThisHost() {
   const pid_t launcher = ::getppid();
   const pid_t session = ::getsid(0);
   if (session != launcher) {
@@ -94,10 +96,9 @@ void killHost() {
   }
 }
 
-}  // namespace
-
 void FaultInjection::act(const Fault& f) {
-  if (f.wholeHost) killHost();
+  if (f.delayMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.delayMs));
+  if (f.wholeHost) killThisHost();
   if (f.signal != 0) ::raise(f.signal);
   if (f.sleepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.sleepMs));
   if (f.untilReplaced && store_) {

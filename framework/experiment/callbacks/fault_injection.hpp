@@ -13,8 +13,10 @@
 // ":host" kills its whole host at once: SIGKILL to every process of the
 // launcher's session (the launcher and all its ranks), when the launcher
 // leads a session of its own (a test starts it with setsid: one session,
-// one simulated host); else only the launcher and this rank. Several
-// faults: a comma-separated list ("1@10,2@30").
+// one simulated host); else only the launcher and this rank. "delay=MS:"
+// before an action waits MS milliseconds first ("2@9:delay=300:host": the
+// others are inside step 10's collective, waiting for rank 2, when its
+// host dies). Several faults: a comma-separated list ("1@10,2@30").
 // SlowRank: for the straggler report's tests, DDP_FAULT_SLOW="RANK:MS"
 // makes that rank sleep MS milliseconds after each optimizer step.
 // AwaitJoin: for the rejoin tests, DDP_FAULT_AWAIT_JOIN="STEP" makes every
@@ -34,6 +36,12 @@
 
 namespace ddp {
 
+// SIGKILL to every other process of this rank's session, which the
+// launcher (its parent) leads when it was started with setsid: a whole
+// simulated host; to the launcher alone when it leads none. The caller
+// kills itself next.
+void killThisHost();
+
 class FaultInjection : public TrainerCallback {
  public:
   // The callback DDP_FAULT_INJECT asks of this rank, or null.
@@ -46,6 +54,7 @@ class FaultInjection : public TrainerCallback {
     int sleepMs = 0;
     bool untilReplaced = false;
     bool wholeHost = false;
+    int delayMs = 0;  // before acting
   };
   FaultInjection(std::vector<Fault> faults, std::shared_ptr<Store> store);
   bool wantsSteps() const override { return steps_; }

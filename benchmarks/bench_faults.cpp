@@ -1,0 +1,484 @@
+// `ddp-bench faults`: what a lost host costs a job that recovers in place
+// (ddp-run --min-ranks), on a simulated cluster (sim_cluster.hpp) whose
+// store is etcd on a service node, so that no training host holds it.
+//
+// One run per fault, each a fresh job (--rdzv-id of its own) of H launchers,
+// one per host (--hosts HxR), training the experiment (default: wine, 12
+// epochs, a step record per step), plus one unfailed run for reference. The
+// faults, all on the last host (the highest ranks; for `recovery` the two
+// last hosts):
+//   host        every process of the host SIGKILLed (ddp-bench kills the
+//               namespace) once step --at-step is recorded: a power loss;
+//   collective  the host's first rank waits 300 ms after step --at-step,
+//               then kills its whole host (DDP_FAULT_INJECT
+//               R@S:delay=300:host): the others are inside step S+1's
+//               gradient collective, waiting for it, when it dies;
+//   link        the host's interface goes down at step --at-step for
+//               2 x distributed.timeout_s + 3 s, then up again: no
+//               connection is closed, the others must time out, then wait
+//               out their rendezvous for it; when it returns, its ranks
+//               must be told they were left out and exit;
+//   recovery    as host, and the next host dies too (DDP_FAULT_RECOVERY
+//               ID:host) once the survivors have decided their first new
+//               membership, inside the recovery.
+// For each: the survivors' launchers must exit 0, every optimizer step be
+// recorded once (steps.jsonl: 1..N, no gap, no repeat), and the final test
+// accuracy be within --tolerance of the unfailed run's. The record:
+// fault, recovered_s (from the fault to the first step completed after it,
+// i.e. at the smaller world: detection plus recovery plus that step; for
+// `collective` the fault is the step's record plus the 300 ms), reported_s (the trainer's own
+// "recovered in" figure: from detection to the new group), steps,
+// steps_lost (steps recorded twice), final_world, test_accuracy,
+// exit_code (the survivors' worst), victim_exit_codes and victim_line (the
+// cut host's last word, for link). Exit status 1 if a check failed.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "benchmarks/bench_util.hpp"
+#include "benchmarks/commands.hpp"
+#include "ddp/config.hpp"
+#include "framework/launch/spawn.hpp"
+
+namespace ddp::bench {
+namespace faults {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string hosts = "3x1";
+  std::string link = "1gbit";
+  std::vector<std::string> faults = {"host", "collective", "link", "recovery"};
+  std::string experiment = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
+  std::vector<std::string> overrides;
+  int64_t epochs = 60;
+  int64_t atStep = 9;
+  int minRanks = 1;
+  double timeoutS = 5;
+  double tolerance = 0.05;
+  int timeLimitS = 300;
+  std::string jsonPath;
+  std::string keepDir;  // the jobs' run folders and logs go here, and stay
+};
+
+constexpr int kCollectiveDelayMs = 300;
+constexpr int kEtcdPort = 2379;
+
+double wallNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string ddpRunPath() {
+  const auto sibling = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "ddp-run";
+  return std::filesystem::exists(sibling) ? sibling.string() : std::string(DDP_RUN_PATH);
+}
+
+// `argv` with its stdout and stderr to `log` (a shell's exec: the pid stays the program's).
+std::vector<std::string> loggedTo(const std::string& log, std::vector<std::string> argv) {
+  argv.insert(argv.begin(), {"/bin/sh", "-c", "exec \"$@\" > \"$0\" 2>&1", log});
+  return argv;
+}
+
+std::vector<json> readRecords(const std::string& path) {
+  std::vector<json> records;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    try {
+      records.push_back(json::parse(line));
+    } catch (const json::exception&) {
+      break;  // a line being written
+    }
+  }
+  return records;
+}
+
+std::string readText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The last line of `text` that contains `needle`, or "".
+std::string lastLineWith(const std::string& text, const std::string& needle) {
+  std::istringstream lines(text);
+  std::string found;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(needle) != std::string::npos) found = line;
+  }
+  return found;
+}
+
+int exitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+// etcd in the switch's namespace: the service node every host reaches.
+class ServiceEtcd {
+ public:
+  ServiceEtcd(const SimCluster& cluster, const std::string& dir) {
+    const std::string& ip = cluster.serviceAddress();
+    endpoint_ = fmt::format("{}:{}", ip, kEtcdPort);
+    const std::string client = "http://" + endpoint_, peer = fmt::format("http://{}:{}", ip, kEtcdPort + 1);
+    SpawnOptions options;
+    options.argv = cluster.wrapService(loggedTo(dir + "/etcd.log",
+                                                {"/usr/bin/etcd", "--name", "svc", "--data-dir", dir + "/etcd",
+                                                 "--listen-client-urls", client, "--advertise-client-urls", client,
+                                                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                                 "--initial-cluster", "svc=" + peer, "--log-level", "error"}));
+    options.program = options.argv[0];
+    options.dieWithParent = true;
+    pid_ = spawnProcess(options).pid;
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      SpawnOptions probe;
+      probe.argv = cluster.wrapService({"/usr/bin/etcdctl", "--endpoints", endpoint_, "endpoint", "health"});
+      probe.program = probe.argv[0];
+      EnvMap env = currentEnvironment();
+      env["ETCDCTL_API"] = "3";
+      probe.environment = env;
+      const int status = runProcess(probe).status;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
+      if (Clock::now() > deadline) {
+        throw BenchError(fmt::format("etcd at {} is not healthy after 30 s: {}", endpoint_, readText(dir + "/etcd.log")));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  ~ServiceEtcd() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string endpoint_;
+};
+
+struct Job {
+  std::string fault;
+  std::string dir;
+  std::vector<pid_t> pids;
+  std::vector<int> exitCodes;
+  std::set<int> victims;  // hosts
+  double faultTime = 0;   // wall clock
+};
+
+// How long `link` keeps the link down: past the others' collective timeout
+// and past their wait for the next membership (another timeout), so that
+// they decide it without the cut host; plus 3 s. (A cut shorter than that
+// ends with the host admitted again at that membership, given the state
+// of the member furthest on: nothing stale, but not the fault asked for.)
+double linkCutSeconds(const Options& o) { return 2 * o.timeoutS + 3; }
+
+// One job of H launchers with `fault`; returns when all have exited.
+Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout, const ServiceEtcd& etcd,
+           const std::string& workDir, const std::string& fault) {
+  Job job;
+  job.fault = fault;
+  job.dir = workDir + "/" + fault;
+  const int last = layout.hosts - 1;
+  const int lastRank = last * layout.ranksPerHost;  // the last host's first rank
+  if (fault == "host" || fault == "collective" || fault == "link") job.victims = {last};
+  if (fault == "recovery") job.victims = {last, last - 1};
+  const std::string id = fmt::format("faults-{}-{}-{}", fault, ::getpid(), static_cast<long long>(wallNow()));
+  for (int h = 0; h < layout.hosts; ++h) {
+    std::vector<std::string> argv = {ddpRunPath(), "--nnodes", std::to_string(layout.hosts), "--node-rank",
+                                     std::to_string(h), "--nproc-per-node", std::to_string(layout.ranksPerHost),
+                                     "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint(), "--rdzv-id", id,
+                                     "--min-ranks", std::to_string(o.minRanks), "--max-restarts", "0",
+                                     o.experiment, "--out", job.dir,
+                                     "--set", "training.log_every=1", "--set", "training.save_every=0",
+                                     "--set", fmt::format("distributed.timeout_s={}", o.timeoutS)};
+    if (o.epochs > 0) argv.insert(argv.end(), {"--set", fmt::format("training.epochs={}", o.epochs)});
+    for (const std::string& set : o.overrides) argv.insert(argv.end(), {"--set", set});
+    // setsid: the launcher leads a session, its host's, for DDP_FAULT_INJECT :host.
+    argv.insert(argv.begin(), "/usr/bin/setsid");
+    SpawnOptions options;
+    options.argv = cluster.wrap(h, loggedTo(fmt::format("{}.host{}.log", job.dir, h), argv));
+    options.program = options.argv[0];
+    EnvMap env = currentEnvironment();
+    for (const char* name : {"DDP_FAULT_INJECT", "DDP_FAULT_RECOVERY", "MASTER_ADDR", "MASTER_PORT", "RANK",
+                             "WORLD_SIZE", "LOCAL_RANK"}) {
+      env.erase(name);
+    }
+    env["DDP_STORE_TOKEN"] = id;
+    if (fault == "collective" && h == last) {
+      env["DDP_FAULT_INJECT"] = fmt::format("{}@{}:delay={}:host", lastRank, o.atStep, kCollectiveDelayMs);
+    }
+    if (fault == "recovery" && h == last - 1) {
+      env["DDP_FAULT_RECOVERY"] = fmt::format("{}:host", (last - 1) * layout.ranksPerHost);
+    }
+    options.environment = std::move(env);
+    options.dieWithParent = true;
+    job.pids.push_back(spawnProcess(options).pid);
+  }
+  job.exitCodes.assign(layout.hosts, -1);
+  const auto deadline = Clock::now() + std::chrono::seconds(o.timeLimitS);
+  const std::string stepsPath = job.dir + "/steps.jsonl";
+  bool injected = fault == "none" || fault == "collective";
+  bool linkDown = false;
+  Clock::time_point linkUpAt;
+  int remaining = layout.hosts;
+  auto killAll = [&] {
+    for (int h = 0; h < layout.hosts; ++h) cluster.killHost(h);
+    if (linkDown) cluster.setLink(last, true);
+    for (int h = 0; h < layout.hosts; ++h) {
+      if (job.exitCodes[h] < 0) ::waitpid(job.pids[h], nullptr, 0);
+    }
+  };
+  while (remaining > 0) {
+    for (int h = 0; h < layout.hosts; ++h) {
+      int status = 0;
+      if (job.exitCodes[h] >= 0 || ::waitpid(job.pids[h], &status, WNOHANG) <= 0) continue;
+      job.exitCodes[h] = exitCode(status);
+      --remaining;
+    }
+    if (!injected) {
+      const std::vector<json> records = readRecords(stepsPath);
+      if (!records.empty() && records.back().value("step", int64_t{0}) >= o.atStep) {
+        injected = true;
+        // The fault's time: once it is done (a step that completes while
+        // ip works is not one after it).
+        if (fault == "link") {
+          cluster.setLink(last, false);
+          linkDown = true;
+          linkUpAt = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(linkCutSeconds(o) * 1000));
+        } else {
+          cluster.killHost(last);
+        }
+        job.faultTime = wallNow();
+      }
+    }
+    if (linkDown && Clock::now() >= linkUpAt) {
+      cluster.setLink(last, true);
+      linkDown = false;
+    }
+    if (const int sig = stopSignal()) {
+      killAll();
+      throw BenchError(fmt::format("stopped by signal {} during the {} run", sig, fault));
+    }
+    if (Clock::now() > deadline) {
+      killAll();
+      throw BenchError(fmt::format("the {} run did not end within {} s (logs: {}.host*.log)", fault, o.timeLimitS,
+                                   job.dir));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (!injected) {
+    throw BenchError(fmt::format("the {} run ended before step {} was recorded: raise training.epochs or lower --at-step",
+                                 fault, o.atStep));
+  }
+  if (fault == "collective") {
+    // The victim acted kCollectiveDelayMs after its step; that step's record is the clock.
+    for (const json& r : readRecords(stepsPath)) {
+      if (r.value("step", int64_t{0}) == o.atStep) job.faultTime = r.at("time").get<double>() + kCollectiveDelayMs / 1000.0;
+    }
+  }
+  return job;
+}
+
+// The record of one job, and whether its checks passed (failures printed).
+json summarize(const Options& o, const HostLayout& layout, const Job& job, const json& reference, bool& ok) {
+  const std::vector<json> steps = readRecords(job.dir + "/steps.jsonl");
+  const std::vector<json> metrics = readRecords(job.dir + "/metrics.jsonl");
+  json r = {{"fault", job.fault}, {"hosts", o.hosts}, {"link", o.link}, {"timeout_s", o.timeoutS},
+            {"min_ranks", o.minRanks}, {"fault_step", job.fault == "none" ? 0 : o.atStep}};
+  std::vector<int64_t> numbers;
+  for (const json& s : steps) numbers.push_back(s.value("step", int64_t{0}));
+  std::set<int64_t> unique(numbers.begin(), numbers.end());
+  bool once = !numbers.empty();
+  for (size_t i = 0; i < numbers.size(); ++i) once = once && numbers[i] == static_cast<int64_t>(i + 1);
+  r["steps"] = numbers.size();
+  r["steps_lost"] = numbers.size() - unique.size();
+  r["steps_once"] = once;
+  r["final_world"] = steps.empty() ? 0 : steps.back().value("world_size", 0);
+  r["test_accuracy"] = metrics.empty() ? json(nullptr) : metrics.back().value("test_accuracy", json(nullptr));
+  int worst = 0;
+  json victimCodes = json::array();
+  for (int h = 0; h < layout.hosts; ++h) {
+    if (job.victims.count(h)) {
+      victimCodes.push_back(job.exitCodes[h]);
+    } else {
+      worst = std::max(worst, job.exitCodes[h]);
+    }
+  }
+  r["exit_code"] = worst;
+  r["victim_exit_codes"] = victimCodes;
+  r["exit_codes"] = job.exitCodes;
+  // The first step completed after the fault is the first at the smaller
+  // world: a step whose collective had the victims' part before they died
+  // may still be recorded just after the fault.
+  r["recovered_s"] = nullptr;
+  if (job.fault != "none" && !steps.empty()) {
+    const int before = steps.front().value("world_size", 0);
+    for (const json& s : steps) {
+      const double t = s.at("time").get<double>();
+      if (t > job.faultTime && s.value("world_size", 0) < before) {
+        r["recovered_s"] = t - job.faultTime;
+        break;
+      }
+    }
+  }
+  // The trainer's own figure, from its log line "... recovered in 0.115 s".
+  const std::string line = lastLineWith(readText(job.dir + ".host0.log"), "recovered in ");
+  r["reported_s"] = nullptr;
+  if (!line.empty()) r["reported_s"] = std::atof(line.c_str() + line.find("recovered in ") + 13);
+  if (job.fault == "link") {
+    r["cut_s"] = linkCutSeconds(o);
+    std::string word = lastLineWith(readText(fmt::format("{}.host{}.log", job.dir, layout.hosts - 1)), "left out");
+    r["victim_line"] = word;
+  }
+  auto check = [&](bool condition, const std::string& what) {
+    if (!condition) {
+      std::cout << fmt::format("FAILED: {}: {}\n", job.fault, what);
+      ok = false;
+    }
+  };
+  check(worst == 0, fmt::format("a surviving launcher exited {} (logs: {}.host*.log)", worst, job.dir));
+  check(once, fmt::format("steps are not 1..N each once: {}", fmt::join(numbers, ",")));
+  if (job.fault != "none" && reference.contains("test_accuracy") && reference["test_accuracy"].is_number() &&
+      r["test_accuracy"].is_number()) {
+    const double delta = r["test_accuracy"].get<double>() - reference["test_accuracy"].get<double>();
+    r["accuracy_delta"] = delta;
+    check(std::abs(delta) <= o.tolerance, fmt::format("test accuracy {:.4f} is not within {} of the unfailed {:.4f}",
+                                                      r["test_accuracy"].get<double>(), o.tolerance,
+                                                      reference["test_accuracy"].get<double>()));
+  }
+  if (job.fault != "none") {
+    const int expected = layout.worldSize() - static_cast<int>(job.victims.size()) * layout.ranksPerHost;
+    check(r["final_world"] == expected, fmt::format("final world {} (expected {})", r["final_world"].dump(), expected));
+    check(r["recovered_s"].is_number(), "no step completed after the fault");
+    for (int code : victimCodes) check(code != 0, "a victim host's launcher exited 0");
+  }
+  if (job.fault == "link") {
+    check(!r["victim_line"].get<std::string>().empty(),
+          "the cut host's log has no line saying its ranks were left out");
+  }
+  return r;
+}
+
+void runFaults(const Options& o) {
+  checkOutputPaths(o.jsonPath, "");
+  static const std::set<std::string> known = {"host", "collective", "link", "recovery"};
+  for (const std::string& f : o.faults) {
+    if (!known.count(f)) {
+      throw BenchError(fmt::format("--faults {}: unknown fault (known: host, collective, link, recovery)", f));
+    }
+  }
+  HostLayout layout = parseHostLayout(o.hosts);
+  const int needHosts = std::count(o.faults.begin(), o.faults.end(), "recovery") ? 3 : 2;
+  if (layout.hosts < needHosts) {
+    throw BenchError(fmt::format("--hosts {}: the faults asked for need {} hosts or more", o.hosts, needHosts));
+  }
+  const int lost = (needHosts == 3 ? 2 : 1) * layout.ranksPerHost;
+  if (o.minRanks < 1 || o.minRanks > layout.worldSize() - lost) {
+    throw BenchError(fmt::format("--min-ranks {}: must be 1..{} so that the job survives losing {} rank(s)",
+                                 o.minRanks, layout.worldSize() - lost, lost));
+  }
+  for (const char* tool : {"/usr/bin/etcd", "/usr/bin/etcdctl"}) {
+    if (::access(tool, X_OK) != 0) {
+      std::cout << "SKIPPED: " << tool
+                << " is not installed (Debian's etcd-server and etcd-client; scripts/setup.sh installs them)\n";
+      return;
+    }
+  }
+  std::unique_ptr<SimCluster> cluster = clusterFromOptions(o.hosts, o.link, layout, std::cout);
+  if (!cluster) return;  // SKIPPED, printed
+  std::optional<TempDir> scratch;
+  std::string work = o.keepDir;
+  if (work.empty()) {
+    scratch.emplace("ddp-bench-faults-");
+    work = scratch->path();
+  } else {
+    std::filesystem::create_directories(work);
+    work = std::filesystem::canonical(work).string();
+  }
+  ServiceEtcd etcd(*cluster, work);
+  std::cout << fmt::format("# store: etcd on the service node {}; faults on the last host(s); timeout_s {}\n",
+                           etcd.endpoint(), o.timeoutS);
+  bool ok = true;
+  json records = json::array();
+  std::vector<std::string> order = {"none"};
+  order.insert(order.end(), o.faults.begin(), o.faults.end());
+  json reference;
+  Table table({"fault", "recovered_s", "reported_s", "steps", "lost", "once", "world", "test_acc", "exit", "victims"});
+  for (const std::string& fault : order) {
+    std::cerr << "ddp-bench faults: " << fault << "\n";
+    const Job job = runJob(o, *cluster, layout, etcd, work, fault);
+    json r = summarize(o, layout, job, reference, ok);
+    if (fault == "none") reference = r;
+    auto number = [](const json& v, int digits) { return v.is_number() ? formatFixed(v.get<double>(), digits) : "-"; };
+    table.addRow({fault, number(r["recovered_s"], 3), number(r["reported_s"], 3), std::to_string(r["steps"].get<int>()),
+                  std::to_string(r["steps_lost"].get<int>()), r["steps_once"].get<bool>() ? "yes" : "NO",
+                  std::to_string(r["final_world"].get<int>()), number(r["test_accuracy"], 4),
+                  std::to_string(r["exit_code"].get<int>()), r["victim_exit_codes"].dump()});
+    records.push_back(std::move(r));
+  }
+  std::cout << table.render();
+  for (const json& r : records) {
+    if (r.contains("victim_line") && !r["victim_line"].get<std::string>().empty()) {
+      std::cout << fmt::format("{}: the cut host said: {}\n", r["fault"].get<std::string>(),
+                               r["victim_line"].get<std::string>());
+    }
+  }
+  writeRecords(o.jsonPath, "", records);
+  if (!ok) throw BenchError("a fault was not survived as it should be (FAILED lines above)");
+}
+
+}  // namespace faults
+
+void registerFaultsCommand(CLI::App& app) {
+  using namespace faults;
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "faults", "Kill hosts and cut links of a simulated cluster under a job that recovers in place; time each recovery");
+  cmd->add_option("--hosts", options->hosts, "HOSTSxRANKS of the simulated cluster")->capture_default_str();
+  cmd->add_option("--link", options->link, "its links: 10gbit, 1gbit or none")->capture_default_str();
+  cmd->add_option("--faults", options->faults, "host, collective, link, recovery")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--experiment", options->experiment, "the job")->capture_default_str();
+  cmd->add_option("--set", options->overrides, "override a setting of the experiment (repeatable)");
+  cmd->add_option("--epochs", options->epochs, "training.epochs of each job (0: the experiment's)")
+      ->capture_default_str();
+  cmd->add_option("--at-step", options->atStep, "the fault comes after this optimizer step")->capture_default_str();
+  cmd->add_option("--min-ranks", options->minRanks, "ddp-run --min-ranks")->capture_default_str();
+  cmd->add_option("--timeout-s", options->timeoutS, "distributed.timeout_s: how long a silent host is waited for")
+      ->capture_default_str();
+  cmd->add_option("--tolerance", options->tolerance, "final test accuracy allowed from the unfailed run's")
+      ->capture_default_str();
+  cmd->add_option("--time-limit", options->timeLimitS, "seconds one job may take")->capture_default_str();
+  cmd->add_option("--keep", options->keepDir, "keep the jobs' run folders and launcher logs in this folder");
+  cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
+  cmd->callback([options] {
+    try {
+      runFaults(*options);
+    } catch (const std::exception& e) {
+      std::cerr << "ddp-bench faults: error: " << e.what() << "\n";
+      throw CLI::RuntimeError(1);
+    }
+  });
+}
+
+}  // namespace ddp::bench

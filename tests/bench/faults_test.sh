@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 42: hosts lost on a simulated cluster (ddp-bench faults): 3 hosts
+# of 1 rank on 1 Gbit/s links, the store on etcd on the service node,
+# --min-ranks 1, distributed.timeout_s 3. For each fault (a host killed,
+# one killed while the others wait in its collective, a link cut past the
+# timeout, a second host killed during the recovery) the job goes on in
+# place: the survivors exit 0, every optimizer step is recorded once, the
+# world ends at 2 (1 after two hosts), the final test accuracy is within
+# 0.05 of the unfailed run's, no victim exits 0, and the cut host's rank
+# says it was left out. Then the command's errors: one line, exit 1.
+# Prints "SKIPPED: <reason>" without root or etcd.
+#
+# Usage: faults_test.sh DDP_BENCH
+set -euo pipefail
+bench=$(realpath -e "${1:?usage: $0 DDP_BENCH}")
+python=/usr/bin/python3
+work=$(mktemp -d /tmp/ddp-faults-test-XXXXXX)
+trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$work"' EXIT
+fail() { echo "FAILED: $*"; exit 1; }
+unset DDP_FAULT_INJECT DDP_FAULT_RECOVERY MASTER_ADDR MASTER_PORT RANK WORLD_SIZE
+
+rc=0
+timeout -k 5 280 "$bench" faults --hosts 3x1 --link 1gbit --timeout-s 3 --json "$work/faults.json" \
+  --keep "$work/runs" > "$work/out.log" 2>&1 || rc=$?
+cat "$work/out.log"
+if grep -q "^SKIPPED:" "$work/out.log"; then exit 0; fi
+[ "$rc" = 0 ] || fail "ddp-bench faults exited $rc"
+
+$python - "$work/faults.json" <<'PY' || fail "the records above are not what the faults should give"
+import json, sys
+records = {r["fault"]: r for r in json.load(open(sys.argv[1]))}
+ok = True
+def check(cond, what):
+    global ok
+    if not cond:
+        print("  not so:", what)
+        ok = False
+check(sorted(records) == ["collective", "host", "link", "none", "recovery"], f"one record per fault: {sorted(records)}")
+ref = records["none"]
+check(ref["exit_codes"] == [0, 0, 0] and ref["final_world"] == 3, f"the unfailed run: {ref}")
+for name, world in (("host", 2), ("collective", 2), ("link", 2), ("recovery", 1)):
+    r = records[name]
+    check(r["exit_code"] == 0, f"{name}: the survivors exited {r['exit_codes']}")
+    check(r["steps_once"] and r["steps_lost"] == 0, f"{name}: steps once ({r['steps']} recorded, {r['steps_lost']} twice)")
+    check(r["final_world"] == world, f"{name}: final world {r['final_world']}, expected {world}")
+    check(abs(r["test_accuracy"] - ref["test_accuracy"]) <= 0.05,
+          f"{name}: test accuracy {r['test_accuracy']} against {ref['test_accuracy']}")
+    check(isinstance(r["recovered_s"], (int, float)) and r["recovered_s"] > 0, f"{name}: recovered_s {r['recovered_s']}")
+    check(all(c != 0 for c in r["victim_exit_codes"]), f"{name}: a victim exited 0: {r['victim_exit_codes']}")
+# A killed host is seen at once (its connections close): well inside the
+# timeout. A cut link is seen by the timeout, then waited for once more.
+for name in ("host", "collective", "recovery"):
+    check(records[name]["recovered_s"] < 3, f"{name}: recovered in {records[name]['recovered_s']} s, not within the 3 s timeout")
+check(records["host"]["victim_exit_codes"] == [137], f"host: the victim's launcher {records['host']['victim_exit_codes']}, not SIGKILL")
+check(records["recovery"]["victim_exit_codes"] == [137, 137], f"recovery: {records['recovery']['victim_exit_codes']}")
+link = records["link"]
+check(link["recovered_s"] >= 3, f"link: recovered in {link['recovered_s']} s, before the 3 s timeout could pass")
+check("left out" in link["victim_line"], f"link: the cut host said {link['victim_line']!r}")
+print("records: " + "; ".join(f"{n} {r['recovered_s'] or 0:.3f} s -> world {r['final_world']}" for n, r in records.items()))
+sys.exit(0 if ok else 1)
+PY
+# Nothing of the cluster is left (its namespaces carry ddpsim<pid>).
+left=$(ip netns list | grep -c "^ddpsim" || true)
+[ "$left" = 0 ] || fail "$left simulated-cluster namespace(s) left: $(ip netns list | grep ddpsim | head -3)"
+
+echo "== errors: one line, exit 1"
+expect_error() {  # WHAT ARGS... : exits 1 with one "ddp-bench faults: error:" line naming WHAT
+  local what=$1 out code=0
+  shift
+  out=$("$bench" faults "$@" 2>&1) || code=$?
+  [ "$code" = 1 ] || fail "ddp-bench faults $*: exit $code, expected 1: $out"
+  grep -q "^ddp-bench faults: error: .*$what" <<< "$out" || fail "ddp-bench faults $*: no error naming '$what': $out"
+  echo "  $*: $(grep "error:" <<< "$out")"
+}
+expect_error "unknown fault" --faults power
+expect_error "need 3 hosts" --hosts 2x1 --faults recovery
+expect_error "min-ranks 3" --hosts 3x1 --min-ranks 3
+echo "PASSED"
