@@ -14,10 +14,10 @@
 //               R@S:delay=300:host): the others are inside step S+1's
 //               gradient collective, waiting for it, when it dies;
 //   link        the host's interface goes down at step --at-step for
-//               2 x distributed.timeout_s + 3 s, then up again: no
-//               connection is closed, the others must time out, then wait
-//               out their rendezvous for it; when it returns, its ranks
-//               must be told they were left out and exit;
+//               distributed.timeout_s + 3 s, then up again: no connection
+//               is closed, so the others time out, then find its
+//               heartbeat silent and decide without it; when it returns,
+//               its ranks must be told they were left out and exit;
 //   recovery    as host, and the next host dies too (DDP_FAULT_RECOVERY
 //               ID:host) once the survivors have decided their first new
 //               membership, inside the recovery.
@@ -185,11 +185,12 @@ struct Job {
 };
 
 // How long `link` keeps the link down: past the others' collective timeout
-// and past their wait for the next membership (another timeout), so that
-// they decide it without the cut host; plus 3 s. (A cut shorter than that
-// ends with the host admitted again at that membership, given the state
-// of the member furthest on: nothing stale, but not the fault asked for.)
-double linkCutSeconds(const Options& o) { return 2 * o.timeoutS + 3; }
+// and past the time their rendezvous waits for a member whose heartbeat
+// stands still (elastic.hpp's silentAfter, 1.5 s), so that they decide
+// without the cut host; 3 s past the timeout. (A cut that ends before the
+// decision sees the host admitted again, given the state of the member
+// furthest on: nothing stale, but not the fault asked for.)
+double linkCutSeconds(const Options& o) { return o.timeoutS + 3; }
 
 // One job of H launchers with `fault`; returns when all have exited.
 Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout, const ServiceEtcd& etcd,

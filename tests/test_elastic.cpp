@@ -243,6 +243,56 @@ TEST_CASE("elastic rendezvous: several generations in a row with a joiner each t
   CHECK(ma.belowMinimum);
 }
 
+TEST_CASE("elastic rendezvous: a member whose heartbeat stops is left out before the settle time, a slow one keeps "
+          "its place",
+          "[elastic]") {
+  auto store = std::make_shared<HashStore>();
+  store->setTimeout(std::chrono::milliseconds(60000));
+  ElasticOptions options;
+  options.minRanks = 1;
+  options.maxId = 3;
+  options.settle = std::chrono::milliseconds(30000);  // far longer than the test
+  options.heartbeat = std::chrono::milliseconds(50);
+  options.silentAfter = std::chrono::milliseconds(1000);
+  ElasticRendezvous a(store, 0, options), b(store, 1, options);
+  auto c = std::make_unique<ElasticRendezvous>(store, 2, options);
+  const ElasticMembership m = a.initial(3);
+  // Generation 1: id 2 is busy (a long step) for 2.5 x silentAfter, its
+  // heartbeat going: it is waited for and stays a member.
+  ElasticMembership ma, mb, mc;
+  std::thread tb([&] { mb = b.next(m, 5); });
+  std::thread tc([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    mc = c->next(m, 5);
+  });
+  ma = a.next(m, 5);
+  tb.join();
+  tc.join();
+  CHECK(ma.generation == 1);
+  CHECK(ma.ids == std::vector<int>{0, 1, 2});
+  CHECK(mb.ids == ma.ids);
+  CHECK(mc.ids == ma.ids);
+  // Generation 2: id 2's host is cut off: neither arrives nor is marked
+  // dead, and its heartbeat stops. The others decide without it after
+  // about silentAfter, not the 30 s settle time.
+  c.reset();
+  const ElasticMembership first = ma;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread tb2([&] { mb = b.next(ma, 6); });
+  ma = a.next(ma, 6);
+  tb2.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(ma.generation == 2);
+  CHECK(ma.ids == std::vector<int>{0, 1});
+  CHECK(mb.ids == ma.ids);
+  CHECK(seconds >= 0.9);  // its heartbeat was watched for silentAfter first
+  CHECK(seconds < 15);
+  // Its link back, it leaves generation 1 as the others did, and is told
+  // that generation 2 was decided without it.
+  ElasticRendezvous late(store, 2, options);
+  CHECK_THROWS_AS(late.next(first, 6), ElasticExcluded);
+}
+
 TEST_CASE("DistributedSampler: after a change of world mid-epoch every sample is read once", "[elastic][sampler]") {
   const int64_t n = GENERATE(0, 1, 7, 142, 1000);
   const int before = GENERATE(1, 3, 4);

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 #include "framework/core/errors.hpp"
@@ -28,6 +30,7 @@ std::string deadKey(int id) { return fmt::format("elastic/dead/{}", id); }
 std::string joinKey(int id) { return fmt::format("elastic/join/{}", id); }
 std::string admittedKey(int id) { return fmt::format("elastic/admitted/{}", id); }
 std::string whereKey(int id) { return fmt::format("elastic/where/{}", id); }
+std::string aliveKey(int id) { return fmt::format("elastic/alive/{}", id); }
 std::string claimKey(int64_t request) { return fmt::format("elastic/join-claim/{}", request); }
 
 std::string thisHost() {
@@ -72,12 +75,74 @@ int ElasticMembership::rankOf(int id) const {
   return it == ids.end() ? -1 : static_cast<int>(it - ids.begin());
 }
 
+// The thread that adds 1 to "elastic/alive/<id>" every period. It holds
+// the store and this state, so the rendezvous can go without waiting for
+// a request in flight (a store that cannot be reached: the thread ends at
+// its next wake, or with the process).
+struct ElasticRendezvous::Heartbeat {
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
+};
+
 ElasticRendezvous::ElasticRendezvous(std::shared_ptr<Store> store, int id, ElasticOptions options)
     : store_(std::move(store)), id_(id), options_(options) {
+  if (id_ < 0) return;
   // Where this incarnation runs: a coordinator on the same host sees it
   // exiting before the launcher has reaped it (processExiting).
-  if (id_ >= 0) store_->setString(whereKey(id_), whereText());
+  store_->setString(whereKey(id_), whereText());
+  if (options_.heartbeat.count() <= 0) return;
+  heartbeat_ = std::make_shared<Heartbeat>();
+  std::thread([beat = heartbeat_, store = store_, key = aliveKey(id_), period = options_.heartbeat] {
+    std::unique_lock<std::mutex> lock(beat->mutex);
+    while (!beat->stop) {
+      lock.unlock();
+      try {
+        store->add(key, 1);
+      } catch (const std::exception&) {
+        // The store is out of reach: the others will find this member silent.
+      }
+      lock.lock();
+      beat->wake.wait_for(lock, period, [&] { return beat->stop; });
+    }
+  }).detach();
 }
+
+ElasticRendezvous::~ElasticRendezvous() {
+  if (!heartbeat_) return;
+  std::lock_guard<std::mutex> lock(heartbeat_->mutex);
+  heartbeat_->stop = true;
+  heartbeat_->wake.notify_all();
+}
+
+namespace {
+
+// Whether members' heartbeats stand still: silent(i, id) once id's counter
+// has not moved for `after` since this watch first read it.
+class SilenceWatch {
+ public:
+  SilenceWatch(Store& store, size_t members, std::chrono::milliseconds after)
+      : store_(store), after_(after), beats_(members, -1), changed_(members) {}
+  bool silent(size_t i, int id) {
+    if (after_.count() <= 0) return false;
+    const int64_t beat = counter(store_, aliveKey(id));
+    const auto now = ElasticClock::now();
+    if (beat != beats_[i]) {
+      beats_[i] = beat;
+      changed_[i] = now;
+      return false;
+    }
+    return now - changed_[i] >= after_;
+  }
+
+ private:
+  Store& store_;
+  std::chrono::milliseconds after_;
+  std::vector<int64_t> beats_;
+  std::vector<ElasticClock::time_point> changed_;
+};
+
+}  // namespace
 
 bool ElasticRendezvous::exiting(int id) {
   if (!store_->check({whereKey(id)})) return false;
@@ -116,16 +181,20 @@ ElasticMembership ElasticRendezvous::next(const ElasticMembership& current, int6
 ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMembership& previous) {
   const auto deadline = ElasticClock::now() + options_.settle;
   const auto arrivedKey = [&](int id) { return genKey(generation, fmt::format("id/{}", id)); };
-  std::vector<bool> arrived(previous.ids.size(), false), dead(previous.ids.size(), false);
+  std::vector<bool> arrived(previous.ids.size(), false), dead(previous.ids.size(), false),
+      silent(previous.ids.size(), false);
+  SilenceWatch watch(*store_, previous.ids.size(), options_.silentAfter);
   for (;;) {
     bool waiting = false;
     for (size_t i = 0; i < previous.ids.size(); ++i) {
-      if (arrived[i] || dead[i]) continue;
+      if (arrived[i] || dead[i] || silent[i]) continue;
       const int id = previous.ids[i];
       if (store_->check({arrivedKey(id)})) {
         arrived[i] = true;
       } else if (counter(*store_, deadKey(id)) > previous.incarnations[i] || exiting(id)) {
         dead[i] = true;
+      } else if (watch.silent(i, id)) {
+        silent[i] = true;
       } else {
         waiting = true;
       }
@@ -141,7 +210,11 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
     const int id = previous.ids[i];
     if (!arrived[i]) {
       logInfo("elastic: generation {}: rank id {} {}", generation, id,
-              dead[i] ? "died" : "neither arrived nor died in time (hung?): left out");
+              dead[i]     ? std::string("died")
+              : silent[i] ? fmt::format("neither arrived nor died, and its heartbeat stood still for {:.1f} s (its "
+                                        "host cut off, or the process stopped?): left out",
+                                        options_.silentAfter.count() / 1000.0)
+                          : std::string("neither arrived nor died in time (hung?): left out"));
       continue;
     }
     members.emplace_back(id, previous.incarnations[i]);
@@ -195,12 +268,17 @@ ElasticMembership ElasticRendezvous::awaitDecision(int64_t generation) {
 void ElasticRendezvous::awaitMembers(const ElasticMembership& m) {
   store_->setString(genKey(m.generation, fmt::format("ready/{}", id_)), "1");
   const auto deadline = ElasticClock::now() + options_.settle;
+  SilenceWatch watch(*store_, m.ids.size(), options_.silentAfter);
   for (;;) {
     bool waiting = false;
     for (size_t i = 0; i < m.ids.size(); ++i) {
       if (store_->check({genKey(m.generation, fmt::format("ready/{}", m.ids[i]))})) continue;
       if (counter(*store_, deadKey(m.ids[i])) > m.incarnations[i] || exiting(m.ids[i])) {
         fail<std::runtime_error>("elastic: rank id {} died while generation {} formed", m.ids[i], m.generation);
+      }
+      if (watch.silent(i, m.ids[i])) {
+        fail<std::runtime_error>("elastic: rank id {} fell silent (no heartbeat for {:.1f} s) while generation {} formed",
+                                 m.ids[i], options_.silentAfter.count() / 1000.0, m.generation);
       }
       waiting = true;
     }

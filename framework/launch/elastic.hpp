@@ -20,7 +20,12 @@
 //   rank: a counter, compared with the count when that incarnation was
 //   admitted; or, on the coordinator's host, seen exiting through
 //   "elastic/where/<id>" = "HOST PID"), at most `settle`; a member that neither arrives nor dies in that
-//   time (hung) is left out. It then admits every id waiting to join
+//   time (hung) is left out. Sooner, a member that neither arrives nor dies
+//   and whose heartbeat has stood still for `silentAfter` is left out: each
+//   member adds 1 to "elastic/alive/<id>" every `heartbeat` from a thread
+//   of its own, so one busy in a long step keeps its place, while one whose
+//   host is cut off (it cannot reach the store either) or stopped does not
+//   hold the others for the whole settle time. It then admits every id waiting to join
 //   ("elastic/join/<id>" = its request number, set to 0 as it is admitted), and writes
 //   "elastic/g<G+1>/members": the ids in increasing order (a member's rank in
 //   G + 1 is its position), the id whose state every member takes (the
@@ -37,8 +42,8 @@
 //   rank still runs fails, which sends it to the rendezvous, where it is
 //   excluded. Keys of different generations never collide.
 // - Before G + 1's group forms, each member sets "elastic/g<G+1>/ready/<id>"
-//   and waits for the others' (awaitMembers): a member marked dead
-//   meanwhile sends the rest on at once. A failure during a rendezvous or
+//   and waits for the others' (awaitMembers): a member marked dead, or
+//   silent for `silentAfter`, meanwhile sends the rest on at once. A failure during a rendezvous or
 //   while the new group forms (another death) sends the members of G + 1
 //   to G + 2, with G + 1's membership.
 // - Joining: a process started with DDP_ELASTIC_JOIN=1 takes a request
@@ -112,11 +117,19 @@ struct ElasticOptions {
   std::chrono::milliseconds settle{10000};
   // How long a member waits for the coordinator's decision.
   std::chrono::milliseconds decisionTimeout{60000};
+  // Each member's heartbeat period (0: none), and how long a heartbeat may
+  // stand still before a member that neither arrived nor died is left out.
+  std::chrono::milliseconds heartbeat{250};
+  std::chrono::milliseconds silentAfter{1500};
 };
 
 class ElasticRendezvous {
  public:
+  // A member (id >= 0) starts its heartbeat; it stops with the object.
   ElasticRendezvous(std::shared_ptr<Store> store, int id, ElasticOptions options);
+  ~ElasticRendezvous();
+  ElasticRendezvous(const ElasticRendezvous&) = delete;
+  ElasticRendezvous& operator=(const ElasticRendezvous&) = delete;
 
   // Generation 0: ids 0..world-1.
   ElasticMembership initial(int world) const;
@@ -160,6 +173,8 @@ class ElasticRendezvous {
   std::shared_ptr<Store> store_;
   int id_;
   ElasticOptions options_;
+  struct Heartbeat;
+  std::shared_ptr<Heartbeat> heartbeat_;  // shared with its thread, which may outlive this object
 };
 
 }  // namespace ddp

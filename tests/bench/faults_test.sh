@@ -6,8 +6,9 @@
 # timeout, a second host killed during the recovery) the job goes on in
 # place: the survivors exit 0, every optimizer step is recorded once, the
 # world ends at 2 (1 after two hosts), the final test accuracy is within
-# 0.05 of the unfailed run's, no victim exits 0, and the cut host's rank
-# says it was left out. Then the command's errors: one line, exit 1.
+# 0.05 of the unfailed run's, and no victim exits 0. The cut host's ranks
+# are decided out before the link returns, and say so when it does. Then
+# the command's errors: one line, exit 1.
 # Prints "SKIPPED: <reason>" without root or etcd.
 #
 # Usage: faults_test.sh DDP_BENCH
@@ -55,6 +56,7 @@ check(records["host"]["victim_exit_codes"] == [137], f"host: the victim's launch
 check(records["recovery"]["victim_exit_codes"] == [137, 137], f"recovery: {records['recovery']['victim_exit_codes']}")
 link = records["link"]
 check(link["recovered_s"] >= 3, f"link: recovered in {link['recovered_s']} s, before the 3 s timeout could pass")
+check(link["recovered_s"] < link["cut_s"], f"link: recovered in {link['recovered_s']} s, not before the link came back ({link['cut_s']} s)")
 check("left out" in link["victim_line"], f"link: the cut host said {link['victim_line']!r}")
 print("records: " + "; ".join(f"{n} {r['recovered_s'] or 0:.3f} s -> world {r['final_world']}" for n, r in records.items()))
 sys.exit(0 if ok else 1)
