@@ -652,7 +652,11 @@ int runMain(int argc, char** argv) {
       config = ddp::loadExperimentConfig(args.experiment, withWorld, registry);
     }
     const ReservedRunDir removeIfUnused;
-    if (!args.outDir.empty() && !args.resume && !isRestart()) ddp::checkRunFolderIsFree(args.outDir);
+    // Node 0's launcher only: another node's (a replacement's, or one that
+    // starts late on a shared file system) may find rank 0's run there.
+    if (!args.outDir.empty() && !args.resume && !isRestart() && args.nodeRank == 0) {
+      ddp::checkRunFolderIsFree(args.outDir);
+    }
     std::string runDir = args.outDir.empty() ? defaultRunDir(config) : args.outDir;
     if (nproc == 1 && args.nnodes == 1) {
       // One rank runs without a backend compiled out of this build; one

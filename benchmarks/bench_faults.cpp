@@ -20,7 +20,14 @@
 //               its ranks must be told they were left out and exit;
 //   recovery    as host, and the next host dies too (DDP_FAULT_RECOVERY
 //               ID:host) once the survivors have decided their first new
-//               membership, inside the recovery.
+//               membership, inside the recovery;
+//   replace     as host, and once the others train on without it, its
+//               launcher is started again on that host, the same command:
+//               a replacement node, whose ranks join at a step boundary.
+//               (Steps take 30 ms here, DDP_FAULT_SLOW, and the members
+//               wait for the joiner after step --at-step + 10,
+//               DDP_FAULT_AWAIT_JOIN, so that the job is still running when
+//               it comes, however slowly it starts.)
 // For each: the survivors' launchers must exit 0, every optimizer step be
 // recorded once (steps.jsonl: 1..N, no gap, no repeat), and the final test
 // accuracy be within --tolerance of the unfailed run's. The record:
@@ -29,8 +36,11 @@
 // `collective` the fault is the step's record plus the 300 ms), reported_s (the trainer's own
 // "recovered in" figure: from detection to the new group), steps,
 // steps_lost (steps recorded twice), final_world, test_accuracy,
-// exit_code (the survivors' worst), victim_exit_codes and victim_line (the
-// cut host's last word, for link). Exit status 1 if a check failed.
+// exit_code (the survivors' worst, the replacement's included),
+// victim_exit_codes, victim_line (the cut host's last word, for link),
+// decided_by (heartbeat, death or settle: what let the survivors go on
+// without the victims, from their log) and rejoined_s (replace: from the replacement's start to the first step at
+// the full world again). Exit status 1 if a check failed.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -64,7 +74,7 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string hosts = "3x1";
   std::string link = "1gbit";
-  std::vector<std::string> faults = {"host", "collective", "link", "recovery"};
+  std::vector<std::string> faults = {"host", "collective", "link", "recovery", "replace"};
   std::string experiment = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
   std::vector<std::string> overrides;
   int64_t epochs = 60;
@@ -150,23 +160,37 @@ class ServiceEtcd {
     pid_ = spawnProcess(options).pid;
     const auto deadline = Clock::now() + std::chrono::seconds(30);
     for (;;) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        throw BenchError(fmt::format("etcd on {} {}: {}", endpoint_, describeExitStatus(status),
+                                     readText(dir + "/etcd.log")));
+      }
+      if (const int sig = stopSignal()) {
+        stop();
+        throw BenchError(fmt::format("stopped by signal {} while etcd started", sig));
+      }
       SpawnOptions probe;
       probe.argv = cluster.wrapService({"/usr/bin/etcdctl", "--endpoints", endpoint_, "endpoint", "health"});
       probe.program = probe.argv[0];
       EnvMap env = currentEnvironment();
       env["ETCDCTL_API"] = "3";
       probe.environment = env;
-      const int status = runProcess(probe).status;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) break;
+      const int health = runProcess(probe).status;
+      if (WIFEXITED(health) && WEXITSTATUS(health) == 0) break;
       if (Clock::now() > deadline) {
+        stop();
         throw BenchError(fmt::format("etcd at {} is not healthy after 30 s: {}", endpoint_, readText(dir + "/etcd.log")));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
-  ~ServiceEtcd() {
+  ~ServiceEtcd() { stop(); }
+  void stop() {
+    if (pid_ <= 0) return;
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
   }
   const std::string& endpoint() const { return endpoint_; }
 
@@ -182,6 +206,8 @@ struct Job {
   std::vector<int> exitCodes;
   std::set<int> victims;  // hosts
   double faultTime = 0;   // wall clock
+  double replacedTime = 0;  // replace: when the replacement started
+  int replacementExit = -1;
 };
 
 // How long `link` keeps the link down: past the others' collective timeout
@@ -200,9 +226,11 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
   job.dir = workDir + "/" + fault;
   const int last = layout.hosts - 1;
   const int lastRank = last * layout.ranksPerHost;  // the last host's first rank
-  if (fault == "host" || fault == "collective" || fault == "link") job.victims = {last};
+  if (fault == "host" || fault == "collective" || fault == "link" || fault == "replace") job.victims = {last};
   if (fault == "recovery") job.victims = {last, last - 1};
   const std::string id = fmt::format("faults-{}-{}-{}", fault, ::getpid(), static_cast<long long>(wallNow()));
+  std::vector<SpawnOptions> specs;
+  std::vector<std::vector<std::string>> launchers;  // each host's command, before its wrapping
   for (int h = 0; h < layout.hosts; ++h) {
     std::vector<std::string> argv = {ddpRunPath(), "--nnodes", std::to_string(layout.hosts), "--node-rank",
                                      std::to_string(h), "--nproc-per-node", std::to_string(layout.ranksPerHost),
@@ -215,6 +243,7 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
     for (const std::string& set : o.overrides) argv.insert(argv.end(), {"--set", set});
     // setsid: the launcher leads a session, its host's, for DDP_FAULT_INJECT :host.
     argv.insert(argv.begin(), "/usr/bin/setsid");
+    launchers.push_back(argv);
     SpawnOptions options;
     options.argv = cluster.wrap(h, loggedTo(fmt::format("{}.host{}.log", job.dir, h), argv));
     options.program = options.argv[0];
@@ -230,10 +259,17 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
     if (fault == "recovery" && h == last - 1) {
       env["DDP_FAULT_RECOVERY"] = fmt::format("{}:host", (last - 1) * layout.ranksPerHost);
     }
+    if (fault == "replace") {
+      env["DDP_FAULT_SLOW"] = "0:30";
+      env["DDP_FAULT_AWAIT_JOIN"] = std::to_string(o.atStep + 10);
+    }
     options.environment = std::move(env);
     options.dieWithParent = true;
+    specs.push_back(options);
     job.pids.push_back(spawnProcess(options).pid);
   }
+  pid_t replacement = -1;
+  bool replaced = fault != "replace";
   job.exitCodes.assign(layout.hosts, -1);
   const auto deadline = Clock::now() + std::chrono::seconds(o.timeLimitS);
   const std::string stepsPath = job.dir + "/steps.jsonl";
@@ -244,8 +280,17 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
   auto killAll = [&] {
     for (int h = 0; h < layout.hosts; ++h) cluster.killHost(h);
     if (linkDown) cluster.setLink(last, true);
+    std::vector<pid_t> left;
     for (int h = 0; h < layout.hosts; ++h) {
-      if (job.exitCodes[h] < 0) ::waitpid(job.pids[h], nullptr, 0);
+      if (job.exitCodes[h] < 0) left.push_back(job.pids[h]);
+    }
+    if (replacement > 0 && job.replacementExit < 0) left.push_back(replacement);
+    for (pid_t pid : left) ::kill(pid, SIGKILL);
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    for (pid_t pid : left) {
+      while (::waitpid(pid, nullptr, WNOHANG) == 0 && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     }
   };
   while (remaining > 0) {
@@ -271,6 +316,26 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
         job.faultTime = wallNow();
       }
     }
+    if (injected && !replaced) {
+      // The others train on at the smaller world: the replacement starts.
+      const std::vector<json> records = readRecords(stepsPath);
+      if (!records.empty() && records.back().value("world_size", 0) < layout.worldSize()) {
+        replaced = true;
+        SpawnOptions again = specs[last];
+        again.argv = cluster.wrap(last, loggedTo(fmt::format("{}.host{}.replacement.log", job.dir, last), launchers[last]));
+        again.program = again.argv[0];
+        replacement = spawnProcess(again).pid;
+        job.replacedTime = wallNow();
+        ++remaining;
+      }
+    }
+    if (replacement > 0 && job.replacementExit < 0) {
+      int status = 0;
+      if (::waitpid(replacement, &status, WNOHANG) > 0) {
+        job.replacementExit = exitCode(status);
+        --remaining;
+      }
+    }
     if (linkDown && Clock::now() >= linkUpAt) {
       cluster.setLink(last, true);
       linkDown = false;
@@ -286,6 +351,7 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  if (linkDown) cluster.setLink(last, true);  // every launcher ended while it was cut: the next job needs it
   if (!injected) {
     throw BenchError(fmt::format("the {} run ended before step {} was recorded: raise training.epochs or lower --at-step",
                                  fault, o.atStep));
@@ -324,6 +390,18 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
       worst = std::max(worst, job.exitCodes[h]);
     }
   }
+  if (job.fault == "replace") {
+    worst = std::max(worst, job.replacementExit);
+    r["replacement_exit_code"] = job.replacementExit;
+    r["rejoined_s"] = nullptr;
+    for (const json& s : steps) {
+      const double t = s.at("time").get<double>();
+      if (t > job.replacedTime && s.value("world_size", 0) == layout.worldSize()) {
+        r["rejoined_s"] = t - job.replacedTime;
+        break;
+      }
+    }
+  }
   r["exit_code"] = worst;
   r["victim_exit_codes"] = victimCodes;
   r["exit_codes"] = job.exitCodes;
@@ -341,8 +419,17 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
       }
     }
   }
-  // The trainer's own figure, from its log line "... recovered in 0.115 s".
-  const std::string line = lastLineWith(readText(job.dir + ".host0.log"), "recovered in ");
+  // The trainer's own figure, from its log line "... recovered in 0.115 s",
+  // and what told the survivors to go on without the victims (elastic.cpp's
+  // lines): their heartbeat stood still, they were seen dying, or the
+  // whole settle time passed.
+  const std::string survivorLog = readText(job.dir + ".host0.log");
+  const std::string line = lastLineWith(survivorLog, "recovered in ");
+  if (job.fault != "none") {
+    r["decided_by"] = !lastLineWith(survivorLog, "stood still for").empty()            ? "heartbeat"
+                      : !lastLineWith(survivorLog, "neither arrived nor died within").empty() ? "settle"
+                                                                                            : "death";
+  }
   r["reported_s"] = nullptr;
   if (!line.empty()) r["reported_s"] = std::atof(line.c_str() + line.find("recovered in ") + 13);
   if (job.fault == "link") {
@@ -367,11 +454,14 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
                                                       reference["test_accuracy"].get<double>()));
   }
   if (job.fault != "none") {
-    const int expected = layout.worldSize() - static_cast<int>(job.victims.size()) * layout.ranksPerHost;
+    const int expected = job.fault == "replace"
+                             ? layout.worldSize()
+                             : layout.worldSize() - static_cast<int>(job.victims.size()) * layout.ranksPerHost;
     check(r["final_world"] == expected, fmt::format("final world {} (expected {})", r["final_world"].dump(), expected));
     check(r["recovered_s"].is_number(), "no step completed after the fault");
     for (int code : victimCodes) check(code != 0, "a victim host's launcher exited 0");
   }
+  if (job.fault == "replace") check(r["rejoined_s"].is_number(), "no step at the full world after the replacement started");
   if (job.fault == "link") {
     check(!r["victim_line"].get<std::string>().empty(),
           "the cut host's log has no line saying its ranks were left out");
@@ -381,10 +471,10 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
 
 void runFaults(const Options& o) {
   checkOutputPaths(o.jsonPath, "");
-  static const std::set<std::string> known = {"host", "collective", "link", "recovery"};
+  static const std::set<std::string> known = {"host", "collective", "link", "recovery", "replace"};
   for (const std::string& f : o.faults) {
     if (!known.count(f)) {
-      throw BenchError(fmt::format("--faults {}: unknown fault (known: host, collective, link, recovery)", f));
+      throw BenchError(fmt::format("--faults {}: unknown fault (known: host, collective, link, recovery, replace)", f));
     }
   }
   HostLayout layout = parseHostLayout(o.hosts);
@@ -423,14 +513,16 @@ void runFaults(const Options& o) {
   std::vector<std::string> order = {"none"};
   order.insert(order.end(), o.faults.begin(), o.faults.end());
   json reference;
-  Table table({"fault", "recovered_s", "reported_s", "steps", "lost", "once", "world", "test_acc", "exit", "victims"});
+  Table table({"fault", "recovered_s", "reported_s", "rejoined_s", "steps", "lost", "once", "world", "test_acc", "exit",
+               "victims"});
   for (const std::string& fault : order) {
     std::cerr << "ddp-bench faults: " << fault << "\n";
     const Job job = runJob(o, *cluster, layout, etcd, work, fault);
     json r = summarize(o, layout, job, reference, ok);
     if (fault == "none") reference = r;
     auto number = [](const json& v, int digits) { return v.is_number() ? formatFixed(v.get<double>(), digits) : "-"; };
-    table.addRow({fault, number(r["recovered_s"], 3), number(r["reported_s"], 3), std::to_string(r["steps"].get<int>()),
+    table.addRow({fault, number(r["recovered_s"], 3), number(r["reported_s"], 3), number(r.value("rejoined_s", json()), 3),
+                  std::to_string(r["steps"].get<int>()),
                   std::to_string(r["steps_lost"].get<int>()), r["steps_once"].get<bool>() ? "yes" : "NO",
                   std::to_string(r["final_world"].get<int>()), number(r["test_accuracy"], 4),
                   std::to_string(r["exit_code"].get<int>()), r["victim_exit_codes"].dump()});
@@ -456,7 +548,7 @@ void registerFaultsCommand(CLI::App& app) {
       "faults", "Kill hosts and cut links of a simulated cluster under a job that recovers in place; time each recovery");
   cmd->add_option("--hosts", options->hosts, "HOSTSxRANKS of the simulated cluster")->capture_default_str();
   cmd->add_option("--link", options->link, "its links: 10gbit, 1gbit or none")->capture_default_str();
-  cmd->add_option("--faults", options->faults, "host, collective, link, recovery")
+  cmd->add_option("--faults", options->faults, "host, collective, link, recovery, replace")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--experiment", options->experiment, "the job")->capture_default_str();

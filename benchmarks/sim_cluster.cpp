@@ -171,6 +171,7 @@ std::optional<std::string> SimCluster::unavailable() {
   if (::geteuid() != 0) return std::string("network namespaces need root (ip netns add)");
   if (findTool("ip").empty()) return std::string("ip not found (iproute2)");
   if (findTool("tc").empty()) return std::string("tc not found (iproute2)");
+  if (findTool("unshare").empty()) return std::string("unshare not found (util-linux)");
   return std::nullopt;
 }
 
@@ -253,7 +254,12 @@ std::unique_ptr<SimCluster> clusterFromOptions(const std::string& hosts, const s
 }
 
 std::vector<std::string> SimCluster::wrap(int host, const std::vector<std::string>& argv) const {
-  std::vector<std::string> out = {findTool("ip"), "netns", "exec", netns(host)};
+  // A host name of its own (a UTS namespace): what a process decides by
+  // host name (shared memory with a peer, whether a peer's pid is one it
+  // can watch) it decides as on separate machines.
+  std::vector<std::string> out = {findTool("ip"), "netns", "exec", netns(host), findTool("unshare"), "--uts", "--",
+                                  "/bin/sh", "-c", "echo \"$0\" > /proc/sys/kernel/hostname && exec \"$@\"",
+                                  netns(host)};
   out.insert(out.end(), argv.begin(), argv.end());
   return out;
 }

@@ -22,7 +22,11 @@
 //   removed by the next one: each holds a flock on
 //   /run/ddpsim/ddpsim<pid>.lock while it lives, and namespaces whose lock
 //   is free are stale, whatever became of the pid.
-// - run(host, argv) gives the argv that starts a program inside a host.
+// - wrap(host, argv) gives the argv that starts a program inside a host:
+//   in its network namespace, with a host name of its own (a UTS
+//   namespace named as the network one), so that nothing treats two
+//   simulated hosts as one machine by their name. They still share this
+//   kernel, its pids and /dev/shm.
 // - The switch's namespace also has an address of its own on the bridge,
 //   serviceAddress(): a service node (etcd for the store) that every host
 //   reaches over its link, and that survives any host. wrapService(argv)
@@ -78,7 +82,7 @@ class SimCluster {
   const LinkProfile& link() const { return link_; }
   // What the links do not simulate here (no netem: rate only), or "".
   const std::string& note() const { return note_; }
-  // `argv` run inside `host`'s namespace: {"ip", "netns", "exec", NS, argv...}.
+  // `argv` run inside `host`: {"ip", "netns", "exec", NS, "unshare", "--uts", ..., argv...}.
   std::vector<std::string> wrap(int host, const std::vector<std::string>& argv) const;
   const std::string& serviceAddress() const { return serviceAddress_; }
   std::vector<std::string> wrapService(const std::vector<std::string>& argv) const;

@@ -15,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "framework/core/errors.hpp"
 #include "framework/experiment/run_folder.hpp"
 #include "framework/launch/elastic.hpp"
 #include "framework/parallel/sampler.hpp"
@@ -245,7 +246,7 @@ TEST_CASE("elastic rendezvous: several generations in a row with a joiner each t
 
 TEST_CASE("elastic rendezvous: a member whose heartbeat stops is left out before the settle time, a slow one keeps "
           "its place",
-          "[elastic]") {
+          "[elastic][solo]") {
   auto store = std::make_shared<HashStore>();
   store->setTimeout(std::chrono::milliseconds(60000));
   ElasticOptions options;
@@ -291,6 +292,39 @@ TEST_CASE("elastic rendezvous: a member whose heartbeat stops is left out before
   // that generation 2 was decided without it.
   ElasticRendezvous late(store, 2, options);
   CHECK_THROWS_AS(late.next(first, 6), ElasticExcluded);
+}
+
+TEST_CASE("elastic rendezvous: a member that never beat is waited for the settle time, and with heartbeats off no one "
+          "is silent",
+          "[elastic][solo]") {
+  for (const bool off : {false, true}) {
+    INFO("heartbeats " << (off ? "off" : "on"));
+    auto store = std::make_shared<HashStore>();
+    store->setTimeout(std::chrono::milliseconds(60000));
+    ElasticOptions options;
+    options.minRanks = 1;
+    options.maxId = 3;
+    options.settle = std::chrono::milliseconds(3000);
+    options.heartbeat = std::chrono::milliseconds(off ? 0 : 50);
+    options.silentAfter = std::chrono::milliseconds(500);
+    // Id 2 never started its rendezvous (still loading, say): no beat at
+    // all, so neither silent nor dead: the whole settle time, then out.
+    ElasticRendezvous a(store, 0, options), b(store, 1, options);
+    const ElasticMembership m = a.initial(3);
+    ElasticMembership ma, mb;
+    const auto start = std::chrono::steady_clock::now();
+    std::thread tb([&] { mb = b.next(m, 1); });
+    ma = a.next(m, 1);
+    tb.join();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    CHECK(ma.ids == std::vector<int>{0, 1});
+    CHECK(seconds >= 2.9);
+  }
+  // A heartbeat too short for its silence limit is refused.
+  ElasticOptions bad;
+  bad.heartbeat = std::chrono::milliseconds(500);
+  bad.silentAfter = std::chrono::milliseconds(1000);
+  CHECK_THROWS_AS(ElasticRendezvous(std::make_shared<HashStore>(), 0, bad), UsageError);
 }
 
 TEST_CASE("DistributedSampler: after a change of world mid-epoch every sample is read once", "[elastic][sampler]") {

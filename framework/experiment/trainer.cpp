@@ -119,6 +119,17 @@ void Trainer::build() {
                              static_cast<c10::DeviceIndex>(dist_.env.localRank % torch::cuda::device_count()));
   }
 
+  if (options_.minRanks > 0) {
+    // Before the plugins are built (a dataset may take a while): the
+    // heartbeat starts now, so that the others see this member alive.
+    ElasticOptions eo;
+    eo.minRanks = options_.minRanks;
+    eo.maxId = dist_.env.worldSize;
+    eo.settle = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
+    eo.decisionTimeout = eo.settle * 2;
+    s.rendezvous = std::make_unique<ElasticRendezvous>(dist_.store, dist_.env.rank, eo);
+  }
+
   trainer_detail::BuiltPlugins built = trainer_detail::buildPlugins(config, registry, s.device, /*checkFit=*/true);
   s.data = std::move(built.data);
   s.model = std::move(built.model);
@@ -131,15 +142,7 @@ void Trainer::build() {
   s.precision = parsePrecision(tc.precision);
   if (config.scheduler) s.warmupSteps = config.scheduler->params.json().value("warmup_steps", int64_t{0});
 
-  if (options_.minRanks > 0) {
-    ElasticOptions eo;
-    eo.minRanks = options_.minRanks;
-    eo.maxId = dist_.env.worldSize;
-    eo.settle = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
-    eo.decisionTimeout = eo.settle * 2;
-    s.rendezvous = std::make_unique<ElasticRendezvous>(dist_.store, dist_.env.rank, eo);
-    if (!options_.elasticJoin) s.membership = s.rendezvous->initial(dist_.env.worldSize);
-  }
+  if (s.rendezvous && !options_.elasticJoin) s.membership = s.rendezvous->initial(dist_.env.worldSize);
   if (options_.elasticJoin) {
     // A process that replaces a lost rank: no run folder of its own to make
     // or resume; the state comes from a peer.
@@ -360,12 +363,12 @@ TrainResult Trainer::runStages() {
 
     const bool lastEpoch = epoch + 1 == tc.epochs || s.stop;
     const bool evaluated = lastEpoch || (tc.evalEvery > 0 && (epoch + 1) % tc.evalEvery == 0);
-    // Evaluation, the epoch's sums and the memory held, over the ranks; an
-    // elastic run that loses a rank here evaluates again over the new
-    // membership (the lost rank's training samples then count in no train
-    // loss).
-    std::vector<double> sums;
-    at::Tensor memory;
+    // Evaluation, then the epoch's sums (added) and the memory held (the
+    // largest), over the ranks in one collective: an elastic run that loses
+    // a rank here evaluates again over the new membership (the lost rank's
+    // training samples then count in no train loss). One collective, so
+    // that no member can be past it while another recovers from it.
+    std::vector<double> sums, memory;
     for (;;) {
       try {
         sums = {lossSum, seen, s.dataSeconds};
@@ -373,17 +376,25 @@ TrainResult Trainer::runStages() {
           const std::vector<double> test = evaluate();
           sums.insert(sums.end(), test.begin(), test.end());
         }
-        // One collective for the train and test sums.
-        if (worldSize() > 1) {
-          at::Tensor t = at::tensor(sums, at::kDouble);
-          group().allreduce(t)->wait();
-          sums.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-        }
         const ParallelStrategy::HeldBytes held = s.strategy->heldBytes();
-        memory = at::tensor(std::vector<double>{double(held.parameters), double(held.gradients),
-                                                double(held.optimizerState), double(peakResidentBytes())},
-                            at::kDouble);
-        if (worldSize() > 1) group().allreduce(memory, {ReduceOp::Max})->wait();
+        memory = {double(held.parameters), double(held.gradients), double(held.optimizerState),
+                  double(peakResidentBytes())};
+        if (worldSize() > 1) {
+          std::vector<double> mine = sums;
+          mine.insert(mine.end(), memory.begin(), memory.end());
+          const at::Tensor in = at::tensor(mine, at::kDouble);
+          at::Tensor all = at::empty({worldSize() * in.numel()}, at::kDouble);
+          group().allgather(in, all)->wait();
+          const double* v = all.data_ptr<double>();
+          const size_t n = mine.size();
+          for (size_t i = 0; i < sums.size(); ++i) {
+            sums[i] = 0;
+            for (int r = 0; r < worldSize(); ++r) sums[i] += v[r * n + i];
+          }
+          for (size_t i = 0; i < memory.size(); ++i) {
+            for (int r = 0; r < worldSize(); ++r) memory[i] = std::max(memory[i], v[r * n + sums.size() + i]);
+          }
+        }
         break;
       } catch (const std::exception& e) {
         if (!recoverable(e)) throw;
@@ -418,7 +429,7 @@ TrainResult Trainer::runStages() {
       }
     }
     {
-      const double* v = memory.data_ptr<double>();
+      const double* v = memory.data();
       m.parameterBytes = static_cast<int64_t>(v[0]);
       m.gradientBytes = static_cast<int64_t>(v[1]);
       m.optimizerBytes = static_cast<int64_t>(v[2]);

@@ -119,6 +119,8 @@ std::string missingRanks(const RankEnv& env, const std::map<int, Record>& arrive
 
 }  // namespace
 
+int64_t arrivedCount(Store& store) { return store.add(kCountKey, 0); }
+
 Arrival awaitArrival(Store& store, const RankEnv& env, const ArrivalOptions& options) {
   Arrival result;
   if (env.worldSize <= 1) return result;

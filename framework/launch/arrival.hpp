@@ -38,4 +38,9 @@ struct Arrival {
 
 Arrival awaitArrival(Store& store, const RankEnv& env, const ArrivalOptions& options);
 
+// How many ranks have arrived in `store` so far (0 before any): once it is
+// the world size, the job's first group has formed, and a launcher that
+// starts now replaces a lost node (launcher.cpp).
+int64_t arrivedCount(Store& store);
+
 }  // namespace ddp

@@ -83,66 +83,85 @@ struct ElasticRendezvous::Heartbeat {
   std::mutex mutex;
   std::condition_variable wake;
   bool stop = false;
+  bool done = false;  // the thread has let go of the store
 };
 
 ElasticRendezvous::ElasticRendezvous(std::shared_ptr<Store> store, int id, ElasticOptions options)
     : store_(std::move(store)), id_(id), options_(options) {
+  if (options_.heartbeat.count() > 0 && options_.silentAfter < 4 * options_.heartbeat) {
+    fail<UsageError>("elastic: silentAfter {} ms is under 4 heartbeats of {} ms: a member would be left out for one "
+                     "late beat",
+                     options_.silentAfter.count(), options_.heartbeat.count());
+  }
   if (id_ < 0) return;
   // Where this incarnation runs: a coordinator on the same host sees it
   // exiting before the launcher has reaped it (processExiting).
   store_->setString(whereKey(id_), whereText());
   if (options_.heartbeat.count() <= 0) return;
   heartbeat_ = std::make_shared<Heartbeat>();
-  std::thread([beat = heartbeat_, store = store_, key = aliveKey(id_), period = options_.heartbeat] {
+  std::thread([beat = heartbeat_, store = store_, key = aliveKey(id_), period = options_.heartbeat]() mutable {
+    bool reported = false;
     std::unique_lock<std::mutex> lock(beat->mutex);
     while (!beat->stop) {
       lock.unlock();
       try {
         store->add(key, 1);
-      } catch (const std::exception&) {
-        // The store is out of reach: the others will find this member silent.
+        reported = false;
+      } catch (const std::exception& e) {
+        // Out of reach: the others will find this member silent.
+        if (!reported) logWarn("elastic: heartbeat {} in store {}: {}", key, store->describe(), e.what());
+        reported = true;
       }
       lock.lock();
       beat->wake.wait_for(lock, period, [&] { return beat->stop; });
     }
+    lock.unlock();
+    store.reset();
+    lock.lock();
+    beat->done = true;
+    beat->wake.notify_all();
   }).detach();
 }
 
 ElasticRendezvous::~ElasticRendezvous() {
   if (!heartbeat_) return;
-  std::lock_guard<std::mutex> lock(heartbeat_->mutex);
+  std::unique_lock<std::mutex> lock(heartbeat_->mutex);
   heartbeat_->stop = true;
   heartbeat_->wake.notify_all();
+  // Normally at once; a beat stuck in a store that does not answer is left
+  // to end on its own (it holds only its own references).
+  heartbeat_->wake.wait_for(lock, 2 * options_.heartbeat + std::chrono::milliseconds(100),
+                            [&] { return heartbeat_->done; });
 }
 
-namespace {
-
-// Whether members' heartbeats stand still: silent(i, id) once id's counter
-// has not moved for `after` since this watch first read it.
-class SilenceWatch {
- public:
-  SilenceWatch(Store& store, size_t members, std::chrono::milliseconds after)
-      : store_(store), after_(after), beats_(members, -1), changed_(members) {}
-  bool silent(size_t i, int id) {
-    if (after_.count() <= 0) return false;
-    const int64_t beat = counter(store_, aliveKey(id));
-    const auto now = ElasticClock::now();
-    if (beat != beats_[i]) {
-      beats_[i] = beat;
-      changed_[i] = now;
-      return false;
-    }
-    return now - changed_[i] >= after_;
+bool ElasticRendezvous::silent(int id) {
+  if (options_.heartbeat.count() <= 0 || options_.silentAfter.count() <= 0) return false;
+  const int64_t beat = counter(*store_, aliveKey(id));
+  const auto now = ElasticClock::now();
+  Observed& seen = observed_[id];
+  const bool watcherAway = now - seen.read > 2 * options_.heartbeat;  // this process stalled, or a new watch
+  seen.read = now;
+  if (beat != seen.beat || watcherAway) {
+    seen.beat = beat;
+    seen.changed = now;
+    return false;
   }
+  // A member that never beat is still starting (its heartbeat begins with
+  // its rendezvous): the settle time decides about it.
+  return beat > 0 && now - seen.changed >= options_.silentAfter;
+}
 
- private:
-  Store& store_;
-  std::chrono::milliseconds after_;
-  std::vector<int64_t> beats_;
-  std::vector<ElasticClock::time_point> changed_;
-};
-
-}  // namespace
+std::string ElasticRendezvous::whereOf(int id) {
+  try {
+    if (store_->check({whereKey(id)})) {
+      const std::string where = store_->getString(whereKey(id));
+      const auto space = where.rfind(' ');
+      if (space != std::string::npos) return fmt::format("host {}, pid {}", where.substr(0, space), where.substr(space + 1));
+    }
+  } catch (const StoreError&) {
+  }
+  return "where unknown";
+}
 
 bool ElasticRendezvous::exiting(int id) {
   if (!store_->check({whereKey(id)})) return false;
@@ -182,24 +201,31 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
   const auto deadline = ElasticClock::now() + options_.settle;
   const auto arrivedKey = [&](int id) { return genKey(generation, fmt::format("id/{}", id)); };
   std::vector<bool> arrived(previous.ids.size(), false), dead(previous.ids.size(), false),
-      silent(previous.ids.size(), false);
-  SilenceWatch watch(*store_, previous.ids.size(), options_.silentAfter);
-  for (;;) {
+      quiet(previous.ids.size(), false);
+  for (bool last = false;;) {
     bool waiting = false;
     for (size_t i = 0; i < previous.ids.size(); ++i) {
-      if (arrived[i] || dead[i] || silent[i]) continue;
+      if (arrived[i] || dead[i]) continue;
       const int id = previous.ids[i];
+      // A silent member that arrives after all, before the decision, is in.
       if (store_->check({arrivedKey(id)})) {
         arrived[i] = true;
+        quiet[i] = false;
+      } else if (quiet[i] || last) {
+        continue;
       } else if (counter(*store_, deadKey(id)) > previous.incarnations[i] || exiting(id)) {
         dead[i] = true;
-      } else if (watch.silent(i, id)) {
-        silent[i] = true;
+      } else if (silent(id)) {
+        quiet[i] = true;
       } else {
         waiting = true;
       }
     }
-    if (!waiting || ElasticClock::now() >= deadline) break;
+    if (last) break;
+    if (!waiting || ElasticClock::now() >= deadline) {
+      last = true;  // one more look for late arrivals among the silent ones
+      continue;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   ElasticMembership m;
@@ -209,12 +235,16 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
   for (size_t i = 0; i < previous.ids.size(); ++i) {
     const int id = previous.ids[i];
     if (!arrived[i]) {
-      logInfo("elastic: generation {}: rank id {} {}", generation, id,
-              dead[i]     ? std::string("died")
-              : silent[i] ? fmt::format("neither arrived nor died, and its heartbeat stood still for {:.1f} s (its "
-                                        "host cut off, or the process stopped?): left out",
-                                        options_.silentAfter.count() / 1000.0)
-                          : std::string("neither arrived nor died in time (hung?): left out"));
+      if (dead[i]) {
+        logInfo("elastic: generation {}: rank id {} died", generation, id);
+      } else if (quiet[i]) {
+        logWarn("elastic: generation {}: rank id {} ({}) neither arrived nor died, and its heartbeat in store {} stood "
+                "still for {:.1f} s (its host lost or cut off, or the process stopped?): left out",
+                generation, id, whereOf(id), store_->describe(), options_.silentAfter.count() / 1000.0);
+      } else {
+        logWarn("elastic: generation {}: rank id {} ({}) neither arrived nor died within {:.1f} s (hung?): left out",
+                generation, id, whereOf(id), options_.settle.count() / 1000.0);
+      }
       continue;
     }
     members.emplace_back(id, previous.incarnations[i]);
@@ -268,7 +298,6 @@ ElasticMembership ElasticRendezvous::awaitDecision(int64_t generation) {
 void ElasticRendezvous::awaitMembers(const ElasticMembership& m) {
   store_->setString(genKey(m.generation, fmt::format("ready/{}", id_)), "1");
   const auto deadline = ElasticClock::now() + options_.settle;
-  SilenceWatch watch(*store_, m.ids.size(), options_.silentAfter);
   for (;;) {
     bool waiting = false;
     for (size_t i = 0; i < m.ids.size(); ++i) {
@@ -276,16 +305,17 @@ void ElasticRendezvous::awaitMembers(const ElasticMembership& m) {
       if (counter(*store_, deadKey(m.ids[i])) > m.incarnations[i] || exiting(m.ids[i])) {
         fail<std::runtime_error>("elastic: rank id {} died while generation {} formed", m.ids[i], m.generation);
       }
-      if (watch.silent(i, m.ids[i])) {
-        fail<std::runtime_error>("elastic: rank id {} fell silent (no heartbeat for {:.1f} s) while generation {} formed",
-                                 m.ids[i], options_.silentAfter.count() / 1000.0, m.generation);
+      if (silent(m.ids[i])) {
+        fail<std::runtime_error>("elastic: rank id {} ({}) fell silent (no heartbeat for {:.1f} s) while generation {} "
+                                 "formed",
+                                 m.ids[i], whereOf(m.ids[i]), options_.silentAfter.count() / 1000.0, m.generation);
       }
       waiting = true;
     }
     if (!waiting) return;
     if (ElasticClock::now() >= deadline) {
-      fail<std::runtime_error>("elastic: generation {}: not every member was ready within {} s", m.generation,
-                               options_.settle.count() / 1000);
+      fail<std::runtime_error>("elastic: generation {}: not every member was ready within {:.1f} s", m.generation,
+                               options_.settle.count() / 1000.0);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }

@@ -24,8 +24,12 @@
 //   and whose heartbeat has stood still for `silentAfter` is left out: each
 //   member adds 1 to "elastic/alive/<id>" every `heartbeat` from a thread
 //   of its own, so one busy in a long step keeps its place, while one whose
-//   host is cut off (it cannot reach the store either) or stopped does not
-//   hold the others for the whole settle time. It then admits every id waiting to join
+//   host is lost or cut off (it cannot reach the store either) or whose
+//   process is stopped does not hold the others for the whole settle time.
+//   A member that has not beaten yet (still starting) is waited for up to
+//   `settle`; a watcher that was itself away (no look for 2 heartbeats)
+//   starts watching afresh; a silent member that arrives before the
+//   decision is written is in. It then admits every id waiting to join
 //   ("elastic/join/<id>" = its request number, set to 0 as it is admitted), and writes
 //   "elastic/g<G+1>/members": the ids in increasing order (a member's rank in
 //   G + 1 is its position), the id whose state every member takes (the
@@ -43,9 +47,9 @@
 //   excluded. Keys of different generations never collide.
 // - Before G + 1's group forms, each member sets "elastic/g<G+1>/ready/<id>"
 //   and waits for the others' (awaitMembers): a member marked dead, or
-//   silent for `silentAfter`, meanwhile sends the rest on at once. A failure during a rendezvous or
-//   while the new group forms (another death) sends the members of G + 1
-//   to G + 2, with G + 1's membership.
+//   silent for `silentAfter`, meanwhile sends the rest on at once. A
+//   failure during a rendezvous or while the new group forms (another
+//   death) sends the members of G + 1 to G + 2, with G + 1's membership.
 // - Joining: a process started with DDP_ELASTIC_JOIN=1 takes a request
 //   number R ("elastic/join-seq"), sets "elastic/join/<id>" = R and
 //   increments "elastic/join-requests"; the ranks
@@ -70,6 +74,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -170,6 +175,16 @@ class ElasticRendezvous {
   ElasticMembership decide(int64_t generation, const ElasticMembership& previous);
   ElasticMembership awaitDecision(int64_t generation);
   bool exiting(int id);  // its process is on this host and exiting
+  // Whether `id`'s heartbeat has stood still for silentAfter, as this
+  // process has watched it (see the protocol); never for a member that has
+  // not beaten yet, nor while heartbeats are off.
+  bool silent(int id);
+  std::string whereOf(int id);  // "host H, pid P" from elastic/where/<id>
+  struct Observed {
+    int64_t beat = -1;
+    std::chrono::steady_clock::time_point changed, read;
+  };
+  std::map<int, Observed> observed_;
   std::shared_ptr<Store> store_;
   int id_;
   ElasticOptions options_;

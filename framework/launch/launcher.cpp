@@ -19,6 +19,7 @@
 #include "framework/core/log.hpp"
 #include "framework/core/shm_names.hpp"
 #include "framework/core/system.hpp"
+#include "framework/launch/arrival.hpp"
 #include "framework/launch/elastic.hpp"
 #include "framework/launch/rank_env.hpp"
 #include "framework/launch/spawn.hpp"
@@ -292,7 +293,7 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
   int started = 0;
   for (int i = 0; i < o.nprocPerNode; ++i) {
     try {
-      procs[i].pid = spawnRank(o, i, attempt, token, &procs[i].outputFd);
+      procs[i].pid = spawnRank(o, i, attempt, token, &procs[i].outputFd, /*elasticJoin=*/o.replacesNode);
       ++started;
     } catch (...) {
       for (int j = 0; j < i; ++j) {
@@ -581,11 +582,38 @@ int launchLocalRanks(LaunchOptions o) {
     }
   }
 
+  const int worldSize = o.nnodes * o.nprocPerNode;
+  if (gElasticStore && !(o.nodeRank == 0 && o.storeUrl.empty())) {
+    // A node that starts after the job's first group formed replaces a
+    // lost one (the same command, on a new host): its ranks join.
+    int64_t arrived = 0;
+    bool over = false;
+    try {
+      arrived = arrivedCount(*gElasticStore);
+      over = arrived >= worldSize && ElasticRendezvous::finished(*gElasticStore);
+    } catch (const StoreError& e) {
+      fail<StoreError>("ddp-run: node {}: cannot read the job's store at start: {}", o.nodeRank, e.what());
+    }
+    if (over) {
+      std::cerr << fmt::format("ddp-run: node {}: the job in this store has finished its training; there is no lost "
+                               "node to replace. HINT: a new job needs a new --rdzv-id\n",
+                               o.nodeRank)
+                << std::flush;
+      return kExitExcluded;
+    }
+    if (arrived >= worldSize) {
+      o.replacesNode = true;
+      std::cout << fmt::format("ddp-run: node {}: the job is already running (all {} ranks arrived once): this node "
+                               "replaces a lost one; its ranks join at the next step boundary\n",
+                               o.nodeRank, worldSize)
+                << std::flush;
+    }
+  }
+
   // From here on SIGINT, SIGTERM and SIGHUP stop the ranks first.
   StopSignals signals;
   char host[256] = {0};
   ::gethostname(host, sizeof(host) - 1);
-  const int worldSize = o.nnodes * o.nprocPerNode;
   std::cout << fmt::format("ddp-run: world size {} = {} node(s) x {} rank(s); master {}:{}; backend {}\n", worldSize,
                            o.nnodes, o.nprocPerNode, o.masterAddr, o.masterPort, o.backend);
   std::cout << fmt::format("ddp-run: node {} ({}) runs ranks {}..{}", o.nodeRank, host, o.nodeRank * o.nprocPerNode,

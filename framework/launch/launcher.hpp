@@ -88,6 +88,11 @@ struct LaunchOptions {
   // leaves the store. The ranks get it as DDP_STORE_URL (with "/a<attempt>"
   // appended unless elastic, so that a restart starts on clean keys).
   std::string storeUrl;
+  // Set by launchLocalRanks, not by the caller: with --min-ranks, a node
+  // whose launcher starts when the job's first group has already formed
+  // (its ranks' ids all arrived once) replaces a lost node: its ranks start
+  // as joiners (DDP_ELASTIC_JOIN=1) and are admitted at a step boundary.
+  bool replacesNode = false;
 };
 
 // Runs the job; returns the exit code for ddp-run: 0 on success, 128 + the

@@ -1,5 +1,7 @@
 #include "framework/experiment/callbacks/fault_injection.hpp"
 
+#include "framework/core/errors.hpp"
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +50,9 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank, std::s
     std::string action = how;
     if (action.rfind("delay=", 0) == 0) {
       f.delayMs = std::atoi(action.c_str() + 6);
+      if (f.delayMs <= 0) {
+        fail<UsageError>("DDP_FAULT_INJECT '{}': delay= needs a number of milliseconds above 0", entry);
+      }
       const size_t colon = action.find(':');
       action = colon == std::string::npos ? "" : action.substr(colon + 1);
     }
@@ -64,6 +69,11 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank, std::s
     } else if (action == "until-replaced") {
       f.signal = 0;
       f.untilReplaced = true;
+    } else if (!action.empty()) {
+      // A fault that is not the one asked for would be measured unnoticed.
+      fail<UsageError>("DDP_FAULT_INJECT '{}': unknown action '{}' (known: stop, term, sleep=MS, host, "
+                       "until-replaced, each optionally after delay=MS:; none: SIGKILL)",
+                       entry, how);
     }
     faults.push_back(f);
   }
