@@ -423,8 +423,12 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
   // and what told the survivors to go on without the victims (elastic.cpp's
   // lines): their heartbeat stood still, they were seen dying, or the
   // whole settle time passed.
-  const std::string survivorLog = readText(job.dir + ".host0.log");
-  const std::string line = lastLineWith(survivorLog, "recovered in ");
+  const std::string line = lastLineWith(readText(job.dir + ".host0.log"), "recovered in ");
+  // (Whoever arrived first at the rendezvous decided it: any survivor.)
+  std::string survivorLog;
+  for (int h = 0; h < layout.hosts; ++h) {
+    if (!job.victims.count(h)) survivorLog += readText(fmt::format("{}.host{}.log", job.dir, h));
+  }
   if (job.fault != "none") {
     r["decided_by"] = !lastLineWith(survivorLog, "stood still for").empty()            ? "heartbeat"
                       : !lastLineWith(survivorLog, "neither arrived nor died within").empty() ? "settle"

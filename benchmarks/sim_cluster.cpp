@@ -256,9 +256,14 @@ std::unique_ptr<SimCluster> clusterFromOptions(const std::string& hosts, const s
 std::vector<std::string> SimCluster::wrap(int host, const std::vector<std::string>& argv) const {
   // A host name of its own (a UTS namespace): what a process decides by
   // host name (shared memory with a peer, whether a peer's pid is one it
-  // can watch) it decides as on separate machines.
+  // can watch) it decides as on separate machines. (Where neither
+  // sethostname nor /proc/sys may be written, the name stays the machine's;
+  // ddp-bench faults then sees its survivors decide by death, not by the
+  // heartbeat, and its test says so.)
   std::vector<std::string> out = {findTool("ip"), "netns", "exec", netns(host), findTool("unshare"), "--uts", "--",
-                                  "/bin/sh", "-c", "echo \"$0\" > /proc/sys/kernel/hostname && exec \"$@\"",
+                                  "/bin/sh", "-c",
+                                  "{ hostname \"$0\" || echo \"$0\" > /proc/sys/kernel/hostname; } 2>/dev/null; "
+                                  "exec \"$@\"",
                                   netns(host)};
   out.insert(out.end(), argv.begin(), argv.end());
   return out;

@@ -119,7 +119,16 @@ std::string missingRanks(const RankEnv& env, const std::map<int, Record>& arrive
 
 }  // namespace
 
-int64_t arrivedCount(Store& store) { return store.add(kCountKey, 0); }
+bool arrivedBefore(Store& store, int worldSize, int first, int count) {
+  const int64_t arrived = store.add(kCountKey, 0);
+  for (int64_t i = 0; i < arrived; ++i) {
+    const std::string key = fmt::format("ddp/arrival/{}", i);
+    if (!store.check({key})) continue;  // counted, not yet written
+    const Record r = decode(store.getString(key));
+    if (r.worldSize == worldSize && r.rank >= first && r.rank < first + count) return true;
+  }
+  return false;
+}
 
 Arrival awaitArrival(Store& store, const RankEnv& env, const ArrivalOptions& options) {
   Arrival result;

@@ -38,9 +38,9 @@ struct Arrival {
 
 Arrival awaitArrival(Store& store, const RankEnv& env, const ArrivalOptions& options);
 
-// How many ranks have arrived in `store` so far (0 before any): once it is
-// the world size, the job's first group has formed, and a launcher that
-// starts now replaces a lost node (launcher.cpp).
-int64_t arrivedCount(Store& store);
+// Whether any of ranks first..first+count-1 of a world of `worldSize` has
+// arrived in `store` before: a launcher that finds its own node's ranks
+// there starts after them, as a replacement for a lost node (launcher.cpp).
+bool arrivedBefore(Store& store, int worldSize, int first, int count);
 
 }  // namespace ddp

@@ -88,7 +88,8 @@ struct ElasticRendezvous::Heartbeat {
 
 ElasticRendezvous::ElasticRendezvous(std::shared_ptr<Store> store, int id, ElasticOptions options)
     : store_(std::move(store)), id_(id), options_(options) {
-  if (options_.heartbeat.count() > 0 && options_.silentAfter < 4 * options_.heartbeat) {
+  if (options_.heartbeat.count() > 0 && options_.silentAfter.count() > 0 &&
+      options_.silentAfter < 4 * options_.heartbeat) {
     fail<UsageError>("elastic: silentAfter {} ms is under 4 heartbeats of {} ms: a member would be left out for one "
                      "late beat",
                      options_.silentAfter.count(), options_.heartbeat.count());
@@ -139,7 +140,10 @@ bool ElasticRendezvous::silent(int id) {
   const int64_t beat = counter(*store_, aliveKey(id));
   const auto now = ElasticClock::now();
   Observed& seen = observed_[id];
-  const bool watcherAway = now - seen.read > 2 * options_.heartbeat;  // this process stalled, or a new watch
+  // This process looked away (a stall, a slow pass over many members, or a
+  // new watch): what it did not see, it does not count as silence.
+  const bool watcherAway = now - seen.read > std::max<std::chrono::milliseconds>(2 * options_.heartbeat,
+                                                                                 options_.silentAfter / 2);
   seen.read = now;
   if (beat != seen.beat || watcherAway) {
     seen.beat = beat;
@@ -186,6 +190,19 @@ std::shared_ptr<Store> ElasticRendezvous::groupStore(int64_t generation) const {
 
 void ElasticRendezvous::markDead(Store& store, int id) { store.add(deadKey(id), 1); }
 
+bool ElasticRendezvous::anyAlive(Store& store, const std::vector<int>& ids, std::chrono::milliseconds window) {
+  std::vector<int64_t> before;
+  for (int id : ids) before.push_back(counter(store, aliveKey(id)));
+  const auto until = ElasticClock::now() + window;
+  while (ElasticClock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (counter(store, aliveKey(ids[i])) != before[i]) return true;
+    }
+  }
+  return false;
+}
+
 bool ElasticRendezvous::joinPending() {
   return counter(*store_, "elastic/join-requests") > counter(*store_, "elastic/join-admitted");
 }
@@ -211,10 +228,12 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
       if (store_->check({arrivedKey(id)})) {
         arrived[i] = true;
         quiet[i] = false;
-      } else if (quiet[i] || last) {
+      } else if (quiet[i]) {
         continue;
       } else if (counter(*store_, deadKey(id)) > previous.incarnations[i] || exiting(id)) {
         dead[i] = true;
+      } else if (last) {
+        continue;
       } else if (silent(id)) {
         quiet[i] = true;
       } else {

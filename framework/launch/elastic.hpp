@@ -168,6 +168,10 @@ class ElasticRendezvous {
 
   // The launcher: `id`'s process ended (it will not arrive).
   static void markDead(Store& store, int id);
+  // Whether any of `ids` beats: its heartbeat moves within `window` (at
+  // least a few heartbeats). A replacement launcher asks it of the other
+  // nodes' ids, to tell a running job from a stale one in the store.
+  static bool anyAlive(Store& store, const std::vector<int>& ids, std::chrono::milliseconds window);
 
   int id() const { return id_; }
 

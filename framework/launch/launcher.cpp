@@ -584,28 +584,41 @@ int launchLocalRanks(LaunchOptions o) {
 
   const int worldSize = o.nnodes * o.nprocPerNode;
   if (gElasticStore && !(o.nodeRank == 0 && o.storeUrl.empty())) {
-    // A node that starts after the job's first group formed replaces a
-    // lost one (the same command, on a new host): its ranks join.
-    int64_t arrived = 0;
-    bool over = false;
+    // A node whose own ranks arrived in this store before replaces a lost
+    // one (the same command, on a new host): its ranks join, provided the
+    // job is alive (another node's member beats). Otherwise the store
+    // holds a job that is over or gone.
+    const int first = o.nodeRank * o.nprocPerNode;
+    bool before = false, alive = false, over = false;
     try {
-      arrived = arrivedCount(*gElasticStore);
-      over = arrived >= worldSize && ElasticRendezvous::finished(*gElasticStore);
+      before = arrivedBefore(*gElasticStore, worldSize, first, o.nprocPerNode);
+      if (before) {
+        over = ElasticRendezvous::finished(*gElasticStore);
+        std::vector<int> others;
+        for (int id = 0; id < worldSize; ++id) {
+          if (id < first || id >= first + o.nprocPerNode) others.push_back(id);
+        }
+        alive = !over && ElasticRendezvous::anyAlive(*gElasticStore, others, std::chrono::seconds(2));
+      }
     } catch (const StoreError& e) {
       fail<StoreError>("ddp-run: node {}: cannot read the job's store at start: {}", o.nodeRank, e.what());
     }
-    if (over) {
-      std::cerr << fmt::format("ddp-run: node {}: the job in this store has finished its training; there is no lost "
-                               "node to replace. HINT: a new job needs a new --rdzv-id\n",
-                               o.nodeRank)
-                << std::flush;
-      return kExitExcluded;
+    if (before && !alive) {
+      fail<UsageError>("ddp-run: node {}: this job's store already holds its ranks {}..{} from a run that is {}; it is "
+                       "not a running job to rejoin. HINT: a new job needs a new --rdzv-id",
+                       o.nodeRank, first, first + o.nprocPerNode - 1,
+                       over ? "over" : "gone (no member's heartbeat moves)");
     }
-    if (arrived >= worldSize) {
+    if (before && o.nodeRank == 0) {
+      fail<UsageError>("ddp-run: node 0: the job runs on without it, and node 0 cannot be replaced yet (its rank 0 "
+                       "named the run folder and writes it). HINT: replace another node; node 0's loss is survived "
+                       "without a replacement");
+    }
+    if (before) {
       o.replacesNode = true;
-      std::cout << fmt::format("ddp-run: node {}: the job is already running (all {} ranks arrived once): this node "
+      std::cout << fmt::format("ddp-run: node {}: the job is running and its ranks {}..{} arrived before: this node "
                                "replaces a lost one; its ranks join at the next step boundary\n",
-                               o.nodeRank, worldSize)
+                               o.nodeRank, first, first + o.nprocPerNode - 1)
                 << std::flush;
     }
   }

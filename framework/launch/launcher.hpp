@@ -89,9 +89,11 @@ struct LaunchOptions {
   // appended unless elastic, so that a restart starts on clean keys).
   std::string storeUrl;
   // Set by launchLocalRanks, not by the caller: with --min-ranks, a node
-  // whose launcher starts when the job's first group has already formed
-  // (its ranks' ids all arrived once) replaces a lost node: its ranks start
-  // as joiners (DDP_ELASTIC_JOIN=1) and are admitted at a step boundary.
+  // whose own ranks arrived in the store before, while another node's
+  // members still beat, replaces a lost node: its ranks start as joiners
+  // (DDP_ELASTIC_JOIN=1) and are admitted at a step boundary. Found there
+  // with no member beating (a job over or gone under this --rdzv-id), it
+  // stops with a HINT; node 0 is not replaced (its rank 0 writes the run).
   bool replacesNode = false;
 };
 

@@ -11,7 +11,8 @@
 #      0.05 of the reference; nothing of node 0 is left running;
 #   3. a rank of node 1 killed: node 1's own launcher marks it dead in the
 #      store (elastic/dead/3 in etcd), and both nodes finish with exit 0;
-#   4. what ddp-run says to an etcd command line that lacks something.
+#   4. what ddp-run says to an etcd command line that lacks something, and
+#      to a node started again under the id of a job that is over.
 # Prints "SKIPPED: <reason>" without etcd (Debian's etcd-server).
 #
 # Usage: etcd_hosts_test.sh DDP_RUN
@@ -144,4 +145,8 @@ expect_usage "needs --rdzv-id" --rdzv-backend etcd --rdzv-endpoint "127.0.0.1:$c
 expect_usage "needs --rdzv-endpoint" --rdzv-backend etcd --rdzv-id x
 expect_usage "use letters, digits" --rdzv-backend etcd --rdzv-endpoint "127.0.0.1:$client" --rdzv-id "a/b"
 expect_usage "drop --master-addr" --rdzv-backend etcd --rdzv-endpoint "127.0.0.1:$client" --rdzv-id x --master-addr 127.0.0.1
+# Node 1 of a job that finished (its keys still in etcd) started again
+# under the same id: not a replacement for a lost node, and it says so.
+expect_usage "a new job needs a new --rdzv-id" --nnodes 2 --node-rank 1 --nproc-per-node 2 --rdzv-backend etcd \
+  --rdzv-endpoint "127.0.0.1:$client" --rdzv-id job-rank --min-ranks 2
 echo "PASSED"
