@@ -99,7 +99,7 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
     // with its own rendezvous): rank 0 serves the store, so its loss ends
     // the job; any other rank's is recovered from (the heartbeat tells the
     // others, as nobody marks it dead).
-    if (env.rank == 0 && elasticMinRanks() > 0 && !(served != nullptr && std::string(served) == "1")) {
+    if (so.isServer && elasticMinRanks() > 0) {
       logWarn("elastic (DDP_MIN_RANKS={}): the job's store is served by rank 0 (no ddp-run launcher above the ranks, "
               "no DDP_STORE_URL), so losing rank 0 ends the job; other ranks' losses are recovered from. HINT: "
               "DDP_STORE_URL=etcd://HOST:2379/ddp/$SLURM_JOB_ID puts the store in etcd (docs/clusters.md)",
