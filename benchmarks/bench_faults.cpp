@@ -28,6 +28,20 @@
 //               wait for the joiner after step --at-step + 10,
 //               DDP_FAULT_AWAIT_JOIN, so that the job is still running when
 //               it comes, however slowly it starts.)
+//   slow        the host's link drops to --slow-link (10 Mbit/s) at step
+//               --at-step and stays there; the job's collectives still fit
+//               distributed.timeout_s: it must keep the host, end at the
+//               full world, and name the host and its ranks in the
+//               straggler report (the links are probed at each epoch end);
+//   slow-timeout  the same link, under a model whose gradients take longer
+//               than distributed.timeout_s to cross it (the MLP's hidden
+//               layer widened to that size): a collective times out with
+//               every rank alive, the recovery's probe of the links finds
+//               the host, and it is left out; its ranks say so and exit.
+//               (20 epochs at most: the wider model's steps are slower.)
+//               On 2 hosts the one link between them cannot be blamed on
+//               either: after 3 timeouts at one step the job stops, with a
+//               checkpoint and a line that says so (outcome "stopped").
 // For each: the survivors' launchers must exit 0, every optimizer step be
 // recorded once (steps.jsonl: 1..N, no gap, no repeat), and the final test
 // accuracy be within --tolerance of the unfailed run's. The record:
@@ -52,6 +66,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -74,7 +89,8 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string hosts = "3x1";
   std::string link = "1gbit";
-  std::vector<std::string> faults = {"host", "collective", "link", "recovery", "replace"};
+  std::vector<std::string> faults = {"host", "collective", "link", "recovery", "replace", "slow", "slow-timeout"};
+  std::string slowLink = "10mbit";
   std::string experiment = std::string(DDP_SOURCE_DIR) + "/experiments/wine_baseline.json";
   std::vector<std::string> overrides;
   int64_t epochs = 60;
@@ -218,6 +234,29 @@ struct Job {
 // furthest on: nothing stale, but not the fault asked for.)
 double linkCutSeconds(const Options& o) { return o.timeoutS + 3; }
 
+// slow-timeout's model: the experiment's MLP with its hidden layer as wide
+// as it takes for one gradient allreduce through the slow link to need 3x
+// distributed.timeout_s (each rank sends about 2 (W - 1) / W of the
+// gradients' bytes, and a slow host's every byte crosses its link).
+std::string slowTimeoutLayers(const Options& o, const HostLayout& layout) {
+  std::ifstream in(o.experiment);
+  const json experiment = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const json model = experiment.is_object() ? experiment.value("model", json()) : json();
+  if (!model.is_object() || model.value("name", "") != "mlp" || !model.contains("layers") ||
+      !model["layers"].is_array() || model["layers"].size() < 2) {
+    throw BenchError(fmt::format("--faults slow-timeout: {} is not an mlp experiment with model.layers; it widens the "
+                                 "MLP's hidden layer so that its gradients outlast the timeout",
+                                 o.experiment));
+  }
+  const int64_t inputs = model["layers"].front().get<int64_t>(), outputs = model["layers"].back().get<int64_t>();
+  const double bytesPerSecond = linkProfile(o.slowLink).gbitPerSecond * 1e9 / 8;
+  const int world = layout.worldSize();
+  const double needBytes = 3 * o.timeoutS * bytesPerSecond * world / (2.0 * (world - 1));
+  // (inputs + 1 + outputs) weights and biases per hidden unit, 4 bytes each.
+  const int64_t hidden = static_cast<int64_t>(std::ceil(needBytes / 4 / static_cast<double>(inputs + 1 + outputs)));
+  return fmt::format("model.layers=[{},{},{}]", inputs, hidden, outputs);
+}
+
 // One job of H launchers with `fault`; returns when all have exited.
 Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout, const ServiceEtcd& etcd,
            const std::string& workDir, const std::string& fault) {
@@ -228,6 +267,8 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
   const int lastRank = last * layout.ranksPerHost;  // the last host's first rank
   if (fault == "host" || fault == "collective" || fault == "link" || fault == "replace") job.victims = {last};
   if (fault == "recovery") job.victims = {last, last - 1};
+  // On 2 hosts, slow-timeout stops the job: nobody survives it, or is its victim.
+  if (fault == "slow-timeout" && layout.hosts >= 3) job.victims = {last};
   const std::string id = fmt::format("faults-{}-{}-{}", fault, ::getpid(), static_cast<long long>(wallNow()));
   std::vector<SpawnOptions> specs;
   std::vector<std::vector<std::string>> launchers;  // each host's command, before its wrapping
@@ -241,6 +282,11 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
                                      "--set", fmt::format("distributed.timeout_s={}", o.timeoutS)};
     if (o.epochs > 0) argv.insert(argv.end(), {"--set", fmt::format("training.epochs={}", o.epochs)});
     for (const std::string& set : o.overrides) argv.insert(argv.end(), {"--set", set});
+    if (fault == "slow-timeout") {
+      // Its model is wide, its steps slower: 20 epochs at most.
+      argv.insert(argv.end(), {"--set", slowTimeoutLayers(o, layout)});
+      if (o.epochs > 20) argv.insert(argv.end(), {"--set", "training.epochs=20"});
+    }
     // setsid: the launcher leads a session, its host's, for DDP_FAULT_INJECT :host.
     argv.insert(argv.begin(), "/usr/bin/setsid");
     launchers.push_back(argv);
@@ -280,6 +326,7 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
   auto killAll = [&] {
     for (int h = 0; h < layout.hosts; ++h) cluster.killHost(h);
     if (linkDown) cluster.setLink(last, true);
+    if (fault == "slow" || fault == "slow-timeout") cluster.reshape(last, cluster.link());
     std::vector<pid_t> left;
     for (int h = 0; h < layout.hosts; ++h) {
       if (job.exitCodes[h] < 0) left.push_back(job.pids[h]);
@@ -306,7 +353,9 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
         injected = true;
         // The fault's time: once it is done (a step that completes while
         // ip works is not one after it).
-        if (fault == "link") {
+        if (fault == "slow" || fault == "slow-timeout") {
+          cluster.reshape(last, linkProfile(o.slowLink));
+        } else if (fault == "link") {
           cluster.setLink(last, false);
           linkDown = true;
           linkUpAt = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(linkCutSeconds(o) * 1000));
@@ -352,6 +401,7 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   if (linkDown) cluster.setLink(last, true);  // every launcher ended while it was cut: the next job needs it
+  if (fault == "slow" || fault == "slow-timeout") cluster.reshape(last, cluster.link());
   if (!injected) {
     throw BenchError(fmt::format("the {} run ended before step {} was recorded: raise training.epochs or lower --at-step",
                                  fault, o.atStep));
@@ -366,7 +416,8 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
 }
 
 // The record of one job, and whether its checks passed (failures printed).
-json summarize(const Options& o, const HostLayout& layout, const Job& job, const json& reference, bool& ok) {
+json summarize(const Options& o, const HostLayout& layout, const Job& job, const json& reference, bool& ok,
+               const std::function<std::string(int)>& hostName) {
   const std::vector<json> steps = readRecords(job.dir + "/steps.jsonl");
   const std::vector<json> metrics = readRecords(job.dir + "/metrics.jsonl");
   json r = {{"fault", job.fault}, {"hosts", o.hosts}, {"link", o.link}, {"timeout_s", o.timeoutS},
@@ -429,15 +480,34 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
   for (int h = 0; h < layout.hosts; ++h) {
     if (!job.victims.count(h)) survivorLog += readText(fmt::format("{}.host{}.log", job.dir, h));
   }
-  if (job.fault != "none") {
-    r["decided_by"] = !lastLineWith(survivorLog, "stood still for").empty()            ? "heartbeat"
+  if (!job.victims.empty()) {
+    r["decided_by"] = !lastLineWith(survivorLog, "the probe of the links between hosts found").empty() ? "probe"
+                      : !lastLineWith(survivorLog, "stood still for").empty()            ? "heartbeat"
                       : !lastLineWith(survivorLog, "neither arrived nor died within").empty() ? "settle"
                                                                                             : "death";
   }
   r["reported_s"] = nullptr;
   if (!line.empty()) r["reported_s"] = std::atof(line.c_str() + line.find("recovered in ") + 13);
-  if (job.fault == "link") {
-    r["cut_s"] = linkCutSeconds(o);
+  const bool slowFault = job.fault == "slow" || job.fault == "slow-timeout";
+  if (slowFault) {
+    // Step times at the full world, before and after the link slowed (medians).
+    std::vector<double> before, after;
+    for (const json& s : steps) {
+      if (!s.value("step_ms", json()).is_number() || s.value("world_size", 0) != layout.worldSize()) continue;
+      (s.at("time").get<double>() < job.faultTime ? before : after).push_back(s["step_ms"].get<double>());
+    }
+    auto median = [](std::vector<double> v) -> json {
+      if (v.empty()) return nullptr;
+      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+      return v[v.size() / 2];
+    };
+    r["slow_link"] = o.slowLink;
+    r["step_ms_before"] = median(before);
+    r["step_ms_slowed"] = median(after);
+    r["straggler_line"] = lastLineWith(readText(job.dir + "/train.log"), "straggler: host");
+  }
+  if (job.fault == "link" || job.fault == "slow-timeout") {
+    if (job.fault == "link") r["cut_s"] = linkCutSeconds(o);
     std::string word = lastLineWith(readText(fmt::format("{}.host{}.log", job.dir, layout.hosts - 1)), "left out");
     r["victim_line"] = word;
   }
@@ -447,10 +517,34 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
       ok = false;
     }
   };
+  // slow-timeout on 2 hosts: the probe cannot tell whose link it is; after
+  // 3 timeouts at one step the job stops with a checkpoint, every launcher
+  // non-zero.
+  const bool stops = job.fault == "slow-timeout" && layout.hosts < 3;
+  if (stops) {
+    // The member with the state says what it saved; the others say why they stop.
+    r["stopped_line"] = "";
+    for (int h = 0; h < layout.hosts; ++h) {
+      const std::string line =
+          lastLineWith(readText(fmt::format("{}.host{}.log", job.dir, h)), "times in a row with every rank alive");
+      if (r["stopped_line"].get<std::string>().empty() || line.find("saved ") != std::string::npos) {
+        r["stopped_line"] = line;
+      }
+    }
+    r["outcome"] = "stopped";
+    check(std::all_of(job.exitCodes.begin(), job.exitCodes.end(), [](int c) { return c != 0; }),
+          fmt::format("slow-timeout on {} hosts: a launcher exited 0 ({})", layout.hosts, r["exit_codes"].dump()));
+    check(r["stopped_line"].get<std::string>().find("saved ") != std::string::npos,
+          "slow-timeout on 2 hosts: no line saying the job stopped after repeated timeouts, with a checkpoint");
+    check(once, fmt::format("steps are not 1..N each once: {}", fmt::join(numbers, ",")));
+    return r;
+  }
+  if (slowFault) r["outcome"] = r["final_world"] == layout.worldSize() ? "kept" : "left out";
   check(worst == 0, fmt::format("a surviving launcher exited {} (logs: {}.host*.log)", worst, job.dir));
   check(once, fmt::format("steps are not 1..N each once: {}", fmt::join(numbers, ",")));
-  if (job.fault != "none" && reference.contains("test_accuracy") && reference["test_accuracy"].is_number() &&
-      r["test_accuracy"].is_number()) {
+  // (slow-timeout trains a wider model than the reference.)
+  if (job.fault != "none" && job.fault != "slow-timeout" && reference.contains("test_accuracy") &&
+      reference["test_accuracy"].is_number() && r["test_accuracy"].is_number()) {
     const double delta = r["test_accuracy"].get<double>() - reference["test_accuracy"].get<double>();
     r["accuracy_delta"] = delta;
     check(std::abs(delta) <= o.tolerance, fmt::format("test accuracy {:.4f} is not within {} of the unfailed {:.4f}",
@@ -462,31 +556,50 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
                              ? layout.worldSize()
                              : layout.worldSize() - static_cast<int>(job.victims.size()) * layout.ranksPerHost;
     check(r["final_world"] == expected, fmt::format("final world {} (expected {})", r["final_world"].dump(), expected));
-    check(r["recovered_s"].is_number(), "no step completed after the fault");
+    if (job.fault != "slow") check(r["recovered_s"].is_number(), "no step completed after the fault");
     for (int code : victimCodes) check(code != 0, "a victim host's launcher exited 0");
   }
   if (job.fault == "replace") check(r["rejoined_s"].is_number(), "no step at the full world after the replacement started");
-  if (job.fault == "link") {
+  if (job.fault == "link" || job.fault == "slow-timeout") {
     check(!r["victim_line"].get<std::string>().empty(),
-          "the cut host's log has no line saying its ranks were left out");
+          fmt::format("the {} host's log has no line saying its ranks were left out",
+                      job.fault == "link" ? "cut" : "slow"));
+  }
+  if (job.fault == "slow") {
+    // The slow host, by its name (the netns's) and its ranks, in the straggler report.
+    const std::string line = r["straggler_line"].get<std::string>();
+    const int last = layout.hosts - 1;
+    std::vector<int> ranks;
+    for (int k = 0; k < layout.ranksPerHost; ++k) ranks.push_back(last * layout.ranksPerHost + k);
+    const std::string named = fmt::format("host {} (rank{} {})", hostName(last), ranks.size() == 1 ? "" : "s",
+                                          fmt::join(ranks, ","));
+    r["named"] = line.find(named) != std::string::npos;
+    check(r["named"].get<bool>(), fmt::format("the straggler report does not name {}: \"{}\"", named, line));
   }
   return r;
 }
 
 void runFaults(const Options& o) {
   checkOutputPaths(o.jsonPath, "");
-  static const std::set<std::string> known = {"host", "collective", "link", "recovery", "replace"};
+  static const std::set<std::string> known = {"host",    "collective", "link", "recovery",
+                                              "replace", "slow",       "slow-timeout"};
   for (const std::string& f : o.faults) {
     if (!known.count(f)) {
-      throw BenchError(fmt::format("--faults {}: unknown fault (known: host, collective, link, recovery, replace)", f));
+      throw BenchError(fmt::format(
+          "--faults {}: unknown fault (known: host, collective, link, recovery, replace, slow, slow-timeout)", f));
     }
   }
+  linkProfile(o.slowLink);  // a bad --slow-link fails here, before any cluster is made
   HostLayout layout = parseHostLayout(o.hosts);
-  const int needHosts = std::count(o.faults.begin(), o.faults.end(), "recovery") ? 3 : 2;
+  const bool twoLost = std::count(o.faults.begin(), o.faults.end(), "recovery") > 0;
+  // (The straggler report blames one host's two links: a third host is the
+  // measure. slow-timeout on 2 hosts shows the job stopping instead.)
+  const bool blame = std::count(o.faults.begin(), o.faults.end(), "slow") > 0;
+  const int needHosts = twoLost || blame ? 3 : 2;
   if (layout.hosts < needHosts) {
     throw BenchError(fmt::format("--hosts {}: the faults asked for need {} hosts or more", o.hosts, needHosts));
   }
-  const int lost = (needHosts == 3 ? 2 : 1) * layout.ranksPerHost;
+  const int lost = (twoLost ? 2 : 1) * layout.ranksPerHost;
   if (o.minRanks < 1 || o.minRanks > layout.worldSize() - lost) {
     throw BenchError(fmt::format("--min-ranks {}: must be 1..{} so that the job survives losing {} rank(s)",
                                  o.minRanks, layout.worldSize() - lost, lost));
@@ -522,7 +635,7 @@ void runFaults(const Options& o) {
   for (const std::string& fault : order) {
     std::cerr << "ddp-bench faults: " << fault << "\n";
     const Job job = runJob(o, *cluster, layout, etcd, work, fault);
-    json r = summarize(o, layout, job, reference, ok);
+    json r = summarize(o, layout, job, reference, ok, [&](int h) { return cluster->netns(h); });
     if (fault == "none") reference = r;
     auto number = [](const json& v, int digits) { return v.is_number() ? formatFixed(v.get<double>(), digits) : "-"; };
     table.addRow({fault, number(r["recovered_s"], 3), number(r["reported_s"], 3), number(r.value("rejoined_s", json()), 3),
@@ -552,10 +665,12 @@ void registerFaultsCommand(CLI::App& app) {
       "faults", "Kill hosts and cut links of a simulated cluster under a job that recovers in place; time each recovery");
   cmd->add_option("--hosts", options->hosts, "HOSTSxRANKS of the simulated cluster")->capture_default_str();
   cmd->add_option("--link", options->link, "its links: 10gbit, 1gbit or none")->capture_default_str();
-  cmd->add_option("--faults", options->faults, "host, collective, link, recovery, replace")
+  cmd->add_option("--faults", options->faults, "host, collective, link, recovery, replace, slow, slow-timeout")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--experiment", options->experiment, "the job")->capture_default_str();
+  cmd->add_option("--slow-link", options->slowLink, "the slow faults' link for the last host: 10mbit, 1gbit, ...")
+      ->capture_default_str();
   cmd->add_option("--set", options->overrides, "override a setting of the experiment (repeatable)");
   cmd->add_option("--epochs", options->epochs, "training.epochs of each job (0: the experiment's)")
       ->capture_default_str();

@@ -111,11 +111,12 @@ void removeStale() {
 // One side of a link: netem with half the one-way latency and the rate;
 // where the kernel has no netem, tbf with the rate alone. Returns false in
 // that case (the latency is not simulated).
-bool shape(const std::string& ns, const std::string& dev, const LinkProfile& link) {
+bool shape(const std::string& ns, const std::string& dev, const LinkProfile& link, bool replace = false) {
   if (link.gbitPerSecond <= 0 && link.latencyUs <= 0) return true;
+  const std::string verb = replace ? "replace" : "add";
   const std::string rate = fmt::format("{}mbit", static_cast<long long>(link.gbitPerSecond * 1000));
   // netem's default queue of 1000 packets: a deeper one only adds delay.
-  std::vector<std::string> netem = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem"};
+  std::vector<std::string> netem = {"tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "netem"};
   if (link.latencyUs > 0) netem.insert(netem.end(), {"delay", fmt::format("{}us", link.latencyUs / 2)});
   if (link.gbitPerSecond > 0) netem.insert(netem.end(), {"rate", rate});
   try {
@@ -134,7 +135,7 @@ bool shape(const std::string& ns, const std::string& dev, const LinkProfile& lin
     // A bucket of 1 ms at the rate, and at least two 64 KiB segments (veth
     // passes TSO segments whole), queued for up to 50 ms.
     const long long burst = std::max<long long>(2 * 65536, static_cast<long long>(link.gbitPerSecond * 1e9 / 8 / 1000));
-    runTool({"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", std::to_string(burst),
+    runTool({"tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "tbf", "rate", rate, "burst", std::to_string(burst),
              "latency", "50ms"});
   }
   return false;
@@ -144,15 +145,17 @@ bool shape(const std::string& ns, const std::string& dev, const LinkProfile& lin
 
 std::string LinkProfile::describe() const {
   if (gbitPerSecond <= 0 && latencyUs <= 0) return "unshaped veth links";
+  if (gbitPerSecond > 0 && gbitPerSecond < 1) return fmt::format("{:g} Mbit/s, {} us one way", gbitPerSecond * 1000, latencyUs);
   return fmt::format("{} Gbit/s, {} us one way", gbitPerSecond, latencyUs);
 }
 
 LinkProfile linkProfile(const std::string& name) {
   if (name == "10gbit") return {name, 10, 50};
   if (name == "1gbit") return {name, 1, 200};
+  if (name == "10mbit") return {name, 0.01, 200};
   if (name == "none") return {name, 0, 0};
   throw BenchError(fmt::format("--link {}: unknown profile (known: 10gbit = 10 Gbit/s and 50 us, 1gbit = 1 Gbit/s and "
-                               "200 us, none = unshaped)",
+                               "200 us, 10mbit = 10 Mbit/s and 200 us, none = unshaped)",
                                name));
 }
 
@@ -276,6 +279,16 @@ std::vector<std::string> SimCluster::wrapService(const std::vector<std::string>&
 }
 
 int SimCluster::killHost(int host) const { return killNamespace(netns(host)); }
+
+void SimCluster::reshape(int host, const LinkProfile& profile) const {
+  if (profile.gbitPerSecond <= 0 && profile.latencyUs <= 0) {
+    runTool({"tc", "-n", netns(host), "qdisc", "del", "dev", "eth0", "root"}, /*mustSucceed=*/false);
+    runTool({"tc", "-n", switchNs_, "qdisc", "del", "dev", fmt::format("port{}", host), "root"}, /*mustSucceed=*/false);
+    return;
+  }
+  shape(netns(host), "eth0", profile, /*replace=*/true);
+  shape(switchNs_, fmt::format("port{}", host), profile, /*replace=*/true);
+}
 
 void SimCluster::setLink(int host, bool up) const {
   runTool({"ip", "-n", netns(host), "link", "set", "eth0", up ? "up" : "down"});

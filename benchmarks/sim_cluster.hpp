@@ -35,7 +35,9 @@
 //   host h's namespace at once, as a host that loses power; setLink(h,
 //   false) takes its interface down (no packet passes, no connection is
 //   closed: a cut cable) and setLink(h, true) brings it back, shaped as
-//   before.
+//   before. reshape(h, profile) gives host h's link another rate and
+//   latency, both directions, while it carries traffic (a host moved to a
+//   slower link: a straggler across hosts).
 #pragma once
 
 #include <memory>
@@ -53,7 +55,8 @@ struct LinkProfile {
   double latencyUs = 0;
   std::string describe() const;  // "1 Gbit/s, 200 us one way"
 };
-// "10gbit" (10 Gbit/s, 50 us), "1gbit" (1 Gbit/s, 200 us), "none"; throws
+// "10gbit" (10 Gbit/s, 50 us), "1gbit" (1 Gbit/s, 200 us), "10mbit" (10
+// Mbit/s, 200 us), "none"; throws
 // BenchError naming the known ones otherwise.
 LinkProfile linkProfile(const std::string& name);
 
@@ -89,6 +92,7 @@ class SimCluster {
   // SIGKILL to every process of `host`'s namespace; returns how many.
   int killHost(int host) const;
   void setLink(int host, bool up) const;
+  void reshape(int host, const LinkProfile& profile) const;
 
  private:
   void teardown();

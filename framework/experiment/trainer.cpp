@@ -39,6 +39,7 @@ Trainer::~Trainer() = default;
 // A joiner has no group until it is admitted (elastic): no rank yet.
 int Trainer::rank() const { return impl_->group ? impl_->group->rank() : -1; }
 int Trainer::worldSize() const { return impl_->group ? impl_->group->size() : 0; }
+int64_t Trainer::generation() const { return impl_->membership.generation; }
 ProcessGroup& Trainer::group() const {
   DDP_CHECK(impl_->group != nullptr, "Trainer::group() before this rank joined");
   return *impl_->group;

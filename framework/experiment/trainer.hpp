@@ -207,6 +207,8 @@ class Trainer {
   ProcessGroupPtr groupPtr() const;
   int rank() const;
   int worldSize() const;
+  // The elastic membership's generation: a new group each (0 otherwise).
+  int64_t generation() const;
   bool isWriter() const { return rank() == 0; }
   Task task() const;  // the dataset's, after build()
   ParallelStrategy& strategy();
@@ -241,6 +243,8 @@ class Trainer {
   void joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer);
   void formGroup(torch::optim::Optimizer& optimizer);  // the decided membership's group, and the state
   void syncState(torch::optim::Optimizer& optimizer);
+  // After a timeout with every member alive (trainer_recovery.cpp).
+  void leaveOutSlowHost(torch::optim::Optimizer& optimizer);
   bool elasticAgreement();  // per step: signals and joins, agreed; true when joiners wait
   struct Impl;
   const ExperimentConfig& config_;

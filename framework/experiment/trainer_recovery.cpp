@@ -10,11 +10,13 @@
 #include <fmt/ranges.h>
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 
+#include "framework/comm/link_probe.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/core/log.hpp"
 #include "framework/experiment/callbacks/fault_injection.hpp"
@@ -32,13 +34,25 @@ void retire(ProcessGroupPtr group) {
 
 std::string idsText(const std::vector<int>& ids) { return ids.empty() ? "none" : fmt::format("{}", fmt::join(ids, ",")); }
 
+// Whether a collective's failure was a timeout (the backends' and Work's
+// words for it), not a closed connection or an abort.
+bool timedOut(const std::string& why) {
+  return why.find("before the timeout") != std::string::npos || why.find("timed out") != std::string::npos ||
+         why.find("not completed after waiting") != std::string::npos;
+}
+
+// What the recovery probe sends over each link between hosts.
+constexpr int64_t kRecoveryProbeBytes = 256 * 1024;
+// Timeouts in a row at one step, every member alive, before the job stops.
+constexpr int kMaxTimeoutsAtStep = 3;
+
 }  // namespace
 
 bool Trainer::recoverable(const std::exception& e) const {
   if (!impl_->rendezvous) return false;
   return dynamic_cast<const UsageError*>(&e) == nullptr && dynamic_cast<const NonFiniteLossError*>(&e) == nullptr &&
          dynamic_cast<const ElasticExcluded*>(&e) == nullptr &&
-         dynamic_cast<const ElasticBelowMinimum*>(&e) == nullptr;
+         dynamic_cast<const ElasticBelowMinimum*>(&e) == nullptr && dynamic_cast<const ElasticStalled*>(&e) == nullptr;
 }
 
 void Trainer::recover(const std::string& why) { reconfigure(why, /*broken=*/true); }
@@ -66,9 +80,19 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
   s.strategy.reset();
   for (auto& p : s.model->parameters()) p.mutable_grad() = at::Tensor();
   retire(std::move(s.group));
+  // What sent this rank to the rendezvous: the collective's failure, then
+  // each failed attempt's.
+  std::string failure = broken ? why : std::string();
+  std::vector<int> failedIds = before.ids;
   for (int attempt = 1;; ++attempt) {
     try {
       s.membership = s.rendezvous->next(s.membership, s.steps);
+      // Everyone came back after a timeout: nobody is gone, someone is slow.
+      if (timedOut(failure) && s.membership.ids == failedIds) {
+        s.timeoutsAtStep = s.timeoutStep == s.steps ? s.timeoutsAtStep + 1 : 1;
+        s.timeoutStep = s.steps;
+        s.probeLinks = true;
+      }
       // For the tests: DDP_FAULT_RECOVERY=ID kills rank id ID once its
       // first new membership is decided, before the group forms: a failure
       // during the recovery itself; "ID:host" kills its whole host then
@@ -106,6 +130,9 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
       // Another rank lost while this generation formed: the next one.
       logInfo("elastic: generation {} failed while forming ({}); trying the next", s.membership.generation,
               errorLine(e));
+      failure = errorLine(e);
+      failedIds = s.membership.ids;
+      s.probeLinks = false;
       retire(std::move(s.group));
     }
   }
@@ -178,7 +205,64 @@ void Trainer::formGroup(torch::optim::Optimizer& optimizer) {
   s.rendezvous->awaitMembers(s.membership);
   s.group = dist_.backends->create(dist_.backend, s.rendezvous->groupStore(s.membership.generation),
                                    s.membership.rankOf(s.rendezvous->id()), s.membership.world(), dist_.groupOptions);
+  if (s.probeLinks) {
+    s.probeLinks = false;
+    leaveOutSlowHost(optimizer);
+  }
   syncState(optimizer);
+}
+
+// After a collective timed out with every member alive: the links between
+// the hosts, measured (comm/link_probe.hpp). A host both of whose links
+// stand out is left out: its ranks stop, the others go on to the next
+// generation without them. Where none does, the same step may time out
+// kMaxTimeoutsAtStep times before the job stops, rather than loop.
+void Trainer::leaveOutSlowHost(torch::optim::Optimizer& optimizer) {
+  Impl& s = *impl_;
+  const double timeoutS = std::chrono::duration<double>(dist_.groupOptions.timeout).count();
+  const HostLinks links = probeHostLinks(group(), hostNames(group()), kRecoveryProbeBytes);
+  const int slow = links.slowHost();
+  if (slow >= 0) {
+    const std::vector<int> ranks = links.ranksOf(slow);
+    std::vector<int> ids;
+    for (int r : ranks) ids.push_back(s.membership.ids.at(static_cast<size_t>(r)));
+    const std::string what = fmt::format(
+        "a collective of step {} took longer than distributed.timeout_s ({} s) with every rank alive, and the probe "
+        "of the links between hosts found {}",
+        s.steps + 1, timeoutS, links.describeSlow(slow));
+    if (std::find(ranks.begin(), ranks.end(), rank()) != ranks.end()) {
+      fail<ElasticExcluded>("elastic: rank id {} is left out: {}. HINT: a larger distributed.timeout_s keeps a slow "
+                            "host in the job",
+                            s.rendezvous->id(), what);
+    }
+    s.log->line(fmt::format("elastic: leaving out rank id(s) {}: {}", idsText(ids), what));
+    fail<CollectiveError>("rank id(s) {} left out for a slow link", idsText(ids));
+  }
+  if (s.timeoutsAtStep < kMaxTimeoutsAtStep) return;
+  // Stop, as below --min-ranks: the member with the furthest state saves it.
+  std::string saved;
+  if (s.rendezvous->id() == s.membership.sourceId) {
+    const int64_t batch = std::max<int64_t>(1, s.consumed / config_.training.batchSize);
+    s.releasedOptimizer = &optimizer;
+    s.writesAlone = true;
+    writeCheckpoint(s.epoch, batch, {});
+    saved = fmt::format("; saved {}/checkpoints/{}", options_.runDir, checkpointFileName(s.epoch, batch));
+  }
+  const std::string message = fmt::format(
+      "elastic: a collective of step {} timed out {} times in a row with every rank alive (ids {}), and no host's "
+      "link stood out ({}){}. HINT: --resume with a larger distributed.timeout_s (now {} s), or look for a rank that "
+      "is slow to compute",
+      s.steps + 1, s.timeoutsAtStep, idsText(s.membership.ids),
+      links.hostCount() < 2 ? std::string("all ranks on one host")
+                            : links.hostCount() == 2 ? std::string("2 hosts: the one link between them cannot be "
+                                                                   "blamed on either")
+                                                     : fmt::format("{} hosts", links.hostCount()),
+      saved, timeoutS);
+  if (!saved.empty()) {
+    s.log->setEnabled(true);
+    s.log->line(message);
+  }
+  throw ElasticStalled(message);
 }
 
 // One broadcast of the counters (epoch, steps, samples read, payload

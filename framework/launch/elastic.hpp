@@ -102,6 +102,13 @@ class ElasticBelowMinimum : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Collectives keep timing out with every member alive, at one step, and no
+// host's link stands out to be left out: the job stops (no livelock).
+class ElasticStalled : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct ElasticMembership {
   int64_t generation = 0;
   std::vector<int> ids;  // increasing; a member's rank is its position

@@ -500,7 +500,10 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
     if (o.minRanks > 0 && std::none_of(procs.begin(), procs.end(), [](const RankProcess& p) {
           return WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0;
         })) {
-      std::cerr << "ddp-run: every rank was lost" << std::endl;
+      std::cerr << (o.nnodes > 1 ? fmt::format("ddp-run: every rank of node {} was lost (the other nodes' may train on)",
+                                               o.nodeRank)
+                                 : std::string("ddp-run: every rank was lost"))
+                << std::endl;
       return {1, 0};
     }
     return {};

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "framework/comm/link_probe.hpp"
 #include "framework/experiment/run_log.hpp"
 #include "framework/experiment/callbacks/tensorboard_log.hpp"
 #include "framework/experiment/trainer.hpp"
@@ -104,10 +105,14 @@ void StepMetrics::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   slots[world + trainer.rank()] = epochWait_;
   trainer.group().allreduce(slots)->wait();
   const double* all = slots.data_ptr<double>();
-  // An elastic run's world may have grown since the first epoch.
-  if (runCompute_.size() < static_cast<size_t>(world)) {
-    runCompute_.resize(static_cast<size_t>(world), 0.0);
-    runWait_.resize(static_cast<size_t>(world), 0.0);
+  // An elastic run's new group (other ranks, or the same at other
+  // positions): the report covers the present group's epochs.
+  if (trainer.generation() != generation_ || world != static_cast<int>(hostOfRank_.size())) {
+    hostOfRank_ = hostNames(trainer.group());
+    generation_ = trainer.generation();
+    edgeSeconds_.clear();
+    runCompute_.assign(static_cast<size_t>(world), 0.0);
+    runWait_.assign(static_cast<size_t>(world), 0.0);
   }
   for (int r = 0; r < world; ++r) {
     const double compute = all[r], wait = all[world + r];
@@ -116,10 +121,22 @@ void StepMetrics::onEpochEnd(Trainer& trainer, EpochEnd& end) {
     runCompute_[static_cast<size_t>(r)] += compute;
     runWait_[static_cast<size_t>(r)] += wait;
   }
+  probeLinks(trainer, end);
+}
+
+void StepMetrics::probeLinks(Trainer& trainer, EpochEnd& end) {
+  const HostLinks links = probeHostLinks(trainer.group(), hostOfRank_, kLinkProbeBytes);
+  if (links.hostCount() < 2) return;
+  edgeSeconds_.push_back(links.edgeSeconds);
+  for (int e = 0; e < links.hostCount(); ++e) {
+    end.metrics.extra.emplace_back(fmt::format("link_{}_mbit_s", e), links.mbitPerSecond(e));
+  }
 }
 
 void StepMetrics::onTrainEnd(Trainer& trainer) {
-  if (!trainer.isWriter() || runCompute_.size() < 2) return;
+  if (!trainer.isWriter()) return;
+  reportSlowHost(trainer);
+  if (runCompute_.size() < 2) return;
   const auto slowest = std::max_element(runCompute_.begin(), runCompute_.end());
   const auto fastest = std::min_element(runCompute_.begin(), runCompute_.end());
   // More than 10% slower, and by more than 0.5 s over the run: a toy run's
@@ -130,6 +147,32 @@ void StepMetrics::onTrainEnd(Trainer& trainer) {
       "straggler: rank {} computed for {:.3f} s, {:.2f}x the fastest (rank {}, {:.3f} s); the others waited for it "
       "(rank_R_compute_s and rank_R_comm_wait_s in metrics.jsonl)",
       slowest - runCompute_.begin(), *slowest, *slowest / *fastest, fastest - runCompute_.begin(), *fastest));
+}
+
+// A host whose links were slow: from each edge's median over the epochs
+// probed by the present group.
+void StepMetrics::reportSlowHost(Trainer& trainer) {
+  if (edgeSeconds_.empty()) return;
+  HostLinks links;
+  links.hostOfRank = hostOfRank_;
+  for (size_t r = 0; r < hostOfRank_.size(); ++r) {
+    if (std::find(links.hosts.begin(), links.hosts.end(), hostOfRank_[r]) == links.hosts.end()) {
+      links.hosts.push_back(hostOfRank_[r]);
+      links.leaders.push_back(static_cast<int>(r));
+    }
+  }
+  links.bytes = kLinkProbeBytes;
+  for (size_t e = 0; e < links.hosts.size(); ++e) {
+    std::vector<double> times;
+    for (const auto& epoch : edgeSeconds_) times.push_back(epoch.at(e));
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    links.edgeSeconds.push_back(times[times.size() / 2]);
+  }
+  const int slow = links.slowHost();
+  if (slow < 0) return;
+  trainer.log().line(fmt::format("straggler: {}; the others waited for it (link_E_mbit_s in metrics.jsonl: host E "
+                                 "to host E + 1, over {} epoch(s))",
+                                 links.describeSlow(slow), edgeSeconds_.size()));
 }
 
 }  // namespace ddp

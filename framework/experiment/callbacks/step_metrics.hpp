@@ -14,9 +14,19 @@
 //   that wait) and its communication wait go into metrics.jsonl
 //   (rank_R_compute_s, rank_R_comm_wait_s). At the end, one line in
 //   train.log names the slowest rank when its compute took over 10% (and
-//   0.5 s over the run) more than the fastest's.
-// - It runs one collective per epoch (a small allreduce), so every rank
-//   adds it, in the same place among the callbacks.
+//   0.5 s over the run) more than the fastest's. (After an elastic
+//   run's change of membership, the report covers the new group's epochs.)
+// - Slow host links (ranks on 2 hosts or more): at each epoch end the
+//   links between hosts are probed (comm/link_probe.hpp: 64 KiB from each
+//   host's first rank to the next host's); each epoch's record has
+//   link_E_mbit_s for host E to host E + 1 (hosts in the order of their
+//   first rank). At the end, a `straggler: host H (ranks ...)` line names
+//   a host both of whose links took, at their median, 4x the fastest
+//   link's time (3 hosts or more: with 2 there is one link, and no one to
+//   blame). One rank's host names are gathered once per group.
+// - It runs its collectives at each epoch end (a small allreduce; the
+//   probe's sends and one allreduce), so every rank adds it, in the same
+//   place among the callbacks.
 #pragma once
 
 #include <chrono>
@@ -44,6 +54,9 @@ class StepMetrics : public TrainerCallback {
   void onTrainEnd(Trainer& trainer) override;
 
  private:
+  static constexpr int64_t kLinkProbeBytes = 64 * 1024;
+  void probeLinks(Trainer& trainer, EpochEnd& end);
+  void reportSlowHost(Trainer& trainer);
   using Clock = std::chrono::steady_clock;
   int64_t every_ = 0;  // steps between records; 0 until the first epoch sets it
   Clock::time_point stepStart_, recordStart_;
@@ -51,9 +64,12 @@ class StepMetrics : public TrainerCallback {
   double waitSinceRecord_ = 0;
   bool waitMeasured_ = true;
   double epochCompute_ = 0, epochWait_ = 0;        // this rank, this epoch
-  std::vector<double> runCompute_, runWait_;        // every rank, summed over the run
+  std::vector<double> runCompute_, runWait_;        // every rank, summed over the present group's epochs
   std::string path_;
   AppendFile file_;
+  int64_t generation_ = -1;  // the group (elastic generation) whose host names hostOfRank_ holds
+  std::vector<std::string> hostOfRank_;
+  std::vector<std::vector<double>> edgeSeconds_;  // per epoch probed, per edge
   std::shared_ptr<TensorBoardLog> tensorboard_;
 };
 
