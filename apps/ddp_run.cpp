@@ -211,6 +211,30 @@ void shareCoresAmongHostRanks(const ddp::RankEnv& env, int ranksOnHost) {
 
 // `loaded`: the experiment as the launcher already read it (one process
 // runs); read it here otherwise.
+// A rank started by srun, mpirun or torchrun, one ddp-run per rank:
+// --min-ranks and --rdzv-backend etcd apply to it as ddp-run's launcher
+// would have set them (DDP_MIN_RANKS, DDP_STORE_URL; the environment's own
+// values give way to the command line's). Under torchrun on one node,
+// in-place recovery cannot work and is refused: its agent stops every
+// worker of the node as soon as one fails.
+void applyElasticOptions(const Args& args, const ddp::RankEnv& env) {
+  if (args.minRanks > 0) ::setenv("DDP_MIN_RANKS", std::to_string(args.minRanks).c_str(), 1);
+  if (!args.storeUrl.empty()) ::setenv("DDP_STORE_URL", args.storeUrl.c_str(), 1);
+  const int minRanks = ddp::elasticMinRanks();
+  if (minRanks <= 0) return;
+  if (minRanks > env.worldSize) {
+    throw ddp::UsageError(fmt::format("--min-ranks {} is more than the job's {} ranks ({}). HINT: --min-ranks {}",
+                                      minRanks, env.worldSize, env.source, env.worldSize));
+  }
+  if (env.source == "torchrun" && env.localWorldSize >= env.worldSize) {
+    throw ddp::UsageError(fmt::format(
+        "--min-ranks {} under torchrun on one node: torchrun's agent stops every worker of a node as soon as one "
+        "fails, so no rank is left to carry on in place. HINT: ddp-run --nproc-per-node {} --min-ranks {} (ddp-run's "
+        "launcher keeps the others), or torchrun --max-restarts N without --min-ranks",
+        minRanks, env.worldSize, minRanks));
+  }
+}
+
 int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::ExperimentConfig> loaded = std::nullopt) {
   // Before the first tensor of training. Only a process that trains: the
   // launcher, --export and --sample keep glibc's settings (the export
@@ -224,6 +248,7 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
   }
   auto& registry = ddp::builtinPlugins();
   const ReservedRunDir removeIfUnused;
+  if (env.source != "ddp-run" && env.source != "single") applyElasticOptions(args, env);
   std::vector<std::string> overrides = args.overrides;
   if (!loaded && env.worldSize > 0) {
     const int local = std::max(1, env.localWorldSize);

@@ -9,7 +9,11 @@
 #      (TORCHELASTIC_RESTART_COUNT=1) resume from the newest checkpoint and
 #      end where an uninterrupted run ends;
 #   4. a rank's failure reaches torchrun's summary through
-#      TORCHELASTIC_ERROR_FILE.
+#      TORCHELASTIC_ERROR_FILE (5: as JSON, whatever the bytes);
+#   6. --min-ranks on one node is refused at start, with the reason (the
+#      agent stops every worker of its node when one fails);
+#   7. --min-ranks on two nodes (two agents, c10d rendezvous): node 1's
+#      worker killed, node 0's trains on in place (issue 42).
 # (--standalone is tested in ddp_tests, "torchrun --standalone ...".)
 # Debian's torch 1.13 needs --redirects 1 --tee 1 (an enum bug in torchrun).
 set -euo pipefail
@@ -83,4 +87,46 @@ rc=0
 [ "$rc" -eq 2 ] || { cat "$work/utf8.out"; fail "a missing experiment file gave exit $rc"; }
 $python -c 'import json, sys; m = json.load(open(sys.argv[1]))["message"]; assert "no_such_caf" in m["message"], m' \
   "$work/error.json" || fail "TORCHELASTIC_ERROR_FILE is not the JSON torchrun reads"
+echo "== 6. --min-ranks under torchrun on one node: refused at start, with the reason"
+port=$(free_port)
+rc=0
+torchrun --nnodes 1 --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$port" "$ddp_run" "${experiment[@]}" \
+  --min-ranks 1 --out "$work/one-node" > "$work/one-node.out" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || fail "--min-ranks under torchrun on one node was not refused"
+grep -q "under torchrun on one node: torchrun's agent stops every worker of a node" "$work/one-node.out" ||
+  { cat "$work/one-node.out"; fail "the refusal does not give its reason"; }
+[ ! -e "$work/one-node/metrics.jsonl" ] || fail "a refused job trained"
+
+echo "== 7. --min-ranks under torchrun on two nodes: node 1's worker killed, node 0's trains on in place"
+# Two agents (two nodes of one rank) through torchrun's c10d rendezvous;
+# rank 0 serves ddp's store. Rank 1 kills itself after step 9; its agent
+# (--max_restarts 0) gives up that node; rank 0 leaves rank 1 out and
+# finishes alone: every step once, world 2 then 1.
+port=$(free_port)
+for node in 0 1; do
+  DDP_FAULT_INJECT=1@9 timeout -k 5 240 $python -m torch.distributed.run --nnodes 2 --nproc_per_node 1 \
+    --rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$port" --rdzv_id elastic7 --max_restarts 0 --no_python \
+    --redirects 1 --tee 1 "$ddp_run" "${experiment[@]}" --set training.epochs=30 --set training.log_every=1 \
+    --set distributed.timeout_s=10 --min-ranks 1 --out "$work/two-nodes" > "$work/node$node.out" 2>&1 &
+  pids[node]=$!
+done
+rc0=0 rc1=0
+wait "${pids[0]}" || rc0=$?
+wait "${pids[1]}" || rc1=$?
+echo "node 0's torchrun exited $rc0, node 1's $rc1"
+[ "$rc0" = 0 ] || { cat "$work/node0.out"; fail "node 0's torchrun exited $rc0"; }
+[ "$rc1" != 0 ] || { cat "$work/node1.out"; fail "node 1's torchrun exited 0 with its rank killed"; }
+grep -q "elastic: generation 1: lost rank id(s) 1" "$work/two-nodes/train.log" ||
+  { cat "$work/node0.out"; fail "rank 0 did not recover in place"; }
+$python - "$work/two-nodes" <<'PY' || fail "the two-node job's steps"
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1] + "/steps.jsonl") if l.strip()]
+numbers = [s["step"] for s in steps]
+assert numbers == list(range(1, len(numbers) + 1)), f"steps not 1..N once: {numbers[:12]}"
+worlds = [s["world_size"] for s in steps]
+assert worlds[:9] == [2] * 9 and worlds[-1] == 1, f"world sizes {worlds[:12]}..."
+epochs = [json.loads(l)["epoch"] for l in open(sys.argv[1] + "/metrics.jsonl") if l.strip()]
+assert epochs == list(range(1, 31)), f"epochs {epochs[:3]}..."
+print(f"ok: {len(numbers)} steps once, world 2 -> 1 after step {worlds.index(1)}, 30 epochs")
+PY
 echo "PASS"
