@@ -648,7 +648,7 @@ void runFaults(const Options& o) {
   std::cout << table.render();
   for (const json& r : records) {
     if (r.contains("victim_line") && !r["victim_line"].get<std::string>().empty()) {
-      std::cout << fmt::format("{}: the cut host said: {}\n", r["fault"].get<std::string>(),
+      std::cout << fmt::format("{}: the {} host said: {}\n", r["fault"].get<std::string>(), r["fault"] == "link" ? "cut" : "slow",
                                r["victim_line"].get<std::string>());
     }
   }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <algorithm>
@@ -325,6 +326,44 @@ TEST_CASE("elastic rendezvous: a member that never beat is waited for the settle
   bad.heartbeat = std::chrono::milliseconds(500);
   bad.silentAfter = std::chrono::milliseconds(1000);
   CHECK_THROWS_AS(ElasticRendezvous(std::make_shared<HashStore>(), 0, bad), UsageError);
+}
+
+TEST_CASE("elastic rendezvous: every member learns to probe the links when all came back and one timed out",
+          "[elastic]") {
+  auto store = std::make_shared<HashStore>();
+  store->setTimeout(std::chrono::milliseconds(20000));
+  ElasticOptions options;
+  options.minRanks = 1;
+  options.maxId = 3;
+  options.settle = std::chrono::milliseconds(2000);
+  options.heartbeat = std::chrono::milliseconds(0);
+  options.silentAfter = std::chrono::milliseconds(0);
+  std::vector<std::unique_ptr<ElasticRendezvous>> r;
+  for (int id = 0; id < 3; ++id) r.push_back(std::make_unique<ElasticRendezvous>(store, id, options));
+  // All three arrive; `timedOut[id]` says which came by a timeout (the
+  // others saw their connections closed). Every member reads one decision.
+  auto round = [&](const ElasticMembership& m, const std::vector<bool>& timedOut, const std::vector<int>& ids) {
+    std::vector<ElasticMembership> got(3);
+    std::vector<std::thread> threads;
+    for (int id : ids) {
+      threads.emplace_back([&, id] { got[static_cast<size_t>(id)] = r[static_cast<size_t>(id)]->next(m, 7, timedOut[static_cast<size_t>(id)]); });
+    }
+    for (auto& t : threads) t.join();
+    for (int id : ids) CHECK(got[static_cast<size_t>(id)].probeLinks == got[static_cast<size_t>(ids[0])].probeLinks);
+    return got[static_cast<size_t>(ids[0])];
+  };
+  ElasticMembership m = r[0]->initial(3);
+  m = round(m, {false, true, false}, {0, 1, 2});
+  CHECK(m.ids == std::vector<int>{0, 1, 2});
+  CHECK(m.probeLinks);
+  // All came back, none timed out (an abort, a closed connection): no probe.
+  m = round(m, {false, false, false}, {0, 1, 2});
+  CHECK_FALSE(m.probeLinks);
+  // One is gone: its loss explains the timeout; no probe.
+  ElasticRendezvous::markDead(*store, 2);
+  m = round(m, {true, true, false}, {0, 1});
+  CHECK(m.ids == std::vector<int>{0, 1});
+  CHECK_FALSE(m.probeLinks);
 }
 
 TEST_CASE("DistributedSampler: after a change of world mid-epoch every sample is read once", "[elastic][sampler]") {

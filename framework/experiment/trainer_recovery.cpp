@@ -35,7 +35,9 @@ void retire(ProcessGroupPtr group) {
 std::string idsText(const std::vector<int>& ids) { return ids.empty() ? "none" : fmt::format("{}", fmt::join(ids, ",")); }
 
 // Whether a collective's failure was a timeout (the backends' and Work's
-// words for it), not a closed connection or an abort.
+// words for it), not a closed connection or an abort. (Ranks of one failed
+// collective see either: those whose peer gave up first see it closed.
+// Hence the rendezvous decides, from every member's report.)
 bool timedOut(const std::string& why) {
   return why.find("before the timeout") != std::string::npos || why.find("timed out") != std::string::npos ||
          why.find("not completed after waiting") != std::string::npos;
@@ -83,14 +85,15 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
   // What sent this rank to the rendezvous: the collective's failure, then
   // each failed attempt's.
   std::string failure = broken ? why : std::string();
-  std::vector<int> failedIds = before.ids;
   for (int attempt = 1;; ++attempt) {
     try {
-      s.membership = s.rendezvous->next(s.membership, s.steps);
-      // Everyone came back after a timeout: nobody is gone, someone is slow.
-      if (timedOut(failure) && s.membership.ids == failedIds) {
-        s.timeoutsAtStep = s.timeoutStep == s.steps ? s.timeoutsAtStep + 1 : 1;
-        s.timeoutStep = s.steps;
+      s.membership = s.rendezvous->next(s.membership, s.steps, timedOut(failure));
+      // Everyone came back, one after a timeout: nobody is gone, someone is
+      // slow. (The coordinator's decision, so every member probes, or none;
+      // counted at the agreed step.)
+      if (s.membership.probeLinks) {
+        s.timeoutsAtStep = s.timeoutStep == s.membership.sourceSteps ? s.timeoutsAtStep + 1 : 1;
+        s.timeoutStep = s.membership.sourceSteps;
         s.probeLinks = true;
       }
       // For the tests: DDP_FAULT_RECOVERY=ID kills rank id ID once its
@@ -131,7 +134,6 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
       logInfo("elastic: generation {} failed while forming ({}); trying the next", s.membership.generation,
               errorLine(e));
       failure = errorLine(e);
-      failedIds = s.membership.ids;
       s.probeLinks = false;
       retire(std::move(s.group));
     }
@@ -229,7 +231,7 @@ void Trainer::leaveOutSlowHost(torch::optim::Optimizer& optimizer) {
     const std::string what = fmt::format(
         "a collective of step {} took longer than distributed.timeout_s ({} s) with every rank alive, and the probe "
         "of the links between hosts found {}",
-        s.steps + 1, timeoutS, links.describeSlow(slow));
+        s.membership.sourceSteps + 1, timeoutS, links.describeSlow(slow));
     if (std::find(ranks.begin(), ranks.end(), rank()) != ranks.end()) {
       fail<ElasticExcluded>("elastic: rank id {} is left out: {}. HINT: a larger distributed.timeout_s keeps a slow "
                             "host in the job",
@@ -252,7 +254,7 @@ void Trainer::leaveOutSlowHost(torch::optim::Optimizer& optimizer) {
       "elastic: a collective of step {} timed out {} times in a row with every rank alive (ids {}), and no host's "
       "link stood out ({}){}. HINT: --resume with a larger distributed.timeout_s (now {} s), or look for a rank that "
       "is slow to compute",
-      s.steps + 1, s.timeoutsAtStep, idsText(s.membership.ids),
+      s.membership.sourceSteps + 1, s.timeoutsAtStep, idsText(s.membership.ids),
       links.hostCount() < 2 ? std::string("all ranks on one host")
                             : links.hostCount() == 2 ? std::string("2 hosts: the one link between them cannot be "
                                                                    "blamed on either")

@@ -50,6 +50,7 @@ std::string encodeMembership(const ElasticMembership& m) {
   j["source"] = m.sourceId;
   j["source_steps"] = m.sourceSteps;
   j["below_minimum"] = m.belowMinimum;
+  j["probe_links"] = m.probeLinks;
   return j.dump();
 }
 
@@ -62,6 +63,7 @@ ElasticMembership decodeMembership(const std::string& text) {
   m.sourceId = j["source"];
   m.sourceSteps = j["source_steps"];
   m.belowMinimum = j["below_minimum"];
+  m.probeLinks = j.value("probe_links", false);
   return m;
 }
 
@@ -207,8 +209,10 @@ bool ElasticRendezvous::joinPending() {
   return counter(*store_, "elastic/join-requests") > counter(*store_, "elastic/join-admitted");
 }
 
-ElasticMembership ElasticRendezvous::next(const ElasticMembership& current, int64_t steps) {
+ElasticMembership ElasticRendezvous::next(const ElasticMembership& current, int64_t steps, bool timedOut) {
   const int64_t generation = current.generation + 1;
+  // Before the arrival: whoever sees this member arrived sees why.
+  if (timedOut) store_->setString(genKey(generation, fmt::format("timedout/{}", id_)), "1");
   store_->setString(genKey(generation, fmt::format("id/{}", id_)), std::to_string(steps));
   if (store_->add(genKey(generation, "arrived"), 1) == 1) return decide(generation, current);
   return awaitDecision(generation);
@@ -295,6 +299,11 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
     m.incarnations.push_back(incarnation);
   }
   m.belowMinimum = m.world() < options_.minRanks;
+  const bool allArrived = std::all_of(arrived.begin(), arrived.end(), [](bool a) { return a; });
+  m.probeLinks = allArrived && joiners.empty() &&
+                 std::any_of(previous.ids.begin(), previous.ids.end(), [&](int id) {
+                   return store_->check({genKey(generation, fmt::format("timedout/{}", id))});
+                 });
   store_->setString(genKey(generation, "members"), encodeMembership(m));
   for (int id : joiners) store_->setString(admittedKey(id), std::to_string(generation));
   store_->setString("elastic/generation", std::to_string(generation));

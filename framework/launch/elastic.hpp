@@ -118,6 +118,11 @@ struct ElasticMembership {
   int sourceId = 0;      // whose state every member takes
   int64_t sourceSteps = 0;
   bool belowMinimum = false;
+  // Every member of the generation before arrived, none joined, and one at
+  // least came because a collective timed out: nobody is gone, someone is
+  // slow. The members probe the links between hosts before anything else
+  // (the trainer's recovery), all of them, as all read this decision.
+  bool probeLinks = false;
   int rankOf(int id) const;  // -1 when id is not a member
   int world() const { return static_cast<int>(ids.size()); }
 };
@@ -146,8 +151,10 @@ class ElasticRendezvous {
   // Generation 0: ids 0..world-1.
   ElasticMembership initial(int world) const;
   // Leaves `current` for the next generation (see the protocol), reporting
-  // `steps` done; returns it. Throws ElasticExcluded when left out.
-  ElasticMembership next(const ElasticMembership& current, int64_t steps);
+  // `steps` done, and whether a collective's timeout sent it
+  // ("elastic/g<G>/timedout/<id>", for probeLinks); returns it. Throws
+  // ElasticExcluded when left out.
+  ElasticMembership next(const ElasticMembership& current, int64_t steps, bool timedOut = false);
   // A joiner: asks to join, waits to be admitted (at most the decision
   // timeout) and returns the membership it was admitted to; throws
   // ElasticExcluded, its request withdrawn, when the job finished first or
