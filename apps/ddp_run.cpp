@@ -226,6 +226,11 @@ void applyElasticOptions(const Args& args, const ddp::RankEnv& env) {
     throw ddp::UsageError(fmt::format("--min-ranks {} is more than the job's {} ranks ({}). HINT: --min-ranks {}",
                                       minRanks, env.worldSize, env.source, env.worldSize));
   }
+  if (env.source == "openmpi") {
+    ddp::logWarn("--min-ranks {} under mpirun: by default mpirun ends every rank when one dies, which leaves "
+                 "none to carry on (untested here); ddp-run's own launcher, or srun, keeps the others",
+                 minRanks);
+  }
   if (env.source == "torchrun" && env.localWorldSize >= env.worldSize) {
     throw ddp::UsageError(fmt::format(
         "--min-ranks {} under torchrun on one node: torchrun's agent stops every worker of a node as soon as one "
@@ -388,7 +393,8 @@ int runMain(int argc, char** argv) {
                  "URLs), under --rdzv-id, and outlives any training host")
       ->check(CLI::IsMember({"static", "c10d", "etcd"}));
   app.add_option("--rdzv-id,--rdzv_id", args.rdzvId,
-                 "the job's name in the store: needed with --rdzv-backend etcd (its keys live under /ddp/<id>), the "
+                 "the job's name in the store: needed with --rdzv-backend etcd (its keys live under /ddp/<id>; under "
+                 "SLURM slurm-$SLURM_JOB_ID by default), the "
                  "same on every node, new for each job (e.g. $SLURM_JOB_ID); otherwise accepted for torchrun's "
                  "command lines and not used");
   app.add_option("--kill-grace", args.killGrace,
@@ -458,6 +464,15 @@ int runMain(int argc, char** argv) {
         throw CLI::ValidationError("--rdzv-backend etcd",
                                    "needs --rdzv-endpoint HOST:PORT (etcd's client URL; several, comma-separated, for "
                                    "an etcd cluster)");
+      }
+      // Under SLURM the job's id names it, the same in every task and new
+      // for each job (an sbatch line cannot name the id before it exists).
+      if (const char* job = std::getenv("SLURM_JOB_ID"); args.rdzvId.empty() && job != nullptr && *job != '\0') {
+        // A requeued job starts afresh: its own keys, not the last run's.
+        const char* requeue = std::getenv("SLURM_RESTART_COUNT");
+        args.rdzvId = requeue != nullptr && *requeue != '\0' && std::string(requeue) != "0"
+                          ? fmt::format("slurm-{}-{}", job, requeue)
+                          : fmt::format("slurm-{}", job);
       }
       if (args.rdzvId.empty()) {
         throw CLI::ValidationError("--rdzv-backend etcd",
@@ -740,11 +755,20 @@ int runMain(int argc, char** argv) {
     std::cerr << e.what() << std::endl;
     ddp::recordFailureForTorchrun("UsageError", e.what());
     return 2;
+  } catch (const ddp::ElasticSlowHost& e) {
+    // Left out for its host's slow link: not started again into it.
+    std::cerr << "ddp-run: " << e.what() << std::endl;
+    ddp::recordFailureForTorchrun("ElasticSlowHost", e.what());
+    return ddp::kExitSlowHost;
   } catch (const ddp::ElasticExcluded& e) {
     // Left out of an elastic job's new membership (it hung, or arrived
     // late): the launcher may start it again as a joiner.
     std::cerr << "ddp-run: " << e.what() << std::endl;
     return ddp::kExitExcluded;
+  } catch (const ddp::ElasticStalled& e) {
+    std::cerr << "ddp-run: " << e.what() << std::endl;
+    ddp::recordFailureForTorchrun("ElasticStalled", e.what());
+    return ddp::kExitStalled;
   } catch (const ddp::ElasticBelowMinimum& e) {
     std::cerr << "ddp-run: " << e.what() << std::endl;
     ddp::recordFailureForTorchrun("ElasticBelowMinimum", e.what());

@@ -356,6 +356,11 @@ TEST_CASE("elastic rendezvous: every member learns to probe the links when all c
   m = round(m, {false, true, false}, {0, 1, 2});
   CHECK(m.ids == std::vector<int>{0, 1, 2});
   CHECK(m.probeLinks);
+  CHECK(m.timeoutsAtStep == 1);
+  // Again at the same step: counted, in the membership every member reads.
+  m = round(m, {true, false, false}, {0, 1, 2});
+  CHECK(m.probeLinks);
+  CHECK(m.timeoutsAtStep == 2);
   // All came back, none timed out (an abort, a closed connection): no probe.
   m = round(m, {false, false, false}, {0, 1, 2});
   CHECK_FALSE(m.probeLinks);

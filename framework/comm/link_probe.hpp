@@ -15,11 +15,15 @@
 // Contract
 // - hostNames() and probeHostLinks() are collectives: every rank of the
 //   group calls them, in the same order among its other collectives.
-// - probeHostLinks() sends only between leaders (point-to-point, tags
-//   kProbeTag and kProbeTag + 1), then one small allreduce that gives every
-//   rank the same figures, so every rank reaches the same verdict.
-// - A group on one host (or of one rank) probes nothing: edges is empty.
-// - Errors are the group's (a timeout names the rank that did not answer).
+// - probeHostLinks() runs a barrier (the leaders start together), sends
+//   only between leaders (point-to-point, tags kProbeTag and kProbeTag +
+//   1), then one small allreduce that gives every rank the same figures, so
+//   every rank reaches the same verdict.
+// - A group on one host (or of one rank) probes nothing: edgeSeconds is
+//   empty. So does an NCCL group, whose point-to-point has no tags.
+// - A failure is the group's error (a timeout names the rank waited for),
+//   or, as a backstop 5 s past the timeout, one naming the rank that did
+//   not send or acknowledge.
 #pragma once
 
 #include <cstdint>
@@ -56,9 +60,10 @@ constexpr int kProbeTag = 0x6c6b;  // "lk"
 // Every rank's host name (gethostname), gathered: one allgather.
 std::vector<std::string> hostNames(ProcessGroup& group);
 
-// Times each edge of the ring of hosts (see above). `hostOfRank` from
-// hostNames(). `timeout` bounds every operation (0: the group's).
+// Times each edge of the ring of hosts (see above), after a barrier, the
+// fastest of `rounds`. `hostOfRank` from hostNames(). `timeout` bounds
+// every operation (0: the group's).
 HostLinks probeHostLinks(ProcessGroup& group, const std::vector<std::string>& hostOfRank, int64_t bytes,
-                         Milliseconds timeout = kUseGroupTimeout);
+                         Milliseconds timeout = kUseGroupTimeout, int rounds = 1);
 
 }  // namespace ddp

@@ -58,12 +58,6 @@ struct Trainer::Impl {
   int64_t consumed = 0;
   int64_t epoch = 0;                    // the epoch being trained (0-based)
   int recoveries = 0;
-  // A collective that timed out with every member alive (the same
-  // membership again): the new group probes the hosts' links first
-  // (formGroup), and such failures in a row at one step are counted.
-  bool probeLinks = false;
-  int timeoutsAtStep = 0;
-  int64_t timeoutStep = -1;
   // While an elastic run has no strategy (between a lost rank and the new
   // group): the optimizer it handed back, for a checkpoint.
   torch::optim::Optimizer* releasedOptimizer = nullptr;

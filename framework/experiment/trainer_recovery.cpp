@@ -87,15 +87,10 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
   std::string failure = broken ? why : std::string();
   for (int attempt = 1;; ++attempt) {
     try {
-      s.membership = s.rendezvous->next(s.membership, s.steps, timedOut(failure));
       // Everyone came back, one after a timeout: nobody is gone, someone is
-      // slow. (The coordinator's decision, so every member probes, or none;
-      // counted at the agreed step.)
-      if (s.membership.probeLinks) {
-        s.timeoutsAtStep = s.timeoutStep == s.membership.sourceSteps ? s.timeoutsAtStep + 1 : 1;
-        s.timeoutStep = s.membership.sourceSteps;
-        s.probeLinks = true;
-      }
+      // slow. The coordinator decides (membership.probeLinks), so every
+      // member probes in formGroup, or none.
+      s.membership = s.rendezvous->next(s.membership, s.steps, timedOut(failure));
       // For the tests: DDP_FAULT_RECOVERY=ID kills rank id ID once its
       // first new membership is decided, before the group forms: a failure
       // during the recovery itself; "ID:host" kills its whole host then
@@ -134,7 +129,6 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
       logInfo("elastic: generation {} failed while forming ({}); trying the next", s.membership.generation,
               errorLine(e));
       failure = errorLine(e);
-      s.probeLinks = false;
       retire(std::move(s.group));
     }
   }
@@ -207,10 +201,7 @@ void Trainer::formGroup(torch::optim::Optimizer& optimizer) {
   s.rendezvous->awaitMembers(s.membership);
   s.group = dist_.backends->create(dist_.backend, s.rendezvous->groupStore(s.membership.generation),
                                    s.membership.rankOf(s.rendezvous->id()), s.membership.world(), dist_.groupOptions);
-  if (s.probeLinks) {
-    s.probeLinks = false;
-    leaveOutSlowHost(optimizer);
-  }
+  if (s.membership.probeLinks) leaveOutSlowHost(optimizer);
   syncState(optimizer);
 }
 
@@ -222,25 +213,41 @@ void Trainer::formGroup(torch::optim::Optimizer& optimizer) {
 void Trainer::leaveOutSlowHost(torch::optim::Optimizer& optimizer) {
   Impl& s = *impl_;
   const double timeoutS = std::chrono::duration<double>(dist_.groupOptions.timeout).count();
-  const HostLinks links = probeHostLinks(group(), hostNames(group()), kRecoveryProbeBytes);
-  const int slow = links.slowHost();
+  // Two rounds, the fastest of each edge: one look decides for good here.
+  const HostLinks links = probeHostLinks(group(), hostNames(group()), kRecoveryProbeBytes, kUseGroupTimeout, 2);
+  int slow = links.slowHost();
+  std::vector<int> ids;
+  if (slow >= 0) {
+    for (int r : links.ranksOf(slow)) ids.push_back(s.membership.ids.at(static_cast<size_t>(r)));
+    // Rank id 0 serving the job's store (srun, mpirun: no launcher above
+    // it, no etcd): leaving it out would end the job for everyone.
+    if (dist_.storeServedByRank0 && std::find(ids.begin(), ids.end(), 0) != ids.end()) {
+      logWarn("elastic: the probe found {}, but rank id 0 there serves the job's store: it stays",
+              links.describeSlow(slow));
+      slow = -1;
+    }
+  }
   if (slow >= 0) {
     const std::vector<int> ranks = links.ranksOf(slow);
-    std::vector<int> ids;
-    for (int r : ranks) ids.push_back(s.membership.ids.at(static_cast<size_t>(r)));
     const std::string what = fmt::format(
         "a collective of step {} took longer than distributed.timeout_s ({} s) with every rank alive, and the probe "
         "of the links between hosts found {}",
         s.membership.sourceSteps + 1, timeoutS, links.describeSlow(slow));
     if (std::find(ranks.begin(), ranks.end(), rank()) != ranks.end()) {
-      fail<ElasticExcluded>("elastic: rank id {} is left out: {}. HINT: a larger distributed.timeout_s keeps a slow "
+      fail<ElasticSlowHost>("elastic: rank id {} is left out: {}. HINT: a larger distributed.timeout_s keeps a slow "
                             "host in the job",
                             s.rendezvous->id(), what);
     }
-    s.log->line(fmt::format("elastic: leaving out rank id(s) {}: {}", idsText(ids), what));
+    // On every survivor's console (train.log's writer may be on the slow
+    // host; the next generation's writer then says why in its line).
+    if (isWriter()) {
+      s.log->line(fmt::format("elastic: leaving out rank id(s) {}: {}", idsText(ids), what));
+    } else {
+      logWarn("elastic: leaving out rank id(s) {}: {}", idsText(ids), what);
+    }
     fail<CollectiveError>("rank id(s) {} left out for a slow link", idsText(ids));
   }
-  if (s.timeoutsAtStep < kMaxTimeoutsAtStep) return;
+  if (s.membership.timeoutsAtStep < kMaxTimeoutsAtStep) return;
   // Stop, as below --min-ranks: the member with the furthest state saves it.
   std::string saved;
   if (s.rendezvous->id() == s.membership.sourceId) {
@@ -254,7 +261,7 @@ void Trainer::leaveOutSlowHost(torch::optim::Optimizer& optimizer) {
       "elastic: a collective of step {} timed out {} times in a row with every rank alive (ids {}), and no host's "
       "link stood out ({}){}. HINT: --resume with a larger distributed.timeout_s (now {} s), or look for a rank that "
       "is slow to compute",
-      s.membership.sourceSteps + 1, s.timeoutsAtStep, idsText(s.membership.ids),
+      s.membership.sourceSteps + 1, s.membership.timeoutsAtStep, idsText(s.membership.ids),
       links.hostCount() < 2 ? std::string("all ranks on one host")
                             : links.hostCount() == 2 ? std::string("2 hosts: the one link between them cannot be "
                                                                    "blamed on either")
@@ -264,6 +271,7 @@ void Trainer::leaveOutSlowHost(torch::optim::Optimizer& optimizer) {
     s.log->setEnabled(true);
     s.log->line(message);
   }
+  s.rendezvous->finish();  // a joiner that waits is told at once: nothing to rejoin
   throw ElasticStalled(message);
 }
 

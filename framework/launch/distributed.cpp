@@ -78,7 +78,8 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
     // ddp-run --min-ranks serves the store from the launcher, which
     // outlives any rank (DDP_STORE_SERVED=1).
     const char* served = std::getenv("DDP_STORE_SERVED");
-    so.isServer = env.rank == 0 && !(served != nullptr && std::string(served) == "1");
+    ctx.storeServedByRank0 = !(served != nullptr && std::string(served) == "1");
+    so.isServer = env.rank == 0 && ctx.storeServedByRank0;
     so.token = storeTokenFromEnvironment();
     so.tokenFromEnvironment = false;  // read just now, the file included
     warnWithoutToken(env, so.token);

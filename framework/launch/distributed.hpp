@@ -24,6 +24,10 @@ struct DistributedContext {
   std::shared_ptr<Store> store;
   ProcessGroupPtr group;  // null for a process that joins a running job (elastic)
   int ranksOnHost = 1;  // ranks of the job on this host (all launchers), this one included
+  // The job's store is the TCP store that rank 0 serves in its own process
+  // (no ddp-run launcher above the ranks, no etcd, no torchrun agent store):
+  // losing rank 0 ends the job.
+  bool storeServedByRank0 = false;
   // What another group of this job is made with (elastic recovery).
   const BackendRegistry* backends = nullptr;
   std::string backend;

@@ -51,6 +51,7 @@ std::string encodeMembership(const ElasticMembership& m) {
   j["source_steps"] = m.sourceSteps;
   j["below_minimum"] = m.belowMinimum;
   j["probe_links"] = m.probeLinks;
+  j["timeouts_at_step"] = m.timeoutsAtStep;
   return j.dump();
 }
 
@@ -64,6 +65,7 @@ ElasticMembership decodeMembership(const std::string& text) {
   m.sourceSteps = j["source_steps"];
   m.belowMinimum = j["below_minimum"];
   m.probeLinks = j.value("probe_links", false);
+  m.timeoutsAtStep = j.value("timeouts_at_step", 0);
   return m;
 }
 
@@ -304,6 +306,10 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
                  std::any_of(previous.ids.begin(), previous.ids.end(), [&](int id) {
                    return store_->check({genKey(generation, fmt::format("timedout/{}", id))});
                  });
+  if (m.probeLinks) {
+    m.timeoutsAtStep =
+        previous.probeLinks && previous.sourceSteps == m.sourceSteps ? previous.timeoutsAtStep + 1 : 1;
+  }
   store_->setString(genKey(generation, "members"), encodeMembership(m));
   for (int id : joiners) store_->setString(admittedKey(id), std::to_string(generation));
   store_->setString("elastic/generation", std::to_string(generation));

@@ -89,10 +89,23 @@ namespace ddp {
 constexpr int kExitExcluded = 75;
 // The job went below --min-ranks: the survivors saved a checkpoint and exit with this.
 constexpr int kExitBelowMinRanks = 4;
+// Collectives kept timing out with every rank alive (ElasticStalled): a
+// checkpoint was saved, every rank exits with this; none restarts.
+constexpr int kExitStalled = 5;
+// Left out because its host's link was found too slow (ElasticSlowHost):
+// the launcher does not start it again into the same link.
+constexpr int kExitSlowHost = 76;
 
 class ElasticExcluded : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Left out because its host's link is the slow one (a collective timed out
+// with every rank alive, and the probe of the links found it).
+class ElasticSlowHost : public ElasticExcluded {
+ public:
+  using ElasticExcluded::ElasticExcluded;
 };
 
 // The membership fell below the minimum: the job stops (after the member
@@ -123,6 +136,9 @@ struct ElasticMembership {
   // slow. The members probe the links between hosts before anything else
   // (the trainer's recovery), all of them, as all read this decision.
   bool probeLinks = false;
+  // With probeLinks: how many generations in a row have probed at this
+  // sourceSteps (1 for the first); the trainer stops at 3.
+  int timeoutsAtStep = 0;
   int rankOf(int id) const;  // -1 when id is not a member
   int world() const { return static_cast<int>(ids.size()); }
 };

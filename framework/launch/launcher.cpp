@@ -260,6 +260,7 @@ int causeRank(const std::vector<RankProcess>& procs, const std::vector<int>& fai
 AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& token, StopSignals& signals) {
   int elasticRestarts = 0;  // ranks started again to rejoin
   int belowMinimum = -1;    // a rank that ended with kExitBelowMinRanks
+  bool stalled = false;     // a rank ended with kExitStalled
   std::vector<RankProcess> procs(o.nprocPerNode);
   struct CloseLogs {
     std::vector<RankProcess>& procs;
@@ -379,6 +380,10 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
           if (belowMinimum < 0) belowMinimum = p.rank - o.nodeRank * o.nprocPerNode;
           continue;
         }
+        if (o.minRanks > 0 && failed && code == kExitStalled) {
+          stalled = true;  // every rank stops so; none restarts
+          continue;
+        }
         if (o.minRanks > 0 && failed && stopSignal == 0 && !stopping && code != 2 && code != 3) {
           // Elastic: the others carry on without it; it may come back.
           // A store that is gone too (node 0's host, with a TCPStore)
@@ -402,13 +407,16 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
           } catch (const StoreError&) {
             over = true;  // no store, no rejoin
           }
-          const bool again = attempt + elasticRestarts < o.maxRestarts && !over;
+          // Left out for its host's slow link: started again, it would meet the same link.
+          const bool slowHost = code == kExitSlowHost;
+          const bool again = attempt + elasticRestarts < o.maxRestarts && !over && !slowHost;
           std::cerr << fmt::format("ddp-run: rank {} (pid {}) {}; the others carry on{}\n", p.rank, p.pid,
                                    describeExitStatus(status),
                                    again ? fmt::format(", and it restarts to rejoin (restart {} of {})",
                                                        attempt + elasticRestarts + 1, o.maxRestarts)
-                                   : over ? std::string(" to the end of their training; it does not restart")
-                                          : "")
+                                   : over     ? std::string(" to the end of their training; it does not restart")
+                                   : slowHost ? std::string("; its host's link is too slow: it does not restart")
+                                              : "")
                     << std::flush;
           if (again) {
             ++elasticRestarts;
@@ -487,6 +495,12 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
     }
     std::cerr << line << std::endl;
     return {128 + stopSignal, stopSignal};
+  }
+  if (stalled && firstFailure < 0) {
+    std::cerr << "ddp-run: the job stopped: a collective kept timing out with every rank alive; the rank with the "
+                 "state saved a checkpoint (--resume with a larger distributed.timeout_s continues from it)"
+              << std::endl;
+    return {kExitStalled, 0};
   }
   if (belowMinimum >= 0 && firstFailure < 0) {
     std::cerr << fmt::format("ddp-run: the job went below --min-ranks {}; the survivors saved a checkpoint (--resume "

@@ -407,11 +407,12 @@ done
 out3=$work/run-etcd
 job3=$(env "$mark" DDP_RUN="$ddp_run" DDP_FAULT_INJECT=0@9 timeout 30 sbatch --parsable -N 2 --ntasks-per-node=1 \
   --gpus-per-node=0 -t 00:05:00 -p debug -o "$work/job-%j.out" "$template" "$experiment" --out "$out3" --min-ranks 1 \
-  --rdzv-backend etcd --rdzv-endpoint "127.0.0.1:$etcd_client" --rdzv-id "slurm-etcd-$$" \
+  --rdzv-backend etcd --rdzv-endpoint "127.0.0.1:$etcd_client" \
   --set training.log_every=1 --set distributed.timeout_s=10) || fail "sbatch (etcd) failed"
 job3=${job3%%;*}
 job_id=$job3
 echo "sbatch: job $job3 (--min-ranks 1, the store on etcd at 127.0.0.1:$etcd_client, rank 0 killed after step 9)"
+# (No --rdzv-id: under SLURM it defaults to slurm-$SLURM_JOB_ID.)
 wait_job "$job3"
 joblog3=$work/job-$job3.out
 echo "job $job3: $state, exit code $(grep -o ' ExitCode=[0-9:]*' <<<"$info" | cut -d= -f2)"
@@ -420,5 +421,7 @@ grep -q "elastic: generation 1: lost rank id(s) 0" "$out3/train.log" ||
   fail "job $job3: rank 1 did not recover from losing rank 0 in place"
 grep -q "done: .* steps" "$joblog3" || fail "job $job3: rank 1 did not finish its training"
 check_elastic_records "$out3"
+ETCDCTL_API=3 timeout 10 etcdctl --endpoints "127.0.0.1:$etcd_client" get --prefix --keys-only "/ddp/slurm-$job3/" |
+  grep -q "^/ddp/slurm-$job3/" || fail "job $job3: no keys under /ddp/slurm-$job3/ in etcd (the default --rdzv-id)"
 passed=1
 echo "PASSED: sbatch ran the wine DDP experiment on 2 SLURM nodes, then with a task killed (TCP store; etcd store and rank 0 killed), in $SECONDS s"

@@ -16,14 +16,15 @@
 //   train.log names the slowest rank when its compute took over 10% (and
 //   0.5 s over the run) more than the fastest's. (After an elastic
 //   run's change of membership, the report covers the new group's epochs.)
-// - Slow host links (ranks on 2 hosts or more): at each epoch end the
-//   links between hosts are probed (comm/link_probe.hpp: 64 KiB from each
-//   host's first rank to the next host's); each epoch's record has
-//   link_E_mbit_s for host E to host E + 1 (hosts in the order of their
-//   first rank). At the end, a `straggler: host H (ranks ...)` line names
-//   a host both of whose links took, at their median, 4x the fastest
-//   link's time (3 hosts or more: with 2 there is one link, and no one to
-//   blame). One rank's host names are gathered once per group.
+// - Slow host links (ranks on 2 hosts or more, not NCCL): at the end of a
+//   group's first 3 epochs, then of every 5th, the links between hosts are
+//   probed (comm/link_probe.hpp: 256 KiB from each host's first rank to
+//   the next host's); that epoch's record has link_E_mbit_s for host E to
+//   host E + 1 (hosts in the order of their first rank). At the end, a
+//   `straggler: host H (ranks ...)` line names a host both of whose links
+//   took, at their median, 4x the fastest link's time (3 hosts or more:
+//   with 2 there is one link, and no one to blame). Every rank's host
+//   name is gathered once per group (elastic generation).
 // - It runs its collectives at each epoch end (a small allreduce; the
 //   probe's sends and one allreduce), so every rank adds it, in the same
 //   place among the callbacks.
@@ -54,7 +55,7 @@ class StepMetrics : public TrainerCallback {
   void onTrainEnd(Trainer& trainer) override;
 
  private:
-  static constexpr int64_t kLinkProbeBytes = 64 * 1024;
+  static constexpr int64_t kLinkProbeBytes = 256 * 1024;
   void probeLinks(Trainer& trainer, EpochEnd& end);
   void reportSlowHost(Trainer& trainer);
   using Clock = std::chrono::steady_clock;
@@ -70,6 +71,7 @@ class StepMetrics : public TrainerCallback {
   int64_t generation_ = -1;  // the group (elastic generation) whose host names hostOfRank_ holds
   std::vector<std::string> hostOfRank_;
   std::vector<std::vector<double>> edgeSeconds_;  // per epoch probed, per edge
+  int64_t epochsInGroup_ = 0;                     // epoch ends seen by the present group
   std::shared_ptr<TensorBoardLog> tensorboard_;
 };
 
