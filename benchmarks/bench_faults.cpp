@@ -28,8 +28,9 @@
 //               wait for the joiner after step --at-step + 10,
 //               DDP_FAULT_AWAIT_JOIN, so that the job is still running when
 //               it comes, however slowly it starts.)
-//   slow        the host's link drops to --slow-link (10 Mbit/s) at step
-//               --at-step and stays there; the job's collectives still fit
+//   slow        the host's link is at --slow-link (10 Mbit/s) from the
+//               job's start (not at --at-step: on a busy machine this loop
+//               falls behind the job's short epochs); its collectives still fit
 //               distributed.timeout_s: it must keep the host, end at the
 //               full world, and name the host and its ranks in the
 //               straggler report (the links are probed at each epoch end);
@@ -270,6 +271,10 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
   // On 2 hosts, slow-timeout stops the job: nobody survives it, or is its victim.
   if (fault == "slow-timeout" && layout.hosts >= 3) job.victims = {last};
   const std::string id = fmt::format("faults-{}-{}-{}", fault, ::getpid(), static_cast<long long>(wallNow()));
+  if (fault == "slow") {
+    cluster.reshape(last, linkProfile(o.slowLink));
+    job.faultTime = wallNow();
+  }
   std::vector<SpawnOptions> specs;
   std::vector<std::vector<std::string>> launchers;  // each host's command, before its wrapping
   for (int h = 0; h < layout.hosts; ++h) {
@@ -319,7 +324,9 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
   job.exitCodes.assign(layout.hosts, -1);
   const auto deadline = Clock::now() + std::chrono::seconds(o.timeLimitS);
   const std::string stepsPath = job.dir + "/steps.jsonl";
-  bool injected = fault == "none" || fault == "collective";
+  // slow: from the start (step --at-step would come late on a busy machine,
+  // where this loop runs behind the job's short epochs).
+  bool injected = fault == "none" || fault == "collective" || fault == "slow";
   bool linkDown = false;
   Clock::time_point linkUpAt;
   int remaining = layout.hosts;
@@ -489,6 +496,16 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
   r["reported_s"] = nullptr;
   if (!line.empty()) r["reported_s"] = std::atof(line.c_str() + line.find("recovered in ") + 13);
   const bool slowFault = job.fault == "slow" || job.fault == "slow-timeout";
+  if (job.fault == "none") {
+    std::vector<double> all;
+    for (const json& s : steps) {
+      if (s.value("step_ms", json()).is_number()) all.push_back(s["step_ms"].get<double>());
+    }
+    if (!all.empty()) {
+      std::nth_element(all.begin(), all.begin() + all.size() / 2, all.end());
+      r["step_ms_median"] = all[all.size() / 2];
+    }
+  }
   if (slowFault) {
     // Step times at the full world, before and after the link slowed (medians).
     std::vector<double> before, after;
@@ -502,7 +519,8 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
       return v[v.size() / 2];
     };
     r["slow_link"] = o.slowLink;
-    r["step_ms_before"] = median(before);
+    // slow is slow from the start: "before" is the unfailed run's.
+    r["step_ms_before"] = job.fault == "slow" ? reference.value("step_ms_median", json()) : median(before);
     r["step_ms_slowed"] = median(after);
     r["straggler_line"] = lastLineWith(readText(job.dir + "/train.log"), "straggler: host");
   }

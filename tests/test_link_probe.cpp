@@ -45,8 +45,10 @@ TEST_CASE("link probe: the host both of whose links are slow is blamed, and no o
   // All alike: nobody stands out.
   CHECK(linksOf(three, {0.05, 0.05, 0.05}).slowHost() == -1);
   CHECK(linksOf(three, {0.001, 0.0011, 0.0012}).slowHost() == -1);
-  // 5x the fastest, but under 2 ms more: the jitter of a busy machine.
+  // 5x the fastest, but under 10 ms more: the jitter of a busy machine.
   CHECK(linksOf(three, {0.0001, 0.0005, 0.0005}).slowHost() == -1);
+  CHECK(linksOf(three, {0.002, 0.011, 0.011}).slowHost() == -1);
+  CHECK(linksOf(three, {0.002, 0.0125, 0.0125}).slowHost() == 2);
   // Just past the factor, and just under it.
   CHECK(linksOf(three, {0.01, 0.041, 0.041}).slowHost() == 2);
   CHECK(linksOf(three, {0.01, 0.039, 0.041}).slowHost() == -1);

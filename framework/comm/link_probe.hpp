@@ -49,8 +49,10 @@ struct HostLinks {
   double mbitPerSecond(int e) const;
   // The host both of whose edges took `factor` times the fastest edge's
   // time and `minExtraSeconds` more, when exactly one host is so; -1 when
-  // none (or fewer than 3 hosts: two hosts share their only link).
-  int slowHost(double factor = 4, double minExtraSeconds = 0.002) const;
+  // none (or fewer than 3 hosts: two hosts share their only link). (10 ms:
+  // a leader descheduled on a busy machine delays both edges of its host
+  // too, by a scheduler's slice; 256 KiB cross a 100 Mbit/s link in 21 ms.)
+  int slowHost(double factor = 4, double minExtraSeconds = 0.010) const;
   // "host h2 (ranks 2,3): its links moved 64 KiB at 9.8 and 9.6 Mbit/s, 61x slower than the fastest (h0 -> h1, 601 Mbit/s)"
   std::string describeSlow(int h) const;
 };

@@ -154,8 +154,11 @@ void StepMetrics::onTrainEnd(Trainer& trainer) {
       slowest - runCompute_.begin(), *slowest, *slowest / *fastest, fastest - runCompute_.begin(), *fastest));
 }
 
-// A host whose links were slow: from each edge's median over the epochs
-// probed by the present group.
+// A host whose links were slow: named when it is the slow host
+// (HostLinks::slowHost) in at least 2 probes and a quarter of them, with
+// the median of its links over those probes. One probe alone may catch a
+// busy machine's leader descheduled; a link that slowed late in the run
+// is still named.
 void StepMetrics::reportSlowHost(Trainer& trainer) {
   if (edgeSeconds_.empty()) return;
   HostLinks links;
@@ -167,17 +170,29 @@ void StepMetrics::reportSlowHost(Trainer& trainer) {
     }
   }
   links.bytes = kLinkProbeBytes;
+  std::vector<int> slowIn(links.hosts.size(), 0);
+  std::vector<int> verdicts;
+  for (const auto& epoch : edgeSeconds_) {
+    links.edgeSeconds = epoch;
+    verdicts.push_back(links.slowHost());
+    if (verdicts.back() >= 0) ++slowIn[static_cast<size_t>(verdicts.back())];
+  }
+  const int slow = static_cast<int>(std::max_element(slowIn.begin(), slowIn.end()) - slowIn.begin());
+  const int count = slowIn[static_cast<size_t>(slow)];
+  const int probes = static_cast<int>(edgeSeconds_.size());
+  if (count < 2 || 4 * count < probes) return;
+  links.edgeSeconds.clear();
   for (size_t e = 0; e < links.hosts.size(); ++e) {
     std::vector<double> times;
-    for (const auto& epoch : edgeSeconds_) times.push_back(epoch.at(e));
+    for (size_t p = 0; p < edgeSeconds_.size(); ++p) {
+      if (verdicts[p] == slow) times.push_back(edgeSeconds_[p].at(e));
+    }
     std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
     links.edgeSeconds.push_back(times[times.size() / 2]);
   }
-  const int slow = links.slowHost();
-  if (slow < 0) return;
-  trainer.log().line(fmt::format("straggler: {}; the others waited for it (link_E_mbit_s in metrics.jsonl: host E "
-                                 "to host E + 1, over {} epoch(s))",
-                                 links.describeSlow(slow), edgeSeconds_.size()));
+  trainer.log().line(fmt::format("straggler: {}; slow in {} of {} probes of the links; the others waited for it "
+                                 "(link_E_mbit_s in metrics.jsonl: host E to host E + 1)",
+                                 links.describeSlow(slow), count, probes));
 }
 
 }  // namespace ddp

@@ -22,9 +22,10 @@
 //   the next host's); that epoch's record has link_E_mbit_s for host E to
 //   host E + 1 (hosts in the order of their first rank). At the end, a
 //   `straggler: host H (ranks ...)` line names a host both of whose links
-//   took, at their median, 4x the fastest link's time (3 hosts or more:
-//   with 2 there is one link, and no one to blame). Every rank's host
-//   name is gathered once per group (elastic generation).
+//   took 4x the fastest link's time and 10 ms more, in at least 2 probes
+//   and a quarter of them (3 hosts or more: with 2 there is one link, and
+//   no one to blame). Every rank's host name is gathered once per group
+//   (elastic generation).
 // - It runs its collectives at each epoch end (a small allreduce; the
 //   probe's sends and one allreduce), so every rank adds it, in the same
 //   place among the callbacks.
