@@ -126,7 +126,12 @@ void Trainer::build() {
     ElasticOptions eo;
     eo.minRanks = options_.minRanks;
     eo.maxId = dist_.env.worldSize;
-    eo.settle = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
+    // A member still beating is waited for the timeout and a quarter more
+    // (2 s at least): one that got through a collective the others failed
+    // fails its next one up to a whole timeout later, then arrives (on a
+    // busy machine, not at once). A hung one is left out after that.
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
+    eo.settle = timeout + std::max<std::chrono::milliseconds>(std::chrono::seconds(2), timeout / 4);
     eo.decisionTimeout = eo.settle * 2;
     s.rendezvous = std::make_unique<ElasticRendezvous>(dist_.store, dist_.env.rank, eo);
   }
