@@ -106,7 +106,7 @@ PY
 # Two hosts: the probe cannot tell whose link it is; after 3 timeouts at
 # one step the job stops, with a checkpoint, instead of looping.
 rc=0
-timeout -k 5 120 "$bench" faults --hosts 2x1 --faults slow-timeout --timeout-s 1 --epochs 8 --at-step 3 \
+timeout -k 5 120 "$bench" faults --hosts 2x1 --faults slow-timeout --timeout-s 2 --epochs 8 --at-step 3 \
   --time-limit 60 --json "$work/stops.json" > "$work/stops.log" 2>&1 || rc=$?
 cat "$work/stops.log"
 [ "$rc" = 0 ] || fail "ddp-bench faults --hosts 2x1 --faults slow-timeout exited $rc"
