@@ -9,8 +9,9 @@
 // last hosts):
 //   host        every process of the host SIGKILLed (ddp-bench kills the
 //               namespace) once step --at-step is recorded: a power loss
-//               (steps take 20 ms here, as for link, DDP_FAULT_SLOW: on a
-//               busy machine this loop may act seconds after the record);
+//               (steps take 20 ms here, as for link and recovery,
+//               DDP_FAULT_SLOW: on a busy machine this loop may act seconds
+//               after the record);
 //   collective  the host's first rank waits 300 ms after step --at-step,
 //               then kills its whole host (DDP_FAULT_INJECT
 //               R@S:delay=300:host): the others are inside step S+1's
@@ -315,7 +316,7 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
     if (fault == "replace") {
       env["DDP_FAULT_SLOW"] = "0:30";
       env["DDP_FAULT_AWAIT_JOIN"] = std::to_string(o.atStep + 10);
-    } else if (fault == "host" || fault == "link") {
+    } else if (fault == "host" || fault == "link" || fault == "recovery") {
       // Steps of 20 ms at least: ddp-bench acts on the step's record, and
       // on a busy machine its loop may fall seconds behind the job.
       env["DDP_FAULT_SLOW"] = "0:20";
