@@ -68,6 +68,25 @@ void StepMetrics::onStepEnd(Trainer& trainer, const StepEnd& step) {
   ++stepsSinceRecord_;
   samplesSinceRecord_ += tc.batchSize * tc.accumulateGradBatches * trainer.worldSize();
   waitSinceRecord_ += waited;
+  // An elastic recovery may hand this rank the state of a member that got
+  // a step further (it completed a step this rank did not): that step was
+  // done once, but not here. Its record says so, without this rank's figures.
+  const int64_t previous = lastStep_;
+  lastStep_ = step.steps;
+  if (trainer.isWriter() && previous >= 0) {
+    for (int64_t skipped = previous + 1; skipped < step.steps; ++skipped) {
+      if (skipped % every_ != 0) continue;
+      nlohmann::ordered_json record;
+      record["step"] = skipped;
+      record["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      record["epoch"] = step.epoch + 1;
+      record["world_size"] = trainer.worldSize();
+      record["loss"] = nullptr;
+      record["from_state"] = "taken in an elastic recovery from the member that had done it";
+      if (!file_.isOpen()) file_.open(path_, /*truncate=*/false);
+      file_.append(record.dump() + "\n");
+    }
+  }
   if (!trainer.isWriter() || step.steps % every_ != 0) return;
   const double elapsed = std::chrono::duration<double>(now - recordStart_).count();
   nlohmann::ordered_json record;
