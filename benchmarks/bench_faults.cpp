@@ -503,15 +503,17 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
   r["reported_s"] = nullptr;
   if (!line.empty()) r["reported_s"] = std::atof(line.c_str() + line.find("recovered in ") + 13);
   const bool slowFault = job.fault == "slow" || job.fault == "slow-timeout";
+  auto median = [](std::vector<double> v) -> json {
+    if (v.empty()) return nullptr;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
   if (job.fault == "none") {
     std::vector<double> all;
     for (const json& s : steps) {
       if (s.value("step_ms", json()).is_number()) all.push_back(s["step_ms"].get<double>());
     }
-    if (!all.empty()) {
-      std::nth_element(all.begin(), all.begin() + all.size() / 2, all.end());
-      r["step_ms_median"] = all[all.size() / 2];
-    }
+    if (!all.empty()) r["step_ms_median"] = median(all);
   }
   if (slowFault) {
     // Step times at the full world, before and after the link slowed (medians).
@@ -520,11 +522,6 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
       if (!s.value("step_ms", json()).is_number() || s.value("world_size", 0) != layout.worldSize()) continue;
       (s.at("time").get<double>() < job.faultTime ? before : after).push_back(s["step_ms"].get<double>());
     }
-    auto median = [](std::vector<double> v) -> json {
-      if (v.empty()) return nullptr;
-      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-      return v[v.size() / 2];
-    };
     r["slow_link"] = o.slowLink;
     // slow is slow from the start: "before" is the unfailed run's.
     r["step_ms_before"] = job.fault == "slow" ? reference.value("step_ms_median", json()) : median(before);

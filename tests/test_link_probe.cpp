@@ -19,16 +19,8 @@ using Catch::Contains;
 namespace {
 
 HostLinks linksOf(std::vector<std::string> hostOfRank, std::vector<double> edges) {
-  HostLinks links;
-  links.hostOfRank = std::move(hostOfRank);
-  for (size_t r = 0; r < links.hostOfRank.size(); ++r) {
-    if (std::find(links.hosts.begin(), links.hosts.end(), links.hostOfRank[r]) == links.hosts.end()) {
-      links.hosts.push_back(links.hostOfRank[r]);
-      links.leaders.push_back(static_cast<int>(r));
-    }
-  }
+  HostLinks links = HostLinks::grouped(std::move(hostOfRank), 64 * 1024);
   links.edgeSeconds = std::move(edges);
-  links.bytes = 64 * 1024;
   return links;
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 namespace ddp {
 namespace {
@@ -29,6 +30,19 @@ std::string bytesText(int64_t bytes) {
 }
 
 }  // namespace
+
+HostLinks HostLinks::grouped(std::vector<std::string> hostOfRank, int64_t bytes) {
+  HostLinks links;
+  links.hostOfRank = std::move(hostOfRank);
+  links.bytes = bytes;
+  for (size_t r = 0; r < links.hostOfRank.size(); ++r) {
+    if (std::find(links.hosts.begin(), links.hosts.end(), links.hostOfRank[r]) == links.hosts.end()) {
+      links.hosts.push_back(links.hostOfRank[r]);
+      links.leaders.push_back(static_cast<int>(r));
+    }
+  }
+  return links;
+}
 
 std::vector<int> HostLinks::ranksOf(int h) const {
   std::vector<int> ranks;
@@ -92,15 +106,7 @@ std::vector<std::string> hostNames(ProcessGroup& group) {
 
 HostLinks probeHostLinks(ProcessGroup& group, const std::vector<std::string>& hostOfRank, int64_t bytes,
                          Milliseconds timeout, int rounds) {
-  HostLinks links;
-  links.hostOfRank = hostOfRank;
-  links.bytes = bytes;
-  for (size_t r = 0; r < hostOfRank.size(); ++r) {
-    if (std::find(links.hosts.begin(), links.hosts.end(), hostOfRank[r]) == links.hosts.end()) {
-      links.hosts.push_back(hostOfRank[r]);
-      links.leaders.push_back(static_cast<int>(r));
-    }
-  }
+  HostLinks links = HostLinks::grouped(hostOfRank, bytes);
   const int n = links.hostCount();
   // NCCL has no tagged point-to-point: nothing is probed there (the same
   // on every rank: one backend).

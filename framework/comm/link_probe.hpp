@@ -42,6 +42,9 @@ struct HostLinks {
   std::vector<double> edgeSeconds;
   int64_t bytes = 0;
 
+  // hostOfRank grouped: hosts and leaders filled, no edge measured yet.
+  static HostLinks grouped(std::vector<std::string> hostOfRank, int64_t bytes);
+
   int hostCount() const { return static_cast<int>(hosts.size()); }
   // The ranks of hosts[h].
   std::vector<int> ranksOf(int h) const;

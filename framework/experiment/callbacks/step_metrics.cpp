@@ -180,15 +180,7 @@ void StepMetrics::onTrainEnd(Trainer& trainer) {
 // is still named.
 void StepMetrics::reportSlowHost(Trainer& trainer) {
   if (edgeSeconds_.empty()) return;
-  HostLinks links;
-  links.hostOfRank = hostOfRank_;
-  for (size_t r = 0; r < hostOfRank_.size(); ++r) {
-    if (std::find(links.hosts.begin(), links.hosts.end(), hostOfRank_[r]) == links.hosts.end()) {
-      links.hosts.push_back(hostOfRank_[r]);
-      links.leaders.push_back(static_cast<int>(r));
-    }
-  }
-  links.bytes = kLinkProbeBytes;
+  HostLinks links = HostLinks::grouped(hostOfRank_, kLinkProbeBytes);
   std::vector<int> slowIn(links.hosts.size(), 0);
   std::vector<int> verdicts;
   for (const auto& epoch : edgeSeconds_) {
