@@ -59,6 +59,16 @@
 // decided_by (heartbeat, death or settle: what let the survivors go on
 // without the victims, from their log) and rejoined_s (replace: from the replacement's start to the first step at
 // the full world again). Exit status 1 if a check failed.
+//
+// --restarts N: host, collective and link (--restart-faults) run once more each under
+// ddp-run --max-restarts N instead of --min-ranks (a checkpoint each
+// epoch), the way torchrun's users recover: every rank stops and starts
+// again from the newest checkpoint, and the job needs every host back. Their
+// records have recovery "restart" (the others "in-place"), recovered_s up
+// to the first step a restarted rank completed, steps_lost (the steps done
+// again since that checkpoint), restarts (the most recorded) and outcome:
+// "recovered", or "ended" (a host gone for good; ended_s: from the fault to
+// the last launcher's exit). Measured, not checked.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -103,6 +113,8 @@ struct Options {
   double timeoutS = 5;
   double tolerance = 0.05;
   int timeLimitS = 300;
+  int restarts = 0;  // > 0: restartFaults also under ddp-run --max-restarts, for comparison
+  std::vector<std::string> restartFaults = {"host", "collective", "link"};
   std::string jsonPath;
   std::string keepDir;  // the jobs' run folders and logs go here, and stay
 };
@@ -221,12 +233,14 @@ class ServiceEtcd {
 
 struct Job {
   std::string fault;
+  bool restart = false;  // under --max-restarts (no --min-ranks): every rank restarts from the newest checkpoint
   std::string dir;
   std::vector<pid_t> pids;
   std::vector<int> exitCodes;
   std::set<int> victims;  // hosts
   double faultTime = 0;   // wall clock
   double replacedTime = 0;  // replace: when the replacement started
+  double endTime = 0;       // wall clock: when the last launcher was seen to exit
   int replacementExit = -1;
 };
 
@@ -263,17 +277,19 @@ std::string slowTimeoutLayers(const Options& o, const HostLayout& layout) {
 
 // One job of H launchers with `fault`; returns when all have exited.
 Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout, const ServiceEtcd& etcd,
-           const std::string& workDir, const std::string& fault) {
+           const std::string& workDir, const std::string& fault, bool restart) {
   Job job;
   job.fault = fault;
-  job.dir = workDir + "/" + fault;
+  job.restart = restart;
+  job.dir = workDir + "/" + fault + (restart ? "-restart" : "");
   const int last = layout.hosts - 1;
   const int lastRank = last * layout.ranksPerHost;  // the last host's first rank
   if (fault == "host" || fault == "collective" || fault == "link" || fault == "replace") job.victims = {last};
   if (fault == "recovery") job.victims = {last, last - 1};
   // On 2 hosts, slow-timeout stops the job: nobody survives it, or is its victim.
   if (fault == "slow-timeout" && layout.hosts >= 3) job.victims = {last};
-  const std::string id = fmt::format("faults-{}-{}-{}", fault, ::getpid(), static_cast<long long>(wallNow()));
+  const std::string id = fmt::format("faults-{}{}-{}-{}", fault, restart ? "-restart" : "", ::getpid(),
+                                     static_cast<long long>(wallNow()));
   if (fault == "slow") {
     cluster.reshape(last, linkProfile(o.slowLink));
     job.faultTime = wallNow();
@@ -284,9 +300,11 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
     std::vector<std::string> argv = {ddpRunPath(), "--nnodes", std::to_string(layout.hosts), "--node-rank",
                                      std::to_string(h), "--nproc-per-node", std::to_string(layout.ranksPerHost),
                                      "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint(), "--rdzv-id", id,
-                                     "--min-ranks", std::to_string(o.minRanks), "--max-restarts", "0",
-                                     o.experiment, "--out", job.dir,
-                                     "--set", "training.log_every=1", "--set", "training.save_every=0",
+                                     "--min-ranks", std::to_string(restart ? 0 : o.minRanks),
+                                     "--max-restarts", std::to_string(restart ? o.restarts : 0),
+                                     o.experiment, "--out", job.dir, "--set", "training.log_every=1",
+                                     // A restart continues from the newest checkpoint: one each epoch.
+                                     "--set", fmt::format("training.save_every={}", restart ? 1 : 0),
                                      "--set", fmt::format("distributed.timeout_s={}", o.timeoutS)};
     if (o.epochs > 0) argv.insert(argv.end(), {"--set", fmt::format("training.epochs={}", o.epochs)});
     for (const std::string& set : o.overrides) argv.insert(argv.end(), {"--set", set});
@@ -359,6 +377,7 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
       int status = 0;
       if (job.exitCodes[h] >= 0 || ::waitpid(job.pids[h], &status, WNOHANG) <= 0) continue;
       job.exitCodes[h] = exitCode(status);
+      job.endTime = wallNow();
       --remaining;
     }
     if (!injected) {
@@ -470,6 +489,30 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
   r["exit_code"] = worst;
   r["victim_exit_codes"] = victimCodes;
   r["exit_codes"] = job.exitCodes;
+  r["recovery"] = job.restart ? "restart" : "in-place";
+  if (job.restart) {
+    // Every rank started again from the newest checkpoint (one per epoch):
+    // recovered at the first step a restarted rank completed; the steps
+    // since that checkpoint were done twice (steps_lost). Measured, not
+    // checked: a host that is gone for good ends such a job.
+    r["recovered_s"] = nullptr;
+    int64_t restarts = 0;
+    for (const json& s : steps) {
+      const int64_t n = s.value("restart", int64_t{0});
+      restarts = std::max(restarts, n);
+      if (n > 0 && r["recovered_s"].is_null() && s.at("time").get<double>() > job.faultTime) {
+        r["recovered_s"] = s.at("time").get<double>() - job.faultTime;
+      }
+    }
+    r["restarts"] = restarts;
+    const int64_t unfailedSteps = reference.value("steps", int64_t{0});
+    const bool complete = unfailedSteps > 0 && static_cast<int64_t>(unique.size()) == unfailedSteps &&
+                          *unique.begin() == 1 && *unique.rbegin() == unfailedSteps;
+    r["outcome"] = worst == 0 && complete && r["recovered_s"].is_number() ? "recovered" : "ended";
+    // How long the others went on trying before the job ended.
+    if (r["outcome"] == "ended") r["ended_s"] = job.endTime - job.faultTime;
+    return r;
+  }
   // The first step completed after the fault is the first at the smaller
   // world: a step whose collective had the victims' part before they died
   // may still be recorded just after the fault.
@@ -611,6 +654,11 @@ void runFaults(const Options& o) {
           "--faults {}: unknown fault (known: host, collective, link, recovery, replace, slow, slow-timeout)", f));
     }
   }
+  for (const std::string& f : o.restartFaults) {
+    if (f != "host" && f != "collective" && f != "link") {
+      throw BenchError(fmt::format("--restart-faults {}: not one a restart meets (known: host, collective, link)", f));
+    }
+  }
   linkProfile(o.slowLink);  // a bad --slow-link fails here, before any cluster is made
   HostLayout layout = parseHostLayout(o.hosts);
   const bool twoLost = std::count(o.faults.begin(), o.faults.end(), "recovery") > 0;
@@ -649,18 +697,24 @@ void runFaults(const Options& o) {
                            etcd.endpoint(), o.timeoutS);
   bool ok = true;
   json records = json::array();
-  std::vector<std::string> order = {"none"};
-  order.insert(order.end(), o.faults.begin(), o.faults.end());
+  // (fault, under --max-restarts): the unfailed run, each fault in place,
+  // then with --restarts the faults a restart can meet, restarted.
+  std::vector<std::pair<std::string, bool>> order = {{"none", false}};
+  for (const std::string& f : o.faults) order.emplace_back(f, false);
+  if (o.restarts > 0) {
+    for (const std::string& f : o.restartFaults) order.emplace_back(f, true);
+  }
   json reference;
-  Table table({"fault", "recovered_s", "reported_s", "rejoined_s", "steps", "lost", "once", "world", "test_acc", "exit",
+  Table table({"fault", "mode", "recovered_s", "reported_s", "rejoined_s", "steps", "lost", "once", "world", "test_acc", "exit",
                "victims"});
-  for (const std::string& fault : order) {
-    std::cerr << "ddp-bench faults: " << fault << "\n";
-    const Job job = runJob(o, *cluster, layout, etcd, work, fault);
+  for (const auto& [fault, restart] : order) {
+    std::cerr << "ddp-bench faults: " << fault << (restart ? fmt::format(" (--max-restarts {})", o.restarts) : "")
+              << "\n";
+    const Job job = runJob(o, *cluster, layout, etcd, work, fault, restart);
     json r = summarize(o, layout, job, reference, ok, [&](int h) { return cluster->netns(h); });
     if (fault == "none") reference = r;
     auto number = [](const json& v, int digits) { return v.is_number() ? formatFixed(v.get<double>(), digits) : "-"; };
-    table.addRow({fault, number(r["recovered_s"], 3), number(r["reported_s"], 3), number(r.value("rejoined_s", json()), 3),
+    table.addRow({fault, restart ? "restart" : "in place", number(r["recovered_s"], 3), number(r["reported_s"], 3), number(r.value("rejoined_s", json()), 3),
                   std::to_string(r["steps"].get<int>()),
                   std::to_string(r["steps_lost"].get<int>()), r["steps_once"].get<bool>() ? "yes" : "NO",
                   std::to_string(r["final_world"].get<int>()), number(r["test_accuracy"], 4),
@@ -672,6 +726,19 @@ void runFaults(const Options& o) {
     if (r.contains("victim_line") && !r["victim_line"].get<std::string>().empty()) {
       std::cout << fmt::format("{}: the {} host said: {}\n", r["fault"].get<std::string>(), r["fault"] == "link" ? "cut" : "slow",
                                r["victim_line"].get<std::string>());
+    }
+  }
+  for (const json& r : records) {
+    if (r["recovery"] != "restart") continue;
+    const std::string fault = r["fault"].get<std::string>();
+    if (r["outcome"] == "recovered") {
+      std::cout << fmt::format("{} under --max-restarts {}: recovered in {:.3f} s, {} step(s) done again from the "
+                               "newest checkpoint\n",
+                               fault, o.restarts, r["recovered_s"].get<double>(), r["steps_lost"].get<int>());
+    } else {
+      std::cout << fmt::format("{} under --max-restarts {}: the job ended {:.1f} s after the fault (exit {}): a "
+                               "restart needs every host back\n",
+                               fault, o.restarts, r.value("ended_s", 0.0), r["exit_code"].get<int>());
     }
   }
   writeRecords(o.jsonPath, "", records);
@@ -703,6 +770,14 @@ void registerFaultsCommand(CLI::App& app) {
   cmd->add_option("--tolerance", options->tolerance, "final test accuracy allowed from the unfailed run's")
       ->capture_default_str();
   cmd->add_option("--time-limit", options->timeLimitS, "seconds one job may take")->capture_default_str();
+  cmd->add_option("--restarts", options->restarts,
+                  "also run host, collective and link under ddp-run --max-restarts N (no --min-ranks; a checkpoint "
+                  "each epoch), to compare with recovery in place (0: not)")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  cmd->add_option("--restart-faults", options->restartFaults, "the faults run again under --restarts")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--keep", options->keepDir, "keep the jobs' run folders and launcher logs in this folder");
   cmd->add_option("--json", options->jsonPath, "Also write the records to this JSON file");
   cmd->callback([options] {

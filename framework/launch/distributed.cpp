@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -30,6 +31,18 @@ int elasticMinRanks() {
   }
   return static_cast<int>(n);
 }
+
+namespace {
+
+// A launcher's restart of this rank (ddp-run --max-restarts): each node's
+// launcher restarts its ranks when it sees the failure, and a node sees it
+// up to a whole collective timeout after another (or once its link is back).
+bool restartedByLauncher() {
+  const char* value = std::getenv("DDP_RESTART");
+  return value != nullptr && *value != '\0' && std::string(value) != "0";
+}
+
+}  // namespace
 
 bool elasticJoiner() {
   const char* value = std::getenv("DDP_ELASTIC_JOIN");
@@ -125,6 +138,11 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
   }
   ArrivalOptions ao;
   ao.timeout = options.timeout;
+  // A restarted attempt waits for the other nodes' as long as for reaching
+  // the master at all: they restart when they notice the failure, which may
+  // be a whole timeout later than this node did, and a short timeout would
+  // spend every restart with the nodes out of step.
+  if (restartedByLauncher()) ao.timeout = std::max(options.timeout, options.connectTimeout);
   ao.progressEvery = options.progressEvery;
   ctx.ranksOnHost = awaitArrival(*ctx.store, env, ao).ranksOnHost;
   if (env.worldSize == 1 && backends.compiledOut(options.backend)) {

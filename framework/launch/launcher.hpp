@@ -20,6 +20,12 @@
 //   DDP_RESTART=<attempt>) until it succeeds or the restarts are used up.
 //   Exit codes that a restart would only repeat end the job at once: 2 (a
 //   mistake in the job's input) and 3 (a non-finite loss).
+//   Each node's launcher restarts on its own, when its ranks see the
+//   failure: a restarted rank waits for the other nodes' ranks as long as
+//   it would to reach the master (60 s, or distributed.timeout_s if
+//   longer), so that nodes that noticed it later (a timeout later, or when
+//   their link came back) still meet it (launch/distributed.cpp). A node
+//   gone for good ends the job once the restarts are spent.
 // - Elastic (minRanks > 0): node 0's launcher serves the store itself
 //   (DDP_STORE_SERVED=1: it outlives every rank), or with storeUrl the
 //   store is etcd, and every rank gets DDP_MIN_RANKS. Every node's launcher

@@ -25,9 +25,23 @@ nlohmann::ordered_json finiteOrNull(double v) {
   return std::strtod(buf, nullptr);
 }
 
+// Which restart of the job this process is (ddp-run --max-restarts,
+// torchrun's restarts, a requeued SLURM job): 0 on the first attempt.
+int64_t restartCount() {
+  for (const char* name : {"DDP_RESTART", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    char* end = nullptr;
+    const long long n = std::strtoll(value, &end, 10);
+    if (end != value && *end == '\0' && n > 0) return n;
+  }
+  return 0;
+}
+
 }  // namespace
 
 void StepMetrics::onTrainBegin(Trainer& trainer) {
+  restart_ = restartCount();
   runCompute_.assign(static_cast<size_t>(trainer.worldSize()), 0.0);
   runWait_.assign(static_cast<size_t>(trainer.worldSize()), 0.0);
   // Every rank knows the path: an elastic run's writer may change.
@@ -102,6 +116,7 @@ void StepMetrics::onStepEnd(Trainer& trainer, const StepEnd& step) {
   record["step_ms"] = finiteOrNull(elapsed * 1e3 / double(stepsSinceRecord_));
   record["comm_wait_ms"] =
       waitMeasured_ ? finiteOrNull(waitSinceRecord_ * 1e3 / double(stepsSinceRecord_)) : nlohmann::ordered_json();
+  if (restart_ > 0) record["restart"] = restart_;
   // With training.clip_grad_norm: this step's global gradient norm before clipping.
   if (const std::optional<double> norm = trainer.strategy().lastGradNorm()) record["grad_norm"] = finiteOrNull(*norm);
   if (!file_.isOpen()) {

@@ -9,7 +9,9 @@
 //   rank 0 waited for gradient communication after backward: what overlap
 //   did not hide; null where the strategy does not measure it), and with
 //   training.clip_grad_norm, grad_norm: that step's global gradient norm
-//   before clipping. A step that an elastic recovery handed over (another
+//   before clipping; in a restarted job (ddp-run --max-restarts, torchrun,
+//   a requeued SLURM job), restart: which restart recorded it (steps redone
+//   from the newest checkpoint appear again, with it). A step that an elastic recovery handed over (another
 //   member had done it, rank 0 had not) gets a record of its own with
 //   from_state and no figures: every step is in the file once.
 // - Straggler report (world size > 1): per epoch each rank's compute time (its steps minus
@@ -64,6 +66,7 @@ class StepMetrics : public TrainerCallback {
   using Clock = std::chrono::steady_clock;
   int64_t every_ = 0;  // steps between records; 0 until the first epoch sets it
   int64_t lastStep_ = -1;  // the trainer's step count at this rank's last optimizer step
+  int64_t restart_ = 0;    // this process's restart of the job (0: the first attempt)
   Clock::time_point stepStart_, recordStart_;
   int64_t stepsSinceRecord_ = 0, samplesSinceRecord_ = 0;
   double waitSinceRecord_ = 0;
