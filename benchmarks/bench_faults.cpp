@@ -17,7 +17,7 @@
 //               R@S:delay=300:host): the others are inside step S+1's
 //               gradient collective, waiting for it, when it dies;
 //   link        the host's interface goes down at step --at-step for
-//               distributed.timeout_s + 3 s, then up again: no connection
+//               distributed.timeout_s + 3 s (--cut-s), then up again: no connection
 //               is closed, so the others time out, then find its
 //               heartbeat silent and decide without it; when it returns,
 //               its ranks must be told they were left out and exit;
@@ -113,6 +113,7 @@ struct Options {
   double timeoutS = 5;
   double tolerance = 0.05;
   int timeLimitS = 300;
+  double cutS = 0;  // link: how long the link stays down (0: distributed.timeout_s + 3)
   int restarts = 0;  // > 0: restartFaults also under ddp-run --max-restarts, for comparison
   std::vector<std::string> restartFaults = {"host", "collective", "link"};
   std::string jsonPath;
@@ -250,7 +251,15 @@ struct Job {
 // without the cut host; 3 s past the timeout. (A cut that ends before the
 // decision sees the host admitted again, given the state of the member
 // furthest on: nothing stale, but not the fault asked for.)
-double linkCutSeconds(const Options& o) { return o.timeoutS + 3; }
+double linkCutSeconds(const Options& o) { return o.cutS > 0 ? o.cutS : o.timeoutS + 3; }
+
+// How long a restart job may take: a host gone for good is waited for in
+// each restart's rendezvous (60 s, or the timeout if longer) before the
+// job ends.
+int jobTimeLimit(const Options& o, bool restart) {
+  if (!restart) return o.timeLimitS;
+  return o.timeLimitS + o.restarts * static_cast<int>(std::max(o.timeoutS, 60.0) + 10);
+}
 
 // slow-timeout's model: the experiment's MLP with its hidden layer as wide
 // as it takes for one gradient allreduce through the slow link to need 3x
@@ -347,7 +356,8 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
   pid_t replacement = -1;
   bool replaced = fault != "replace";
   job.exitCodes.assign(layout.hosts, -1);
-  const auto deadline = Clock::now() + std::chrono::seconds(o.timeLimitS);
+  const int timeLimit = jobTimeLimit(o, restart);
+  const auto deadline = Clock::now() + std::chrono::seconds(timeLimit);
   const std::string stepsPath = job.dir + "/steps.jsonl";
   // slow: from the start (step --at-step would come late on a busy machine,
   // where this loop runs behind the job's short epochs).
@@ -428,7 +438,7 @@ Job runJob(const Options& o, const SimCluster& cluster, const HostLayout& layout
     }
     if (Clock::now() > deadline) {
       killAll();
-      throw BenchError(fmt::format("the {} run did not end within {} s (logs: {}.host*.log)", fault, o.timeLimitS,
+      throw BenchError(fmt::format("the {} run did not end within {} s (logs: {}.host*.log)", fault, timeLimit,
                                    job.dir));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -496,13 +506,20 @@ json summarize(const Options& o, const HostLayout& layout, const Job& job, const
     // since that checkpoint were done twice (steps_lost). Measured, not
     // checked: a host that is gone for good ends such a job.
     r["recovered_s"] = nullptr;
-    int64_t restarts = 0;
     for (const json& s : steps) {
-      const int64_t n = s.value("restart", int64_t{0});
-      restarts = std::max(restarts, n);
-      if (n > 0 && r["recovered_s"].is_null() && s.at("time").get<double>() > job.faultTime) {
+      if (s.value("restart", int64_t{0}) > 0 && s.at("time").get<double>() > job.faultTime) {
         r["recovered_s"] = s.at("time").get<double>() - job.faultTime;
+        break;
       }
+    }
+    // The restarts the launchers made (the most of any host's), whether or
+    // not a restarted rank ever got to a step.
+    int restarts = 0;
+    for (int h = 0; h < layout.hosts; ++h) {
+      const std::string text = readText(fmt::format("{}.host{}.log", job.dir, h));
+      int made = 0;
+      for (size_t at = 0; (at = text.find("ddp-run: restarting all ranks", at)) != std::string::npos; ++at) ++made;
+      restarts = std::max(restarts, made);
     }
     r["restarts"] = restarts;
     const int64_t unfailedSteps = reference.value("steps", int64_t{0});
@@ -736,9 +753,14 @@ void runFaults(const Options& o) {
                                "newest checkpoint\n",
                                fault, o.restarts, r["recovered_s"].get<double>(), r["steps_lost"].get<int>());
     } else {
-      std::cout << fmt::format("{} under --max-restarts {}: the job ended {:.1f} s after the fault (exit {}): a "
-                               "restart needs every host back\n",
-                               fault, o.restarts, r.value("ended_s", 0.0), r["exit_code"].get<int>());
+      // A host that never comes back is why for host and collective; a
+      // link that did come back should have been recovered from.
+      std::cout << fmt::format("{} under --max-restarts {}: the job ended {:.1f} s after the fault (exit {}, {} "
+                               "restart(s)){}\n",
+                               fault, o.restarts, r.value("ended_s", 0.0), r["exit_code"].get<int>(),
+                               r["restarts"].get<int>(),
+                               fault == "link" ? fmt::format(" although the link came back: see {}.host*.log", work + "/link-restart")
+                                               : ": the host never came back, and a restart needs every host");
     }
   }
   writeRecords(o.jsonPath, "", records);
@@ -769,7 +791,12 @@ void registerFaultsCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tolerance", options->tolerance, "final test accuracy allowed from the unfailed run's")
       ->capture_default_str();
-  cmd->add_option("--time-limit", options->timeLimitS, "seconds one job may take")->capture_default_str();
+  cmd->add_option("--time-limit", options->timeLimitS,
+                  "seconds one job may take (a restart job: plus 70 s per restart, to wait for a lost host)")
+      ->capture_default_str();
+  cmd->add_option("--cut-s", options->cutS, "link: seconds the link stays down (0: distributed.timeout_s + 3)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--restarts", options->restarts,
                   "also run host, collective and link under ddp-run --max-restarts N (no --min-ranks; a checkpoint "
                   "each epoch), to compare with recovery in place (0: not)")

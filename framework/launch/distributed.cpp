@@ -55,6 +55,13 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
   ctx.env = env;
   setLogRank(env.rank);
   const auto start = std::chrono::steady_clock::now();
+  // A restarted attempt waits for the other nodes' ranks (and for the
+  // store) as long as for reaching the master at all: each node's launcher
+  // restarts when it notices the failure, which may be a whole timeout
+  // later than this node did, or once its link is back. A short timeout
+  // would spend every restart with the nodes out of step.
+  const Milliseconds meetWithin =
+      restartedByLauncher() ? std::max(options.timeout, options.connectTimeout) : options.timeout;
   const char* agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   if (env.worldSize == 1) {
     ctx.store = std::make_shared<HashStore>();
@@ -82,7 +89,9 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
     eo.token = storeTokenFromEnvironment();
     eo.tokenFromEnvironment = false;
     eo.connectTimeout = options.connectTimeout;
-    eo.timeout = options.timeout;
+    // (Its first requests, the run's lease among them, by meetWithin; the
+    // timeout from the arrival on.)
+    eo.timeout = meetWithin;
     ctx.store = std::make_shared<EtcdStore>(eo);
   } else {
     TCPStoreOptions so;
@@ -137,12 +146,7 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
     return ctx;
   }
   ArrivalOptions ao;
-  ao.timeout = options.timeout;
-  // A restarted attempt waits for the other nodes' as long as for reaching
-  // the master at all: they restart when they notice the failure, which may
-  // be a whole timeout later than this node did, and a short timeout would
-  // spend every restart with the nodes out of step.
-  if (restartedByLauncher()) ao.timeout = std::max(options.timeout, options.connectTimeout);
+  ao.timeout = meetWithin;
   ao.progressEvery = options.progressEvery;
   ctx.ranksOnHost = awaitArrival(*ctx.store, env, ao).ranksOnHost;
   if (env.worldSize == 1 && backends.compiledOut(options.backend)) {

@@ -25,15 +25,17 @@ nlohmann::ordered_json finiteOrNull(double v) {
   return std::strtod(buf, nullptr);
 }
 
-// Which restart of the job this process is (ddp-run --max-restarts,
-// torchrun's restarts, a requeued SLURM job): 0 on the first attempt.
+// Which restart of the job this process is: 0 on the first attempt. The
+// nearest launcher's count wins: ddp-run's (DDP_RESTART, set even at 0, so
+// that ddp-run inside a requeued SLURM job counts its own), else
+// torchrun's, else SLURM's requeues.
 int64_t restartCount() {
   for (const char* name : {"DDP_RESTART", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     char* end = nullptr;
     const long long n = std::strtoll(value, &end, 10);
-    if (end != value && *end == '\0' && n > 0) return n;
+    return end != value && *end == '\0' && n > 0 ? n : 0;
   }
   return 0;
 }
