@@ -304,7 +304,10 @@ TEST_CASE("ranks that disagree on the world size fail at once, naming both", "[m
 TEST_CASE("a rendezvous that waits for a rank says which, every interval", "[multiprocess][errors][rendezvous]") {
   const int port = pickFreePort("127.0.0.1");
   DistributedOptions options;
+  // Ranks of other nodes (threadRank: one rank per node) are waited for as
+  // long as the master would be, and no less than the timeout.
   options.timeout = std::chrono::milliseconds(1800);
+  options.connectTimeout = std::chrono::milliseconds(1800);
   options.progressEvery = std::chrono::milliseconds(500);
   std::string error;
   test::CapturedStderr captured;
@@ -326,6 +329,7 @@ TEST_CASE("a rendezvous names the client its store refused for the token, and sa
   const int port = pickFreePort("127.0.0.1");
   DistributedOptions options;
   options.timeout = std::chrono::milliseconds(2500);
+  options.connectTimeout = std::chrono::milliseconds(2500);  // (the wait for other nodes' ranks)
   options.progressEvery = std::chrono::milliseconds(1000);
   std::string error, clientError;
   test::CapturedStderr captured;

@@ -55,13 +55,17 @@ DistributedContext initDistributed(const RankEnv& env, const DistributedOptions&
   ctx.env = env;
   setLogRank(env.rank);
   const auto start = std::chrono::steady_clock::now();
-  // A restarted attempt waits for the other nodes' ranks (and for the
-  // store) as long as for reaching the master at all: each node's launcher
-  // restarts when it notices the failure, which may be a whole timeout
-  // later than this node did, or once its link is back. A short timeout
-  // would spend every restart with the nodes out of step.
+  // Ranks of other nodes are waited for (and the store reached) as long
+  // as the master would be, not just distributed.timeout_s, a collective's
+  // bound: other nodes' launchers start when their host does, a busy host
+  // loads LibTorch seconds later, and after a failure each node's launcher
+  // restarts when it notices, which may be a whole timeout later than this
+  // one did, or once its link is back. A short timeout would fail a start
+  // on a busy cluster, and spend every restart with the nodes out of step.
+  // One node's ranks start together: they keep the timeout.
+  const bool otherNodes = env.worldSize > env.localWorldSize || restartedByLauncher();
   const Milliseconds meetWithin =
-      restartedByLauncher() ? std::max(options.timeout, options.connectTimeout) : options.timeout;
+      otherNodes ? std::max(options.timeout, options.connectTimeout) : options.timeout;
   const char* agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   if (env.worldSize == 1) {
     ctx.store = std::make_shared<HashStore>();

@@ -43,7 +43,11 @@ bool elasticJoiner();
 // A joiner (elasticJoiner()) connects to the store only: its group comes
 // from the elastic rendezvous. World size 1 with no master needed uses an in-memory store. Before the
 // group forms, ranks meet in the store (arrival.hpp): a missing rank is named
-// every `progressEvery`, ranks that disagree on the world size fail at once. Names this
+// every `progressEvery`, ranks that disagree on the world size fail at once.
+// Ranks wait for each other `timeout` on one node; with ranks on other nodes
+// (worldSize > localWorldSize), or in a restart by ddp-run (DDP_RESTART > 0),
+// max(timeout, connectTimeout), since nodes start and restart at their own
+// pace; an etcd store is reached within the same bound. Names this
 // rank in later log lines (setLogRank) and, at DDP_LOG_LEVEL=info, logs the
 // rendezvous: store address, world size, backend, and how long the group
 // took to form.
