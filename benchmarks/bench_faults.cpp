@@ -60,15 +60,16 @@
 // without the victims, from their log) and rejoined_s (replace: from the replacement's start to the first step at
 // the full world again). Exit status 1 if a check failed.
 //
-// --restarts N: host, collective and link (--restart-faults) run once more each under
-// ddp-run --max-restarts N instead of --min-ranks (a checkpoint each
-// epoch), the way torchrun's users recover: every rank stops and starts
-// again from the newest checkpoint, and the job needs every host back. Their
-// records have recovery "restart" (the others "in-place"), recovered_s up
-// to the first step a restarted rank completed, steps_lost (the steps done
-// again since that checkpoint), restarts (the most recorded) and outcome:
-// "recovered", or "ended" (a host gone for good; ended_s: from the fault to
-// the last launcher's exit). Measured, not checked.
+// --restarts N: host, collective and link (--restart-faults) run once
+// more each under ddp-run --max-restarts N instead of --min-ranks (a
+// checkpoint each epoch), the way torchrun's users recover: every rank
+// stops and starts again from the newest checkpoint, and the job needs
+// every host back. Their records have recovery "restart" (the others
+// "in-place"), recovered_s up to the first step a restarted rank completed,
+// steps_lost (the steps done again since that checkpoint), restarts (the
+// most that any host's launcher made) and outcome: "recovered", or "ended"
+// (a host gone for good; ended_s: from the fault to the last launcher's
+// exit). Measured here; tests/bench/faults_test.sh checks a restarted link.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -11,9 +11,10 @@
 //   training.clip_grad_norm, grad_norm: that step's global gradient norm
 //   before clipping; in a restarted job (ddp-run --max-restarts, torchrun,
 //   a requeued SLURM job), restart: which restart recorded it (steps redone
-//   from the newest checkpoint appear again, with it). A step that an elastic recovery handed over (another
-//   member had done it, rank 0 had not) gets a record of its own with
-//   from_state and no figures: every step is in the file once.
+//   from the newest checkpoint appear again, with it). A step that an
+//   elastic recovery handed over (another member had done it, rank 0 had
+//   not) gets a record of its own with from_state and no figures: every
+//   step is in the file once.
 // - Straggler report (world size > 1): per epoch each rank's compute time (its steps minus
 //   that wait) and its communication wait go into metrics.jsonl
 //   (rank_R_compute_s, rank_R_comm_wait_s). At the end, one line in
