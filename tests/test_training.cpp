@@ -661,6 +661,30 @@ TEST_CASE("max-restarts resumes after a kill and ends like an uninterrupted run"
   CHECK(metricsEpochs(cleanDir) == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
 }
 
+TEST_CASE("a rank that hangs while rank 0 saves fails the save after the timeout, and --max-restarts resumes",
+          "[launcher][checkpoint][solo]") {
+  // Rank 1 stops (SIGSTOP) among the callbacks at the end of epoch 3,
+  // before the periodic checkpoint: rank 0 writes it, then waits for rank 1
+  // in the save's barrier. It waits distributed.timeout_s (3 s), as in any
+  // collective, not the ten minutes the waiting ranks allow its disk.
+  const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
+  const std::string runDir = tempDir() + "/run";
+  const auto start = std::chrono::steady_clock::now();
+  ddp::test::ProgramOutcome o =
+      runDdpRun("--nproc-per-node 2 --max-restarts 1 " + exp +
+                    " --set training.epochs=5 --set training.save_every=1 --set distributed.timeout_s=3 --out " + runDir,
+                "DDP_FAULT_INJECT=1#3:stop");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(o.output);
+  REQUIRE(o.exitCode == 0);
+  CHECK(o.output.find("barrier") != std::string::npos);
+  CHECK(o.output.find("restarting all ranks") != std::string::npos);
+  CHECK(o.output.find("resumed from") != std::string::npos);
+  CHECK(metricsEpochs(runDir) == std::vector<int64_t>{1, 2, 3, 4, 5});
+  // Far under the ten minutes (a hang, before), far over the 3 s timeout.
+  CHECK(took < 120);
+}
+
 TEST_CASE("a restart with no checkpoint starts over and keeps the earlier records beside the new ones",
           "[launcher][checkpoint]") {
   const std::string exp = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";

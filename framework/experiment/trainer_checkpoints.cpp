@@ -117,8 +117,15 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
       failure = fmt::format("checkpoint: cannot write {}: {}", finalPath, err != 0 ? errnoText(err) : failure);
     }
   }
-  // The others wait while rank 0 writes; a slow disk gets ten minutes.
-  if (worldSize() > 1 && s.strategy) group().barrier({std::chrono::milliseconds(600000)})->wait();
+  // The others wait while the writer writes: a slow disk gets ten minutes.
+  // The writer, done, finds them waiting, so it waits for them only
+  // distributed.timeout_s, as in any collective: a rank lost meanwhile
+  // without a word (a cut link closes nothing) fails the save after the
+  // timeout, and the job recovers or restarts, not ten minutes later.
+  if (worldSize() > 1 && s.strategy) {
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.distributed.timeoutSeconds * 1000));
+    group().barrier({archive ? timeout : std::chrono::milliseconds(600000)})->wait();
+  }
   if (!failure.empty()) fail<std::runtime_error>("{}", failure);
   // Every rank: the signal path skips a checkpoint every rank already wrote.
   if (name.empty()) s.lastSaved = epoch;

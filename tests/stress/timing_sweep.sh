@@ -15,6 +15,7 @@ jobs=${4:-1}
 # Every test that waits on time or on another process's progress.
 pattern='elastic|min-ranks|straggler|hung rank 0|killed with SIGKILL|small collectives in the caller|missing rank'
 pattern+='|disagree|killed in the middle of a recv|DDP_LOG_LEVEL=info|launcher.signal|built-ins is fast|etcd|EtcdStore|bench.faults'
+pattern+='|hangs while rank 0 saves'
 # In place under torchrun and SLURM: a rank killed, the others go on.
 pattern+='|torchrun_store_modes|slurm_wine_ddp'
 pattern=${5:-$pattern}
