@@ -50,6 +50,31 @@ TEST_CASE("malformed variables name the variable", "[launcher][env]") {
                     Catch::Contains("MASTER_PORT=70000"));
 }
 
+TEST_CASE("the launchers' restart counters: any above 0 is a restart, the nearest set one counts",
+          "[launcher][env]") {
+  CHECK_FALSE(restartedByAnyLauncher({}));
+  CHECK(restartCount({}) == 0);
+  CHECK_FALSE(restartVariable({{"DDP_RESTART", ""}}, "DDP_RESTART").has_value());
+  CHECK(restartVariable({{"DDP_RESTART", "3"}}, "DDP_RESTART") == 3);
+  // Malformed or negative: no restart, never an error.
+  for (const char* bad : {"x", "2x", "-1", "0"}) {
+    INFO(bad);
+    CHECK(restartVariable({{"TORCHELASTIC_RESTART_COUNT", bad}}, "TORCHELASTIC_RESTART_COUNT") == 0);
+    CHECK_FALSE(restartedByAnyLauncher({{"TORCHELASTIC_RESTART_COUNT", bad}}));
+  }
+  for (const char* name : kRestartVariables) {
+    INFO(name);
+    CHECK(restartedByAnyLauncher({{name, "1"}}));
+    CHECK(restartCount({{name, "2"}}) == 2);
+  }
+  // ddp-run's first attempt inside a requeued SLURM job: a restart (it
+  // resumes), and ddp-run's own count (0) is the one recorded.
+  const EnvMap requeued{{"DDP_RESTART", "0"}, {"SLURM_RESTART_COUNT", "2"}};
+  CHECK(restartedByAnyLauncher(requeued));
+  CHECK(restartCount(requeued) == 0);
+  CHECK(restartCount({{"TORCHELASTIC_RESTART_COUNT", "1"}, {"SLURM_RESTART_COUNT", "4"}}) == 1);
+}
+
 TEST_CASE("SLURM variables, master from the node list, port from the job id", "[launcher][env]") {
   auto e = rankEnvFromEnvironment({{"SLURM_PROCID", "3"},
                                    {"SLURM_NTASKS", "4"},

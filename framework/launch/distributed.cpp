@@ -10,6 +10,7 @@
 #include "framework/comm/backend_registry.hpp"
 #include "framework/core/errors.hpp"
 #include "framework/launch/arrival.hpp"
+#include "framework/launch/rank_env.hpp"
 #include "framework/launch/store_token.hpp"
 #include "framework/store/etcd_store.hpp"
 #include "framework/store/hash_store.hpp"
@@ -37,10 +38,7 @@ namespace {
 // A launcher's restart of this rank (ddp-run --max-restarts): each node's
 // launcher restarts its ranks when it sees the failure, and a node sees it
 // up to a whole collective timeout after another (or once its link is back).
-bool restartedByLauncher() {
-  const char* value = std::getenv("DDP_RESTART");
-  return value != nullptr && *value != '\0' && std::string(value) != "0";
-}
+bool restartedByLauncher() { return restartVariable(currentEnvironment(), "DDP_RESTART").value_or(0) > 0; }
 
 }  // namespace
 

@@ -197,6 +197,28 @@ int masterPortFromSlurmJobId(const std::string& jobId) {
   return static_cast<int>(20000 + id % 20000);
 }
 
+std::optional<int64_t> restartVariable(const EnvMap& env, const std::string& name) {
+  const std::string* v = find(env, name);
+  if (!v) return std::nullopt;
+  char* end = nullptr;
+  const long long n = std::strtoll(v->c_str(), &end, 10);
+  return end != v->c_str() && *end == '\0' && n > 0 ? n : 0;
+}
+
+bool restartedByAnyLauncher(const EnvMap& env) {
+  for (const char* name : kRestartVariables) {
+    if (restartVariable(env, name).value_or(0) > 0) return true;
+  }
+  return false;
+}
+
+int64_t restartCount(const EnvMap& env) {
+  for (const char* name : kRestartVariables) {
+    if (auto n = restartVariable(env, name)) return *n;
+  }
+  return 0;
+}
+
 std::string describeRankEnv(const RankEnv& e) {
   return fmt::format("rank {} of {} ({}): node {}, local rank {} of {}, store at {}:{}{}", e.rank, e.worldSize,
                      e.source, e.nodeRank, e.localRank, e.localWorldSize, e.masterAddr, e.masterPort,

@@ -3,6 +3,8 @@
 // OpenMPI (mpirun). docs/clusters.md lists every variable.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -48,6 +50,25 @@ int masterPortFromJobName(const std::string& jobName);
 // SLURM jobs without MASTER_PORT derive one from the job id, so that all
 // tasks agree without talking: 20000 + job_id % 20000.
 int masterPortFromSlurmJobId(const std::string& jobId);
+
+// The launchers' restart counters, the nearest launcher first: ddp-run
+// --max-restarts (DDP_RESTART, set even at 0, so that ddp-run inside a
+// requeued SLURM job counts its own), torchrun --max-restarts
+// (TORCHELASTIC_RESTART_COUNT), a requeued SLURM job (SLURM_RESTART_COUNT).
+inline constexpr std::array<const char*, 3> kRestartVariables = {"DDP_RESTART", "TORCHELASTIC_RESTART_COUNT",
+                                                                 "SLURM_RESTART_COUNT"};
+
+// One of those counters: nullopt when it is unset or empty; 0 when it is
+// not a positive integer (a counter is advisory: it never stops a start).
+std::optional<int64_t> restartVariable(const EnvMap& env, const std::string& name);
+
+// Whether any launcher restarted this process: one of the counters is above
+// 0. A restart continues from the newest checkpoint and injects no fault.
+bool restartedByAnyLauncher(const EnvMap& env);
+
+// Which restart this process is, by the nearest launcher that counts (the
+// first counter set): 0 on a first attempt. steps.jsonl's "restart".
+int64_t restartCount(const EnvMap& env);
 
 // One line for the log of a rank started by srun, mpirun or torchrun:
 // "rank 1 of 2 (slurm): node 1, local rank 0 of 1, store at node1:24322",

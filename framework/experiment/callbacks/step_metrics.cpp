@@ -12,6 +12,7 @@
 #include "framework/experiment/run_log.hpp"
 #include "framework/experiment/callbacks/tensorboard_log.hpp"
 #include "framework/experiment/trainer.hpp"
+#include "framework/launch/rank_env.hpp"
 #include "framework/parallel/strategy.hpp"
 
 namespace ddp {
@@ -25,25 +26,10 @@ nlohmann::ordered_json finiteOrNull(double v) {
   return std::strtod(buf, nullptr);
 }
 
-// Which restart of the job this process is: 0 on the first attempt. The
-// nearest launcher's count wins: ddp-run's (DDP_RESTART, set even at 0, so
-// that ddp-run inside a requeued SLURM job counts its own), else
-// torchrun's, else SLURM's requeues.
-int64_t restartCount() {
-  for (const char* name : {"DDP_RESTART", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') continue;
-    char* end = nullptr;
-    const long long n = std::strtoll(value, &end, 10);
-    return end != value && *end == '\0' && n > 0 ? n : 0;
-  }
-  return 0;
-}
-
 }  // namespace
 
 void StepMetrics::onTrainBegin(Trainer& trainer) {
-  restart_ = restartCount();
+  restart_ = restartCount(currentEnvironment());
   runCompute_.assign(static_cast<size_t>(trainer.worldSize()), 0.0);
   runWait_.assign(static_cast<size_t>(trainer.worldSize()), 0.0);
   // Every rank knows the path: an elastic run's writer may change.
