@@ -178,13 +178,7 @@ void recordWorld(std::vector<std::string>& overrides, int nprocPerNode, int nnod
 
 // A restart by a launcher or scheduler (ddp-run --max-restarts, torchrun
 // --max-restarts, a requeued SLURM job) continues from the newest checkpoint.
-bool isRestart() {
-  for (const char* name : {"DDP_RESTART", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
-    const char* value = std::getenv(name);
-    if (value && *value && std::string(value) != "0") return true;
-  }
-  return false;
-}
+bool isRestart() { return ddp::restartedByAnyLauncher(ddp::currentEnvironment()); }
 
 // Before any rank starts: a backend this build or machine cannot run (NCCL
 // without GPUs) would otherwise fail in every rank.
@@ -216,7 +210,8 @@ void shareCoresAmongHostRanks(const ddp::RankEnv& env, int ranksOnHost) {
 // would have set them (DDP_MIN_RANKS, DDP_STORE_URL; the environment's own
 // values give way to the command line's). Under torchrun on one node,
 // in-place recovery cannot work and is refused: its agent stops every
-// worker of the node as soon as one fails.
+// worker of the node as soon as one fails; so is mpirun without
+// --enable-recovery, which aborts every rank at the first death.
 void applyElasticOptions(const Args& args, const ddp::RankEnv& env) {
   if (args.minRanks > 0) ::setenv("DDP_MIN_RANKS", std::to_string(args.minRanks).c_str(), 1);
   if (!args.storeUrl.empty()) ::setenv("DDP_STORE_URL", args.storeUrl.c_str(), 1);
@@ -226,10 +221,16 @@ void applyElasticOptions(const Args& args, const ddp::RankEnv& env) {
     throw ddp::UsageError(fmt::format("--min-ranks {} is more than the job's {} ranks ({}). HINT: --min-ranks {}",
                                       minRanks, env.worldSize, env.source, env.worldSize));
   }
-  if (env.source == "openmpi") {
-    ddp::logWarn("--min-ranks {} under mpirun: by default mpirun ends every rank when one dies, which leaves "
-                 "none to carry on (untested here); ddp-run's own launcher, or srun, keeps the others",
-                 minRanks);
+  // OpenMPI 4 passes `mpirun --enable-recovery` on to its ranks as this
+  // variable; without it, mpirun aborts every rank as soon as one dies.
+  const char* recovery = std::getenv("OMPI_MCA_orte_enable_recovery");
+  const bool recovers = recovery != nullptr && (std::string(recovery) == "1" || std::string(recovery) == "true");
+  if (env.source == "openmpi" && !recovers) {
+    throw ddp::UsageError(fmt::format(
+        "--min-ranks {} under mpirun without --enable-recovery: mpirun ends every rank as soon as one dies, so no "
+        "rank is left to carry on in place. HINT: mpirun --enable-recovery ... ddp-run --min-ranks {} (OpenMPI 4), "
+        "or ddp-run --nproc-per-node N --min-ranks {} (its own launcher keeps the others)",
+        minRanks, minRanks, minRanks));
   }
   if (env.source == "torchrun" && env.localWorldSize >= env.worldSize) {
     throw ddp::UsageError(fmt::format(
@@ -693,10 +694,13 @@ int runMain(int argc, char** argv) {
     }
     const ReservedRunDir removeIfUnused;
     // Node 0's launcher only: another node's (a replacement's, or one that
-    // starts late on a shared file system) may find rank 0's run there.
-    if (!args.outDir.empty() && !args.resume && !isRestart() && args.nodeRank == 0) {
-      ddp::checkRunFolderIsFree(args.outDir);
-    }
+    // starts late on a shared file system) may find rank 0's run there. A
+    // replacement of node 0 finds it too: the launcher runs this check once
+    // it knows that this node starts the job rather than replacing a lost
+    // one (launcher.hpp, freshStartCheck).
+    const bool freshStart = !args.outDir.empty() && !args.resume && !isRestart() && args.nodeRank == 0;
+    const std::string outDir = args.outDir;
+    auto checkFolderFree = [outDir] { ddp::checkRunFolderIsFree(outDir); };
     std::string runDir = args.outDir.empty() ? defaultRunDir(config) : args.outDir;
     if (nproc == 1 && args.nnodes == 1) {
       // One rank runs without a backend compiled out of this build; one
@@ -705,6 +709,7 @@ int runMain(int argc, char** argv) {
       if (!ddp::builtinBackends().compiledOut(config.distributed.backend)) {
         checkBackendUsable("distributed.backend", config.distributed.backend);
       }
+      if (freshStart) checkFolderFree();
       Args single = args;
       single.outDir = runDir;
       return runRank(single, ddp::RankEnv{}, std::move(config));
@@ -727,6 +732,7 @@ int runMain(int argc, char** argv) {
     lo.maxRestarts = args.maxRestarts;
     lo.minRanks = args.minRanks;
     lo.storeUrl = args.storeUrl;
+    if (freshStart) lo.freshStartCheck = checkFolderFree;
     if (args.minRanks > 0 && config.distributed.strategy != "ddp") {
       throw ddp::UsageError(fmt::format(
           "--min-ranks: distributed.strategy {} cannot recover in place (its optimizer state is sharded). HINT: "

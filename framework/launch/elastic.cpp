@@ -139,8 +139,8 @@ ElasticRendezvous::~ElasticRendezvous() {
                             [&] { return heartbeat_->done; });
 }
 
-bool ElasticRendezvous::silent(int id) {
-  if (options_.heartbeat.count() <= 0 || options_.silentAfter.count() <= 0) return false;
+bool ElasticRendezvous::silentFor(int id, std::chrono::milliseconds window) {
+  if (options_.heartbeat.count() <= 0 || window.count() <= 0) return false;
   const int64_t beat = counter(*store_, aliveKey(id));
   const auto now = ElasticClock::now();
   Observed& seen = observed_[id];
@@ -156,7 +156,16 @@ bool ElasticRendezvous::silent(int id) {
   }
   // A member that never beat is still starting (its heartbeat begins with
   // its rendezvous): the settle time decides about it.
-  return beat > 0 && now - seen.changed >= options_.silentAfter;
+  return beat > 0 && now - seen.changed >= window;
+}
+
+std::optional<int> ElasticRendezvous::lostMember(const ElasticMembership& membership, std::chrono::milliseconds window) {
+  for (size_t i = 0; i < membership.ids.size(); ++i) {
+    const int id = membership.ids[i];
+    if (id == id_) continue;
+    if (counter(*store_, deadKey(id)) > membership.incarnations.at(i) || silentFor(id, window)) return id;
+  }
+  return std::nullopt;
 }
 
 std::string ElasticRendezvous::whereOf(int id) {
@@ -295,7 +304,9 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
     joiners.push_back(id);
     logInfo("elastic: generation {}: rank id {} joins", generation, id);
   }
-  std::sort(members.begin(), members.end());
+  // No sort: the members keep their order, joiners after them, so rank 0
+  // (the run folder's writer) stays with the member that holds it, and a
+  // joiner (a replaced node 0's rank id 0 among them) never takes it over.
   for (const auto& [id, incarnation] : members) {
     m.ids.push_back(id);
     m.incarnations.push_back(incarnation);

@@ -31,8 +31,10 @@
 //   starts watching afresh; a silent member that arrives before the
 //   decision is written is in. It then admits every id waiting to join
 //   ("elastic/join/<id>" = its request number, set to 0 as it is admitted), and writes
-//   "elastic/g<G+1>/members": the ids in increasing order (a member's rank in
-//   G + 1 is its position), the id whose state every member takes (the
+//   "elastic/g<G+1>/members": the ids of G's members that go on, in G's
+//   order, then the joiners in increasing order (a member's rank in G + 1
+//   is its position: rank 0, the run folder's writer, stays with its
+//   holder while it lives; a joiner never takes it over), the id whose state every member takes (the
 //   arrived one with the most steps, the smallest id among equals), and
 //   whether the generation is below the minimum (then every member stops:
 //   the one with the state saves a checkpoint). Only the coordinator
@@ -75,6 +77,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -124,7 +127,7 @@ class ElasticStalled : public std::runtime_error {
 
 struct ElasticMembership {
   int64_t generation = 0;
-  std::vector<int> ids;  // increasing; a member's rank is its position
+  std::vector<int> ids;  // G's members in G's order, then joiners; a member's rank is its position
   // Per member: its id's death count when it was admitted; a higher count
   // in "elastic/dead/<id>" means this incarnation is dead.
   std::vector<int64_t> incarnations;
@@ -203,6 +206,16 @@ class ElasticRendezvous {
   // nodes' ids, to tell a running job from a stale one in the store.
   static bool anyAlive(Store& store, const std::vector<int>& ids, std::chrono::milliseconds window);
 
+  // While a long collective runs (a checkpoint's save, which allows the
+  // slowest disk ten minutes): the first member of `membership` other than
+  // this one that is marked dead, or whose heartbeat has stood still for
+  // `window` as this process has watched it (call it every few hundred
+  // milliseconds); nullopt while every one lives. A slow disk does not
+  // stop a heartbeat; a hung process or a cut link does.
+  std::optional<int> lostMember(const ElasticMembership& membership, std::chrono::milliseconds window);
+  // "host H, pid P" of `id`, as it wrote it at start, or "where unknown".
+  std::string whereOf(int id);
+
   int id() const { return id_; }
 
  private:
@@ -212,8 +225,8 @@ class ElasticRendezvous {
   // Whether `id`'s heartbeat has stood still for silentAfter, as this
   // process has watched it (see the protocol); never for a member that has
   // not beaten yet, nor while heartbeats are off.
-  bool silent(int id);
-  std::string whereOf(int id);  // "host H, pid P" from elastic/where/<id>
+  bool silent(int id) { return silentFor(id, options_.silentAfter); }
+  bool silentFor(int id, std::chrono::milliseconds window);
   struct Observed {
     int64_t beat = -1;
     std::chrono::steady_clock::time_point changed, read;

@@ -566,6 +566,12 @@ int launchLocalRanks(LaunchOptions o) {
   if (o.masterPort == 0 && o.nnodes > 1) {
     throw UsageError("ddp-run: a multi-node job needs --master-port (the same on every node)");
   }
+  // A node that cannot be a replacement (no etcd, or no --min-ranks) runs
+  // the caller's fresh-start check first, before it takes a port or a store.
+  if (o.freshStartCheck && (o.minRanks <= 0 || o.storeUrl.empty())) {
+    o.freshStartCheck();
+    o.freshStartCheck = nullptr;
+  }
   if (o.nodeRank == 0 && o.storeUrl.empty()) {
     // Bound and listening from now to the end of the job: rank 0 serves the
     // store on this very socket, so no other process can take the port.
@@ -606,7 +612,7 @@ int launchLocalRanks(LaunchOptions o) {
     // job is alive (another node's member beats). Otherwise the store
     // holds a job that is over or gone.
     const int first = o.nodeRank * o.nprocPerNode;
-    bool before = false, alive = false, over = false;
+    bool before = false, alive = false, over = false, ownAlive = false;
     try {
       before = arrivedBefore(*gElasticStore, worldSize, first, o.nprocPerNode);
       if (before) {
@@ -616,6 +622,11 @@ int launchLocalRanks(LaunchOptions o) {
           if (id < first || id >= first + o.nprocPerNode) others.push_back(id);
         }
         alive = !over && ElasticRendezvous::anyAlive(*gElasticStore, others, std::chrono::seconds(2));
+        // Its own ranks of before must be gone: a node cut off, or the same
+        // command started twice, is not a lost node to replace.
+        std::vector<int> own;
+        for (int id = first; id < first + o.nprocPerNode; ++id) own.push_back(id);
+        ownAlive = alive && ElasticRendezvous::anyAlive(*gElasticStore, own, std::chrono::seconds(2));
       }
     } catch (const StoreError& e) {
       fail<StoreError>("ddp-run: node {}: cannot read the job's store at start: {}", o.nodeRank, e.what());
@@ -626,10 +637,11 @@ int launchLocalRanks(LaunchOptions o) {
                        o.nodeRank, first, first + o.nprocPerNode - 1,
                        over ? "over" : "gone (no member's heartbeat moves)");
     }
-    if (before && o.nodeRank == 0) {
-      fail<UsageError>("ddp-run: node 0: the job runs on without it, and node 0 cannot be replaced yet (its rank 0 "
-                       "named the run folder and writes it). HINT: replace another node; node 0's loss is survived "
-                       "without a replacement");
+    if (before && ownAlive) {
+      fail<UsageError>("ddp-run: node {}: its ranks {}..{} of this job still beat in the store: the node is not lost, "
+                       "so there is nothing to replace. HINT: is the same command running on another host? A new "
+                       "job needs a new --rdzv-id",
+                       o.nodeRank, first, first + o.nprocPerNode - 1);
     }
     if (before) {
       o.replacesNode = true;
@@ -639,6 +651,7 @@ int launchLocalRanks(LaunchOptions o) {
                 << std::flush;
     }
   }
+  if (!o.replacesNode && o.freshStartCheck) o.freshStartCheck();
 
   // From here on SIGINT, SIGTERM and SIGHUP stop the ranks first.
   StopSignals signals;

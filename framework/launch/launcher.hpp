@@ -96,11 +96,19 @@ struct LaunchOptions {
   std::string storeUrl;
   // Set by launchLocalRanks, not by the caller: with --min-ranks, a node
   // whose own ranks arrived in the store before, while another node's
-  // members still beat, replaces a lost node: its ranks start as joiners
-  // (DDP_ELASTIC_JOIN=1) and are admitted at a step boundary. Found there
-  // with no member beating (a job over or gone under this --rdzv-id), it
-  // stops with a HINT; node 0 is not replaced (its rank 0 writes the run).
+  // members still beat and its own do not, replaces a lost node: its ranks
+  // start as joiners (DDP_ELASTIC_JOIN=1) and are admitted at a step
+  // boundary. Found there with no member beating (a job over or gone under
+  // this --rdzv-id), it stops with a HINT; so does a node whose own ranks
+  // still beat (not lost: cut off, or started twice). Node 0 is replaced
+  // as any other (with etcd: with node 0's TCP store the job went with it):
+  // a joiner never takes over the run folder's writing (elastic.hpp keeps
+  // the members' order), so rank 0's run folder stays with the member that
+  // writes it.
   bool replacesNode = false;
+  // Run before any rank starts, unless this node replaces a lost one: the
+  // caller's check of a fresh start (ddp-run: the run folder is free).
+  std::function<void()> freshStartCheck;
 };
 
 // Runs the job; returns the exit code for ddp-run: 0 on success, 128 + the

@@ -5,6 +5,12 @@
 # job must finish with test_accuracy >= 0.94 and a checkpoint, and train
 # exactly as `ddp-run --nproc-per-node 2` does.
 #
+# In place under mpirun (issue 42): `--min-ranks` without `mpirun
+# --enable-recovery` is refused at start (mpirun would abort every rank at
+# the first death); with it, `mpirun -np 4` and rank 2 killed after step 7,
+# the other three train on to the end: every step once, world 4 then 3, and
+# no rank left running.
+#
 # Usage: mpirun_test.sh path/to/ddp-run
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -46,4 +52,39 @@ $checks final "$work/mpi" --min-accuracy 0.94 || fail "the mpirun job's results"
 echo "== the same job by ddp-run --nproc-per-node 2"
 run_one_host_reference "$work/local"
 $checks same "$work/mpi" "$work/local" || fail "mpirun and ddp-run trained differently"
-echo "PASSED: mpirun ran the job on ranks from OpenMPI, identical to ddp-run --nproc-per-node 2"
+echo "== mpirun -np 2 ddp-run --min-ranks 1 without --enable-recovery: refused at start"
+rc=0
+timeout -k 10 120 mpirun "${mpi_args[@]}" "$ddp_run" "$experiment" --min-ranks 1 --out "$work/refused" \
+  </dev/null >"$work/refused.log" 2>&1 || rc=$?
+head -20 "$work/refused.log" | sed 's/^/  | /'
+[ "$rc" -ne 0 ] || fail "--min-ranks under mpirun without --enable-recovery was not refused"
+grep -q "under mpirun without --enable-recovery.*HINT: mpirun --enable-recovery" "$work/refused.log" ||
+  fail "the refusal does not name mpirun --enable-recovery"
+[ ! -e "$work/refused/steps.jsonl" ] || fail "the refused job trained"
+
+echo "== mpirun --enable-recovery -np 4 ddp-run --min-ranks 2, rank 2 killed after step 7"
+rc=0
+DDP_FAULT_INJECT=2@7 timeout -k 10 240 mpirun --oversubscribe --enable-recovery -np 4 "$ddp_run" "$experiment" \
+  --min-ranks 2 --set distributed.timeout_s=10 --out "$work/elastic" </dev/null >"$work/elastic.log" 2>&1 || rc=$?
+grep -v "epoch [0-9]*/" "$work/elastic.log" | tail -40 | sed 's/^/  | /' || true
+echo "mpirun: exit $rc"
+[ "$rc" -eq 0 ] || fail "mpirun exited with $rc, expected 0 (with --enable-recovery, OpenMPI 4 ends the job with the survivors' status)"
+grep -q "elastic: generation 1: lost rank id(s) 2; world 4 -> 3" "$work/elastic/train.log" ||
+  fail "the others did not go on without rank 2 in place"
+python3 - "$work/elastic" <<'EOF' || fail "the in-place job's records"
+import json, os, sys
+out = sys.argv[1]
+steps = [json.loads(l) for l in open(os.path.join(out, "steps.jsonl")) if l.strip()]
+numbers = [s["step"] for s in steps]
+if numbers != list(range(1, len(numbers) + 1)):
+    sys.exit(f"steps not 1..N once: {numbers[:12]}...")
+worlds = [s["world_size"] for s in steps]
+if worlds[:7] != [4] * 7 or set(worlds[7:]) != {3}:
+    sys.exit(f"world sizes {worlds[:12]}... (expected 4 up to step 7, then 3)")
+metrics = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
+print(f"ok: {len(numbers)} steps once, world 4 -> 3 after step 7; {len(metrics)} epochs, final test_accuracy "
+      f"{metrics[-1].get('test_accuracy')}")
+EOF
+$checks final "$work/elastic" --min-accuracy 0.94 || fail "the in-place job's results"
+! pgrep -f "$work/elastic" >/dev/null || fail "a rank of the in-place job is still running"
+echo "PASSED: mpirun ran the job on ranks from OpenMPI, identical to ddp-run --nproc-per-node 2; --min-ranks is refused without --enable-recovery and recovers in place with it"

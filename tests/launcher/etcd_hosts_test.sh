@@ -9,6 +9,9 @@
 #      them dead): node 1 carries on in place, exit 0, with every optimizer
 #      step done once, world 4 then 2, and the final test accuracy within
 #      0.05 of the reference; nothing of node 0 is left running;
+#   2b. the same, then node 0's command started again on its "host": a
+#      replacement node 0, whose ranks join at a step boundary (world 2 ->
+#      4); the writer (rank 0) stays on node 1, and both launchers exit 0;
 #   3. a rank of node 1 killed: node 1's own launcher marks it dead in the
 #      store (elastic/dead/3 in etcd), and both nodes finish with exit 0;
 #   4. what ddp-run says to an etcd command line that lacks something, and
@@ -121,6 +124,76 @@ sys.exit(0 if ok else 1)
 PY
 grep -q "lost rank id(s) 0, 1\|lost rank id(s) 0,1" "$work/killed/train.log" "$work/killed.node1.log" ||
   { grep -h "elastic" "$work/killed.node1.log" | tail; fail "node 1 did not say it lost rank ids 0 and 1"; }
+
+echo "== 2b. node 0's host killed at step 9, then node 0's command started again: a replacement node 0"
+# The members wait after step 12 until a rank asks to join
+# (DDP_FAULT_AWAIT_JOIN), so the job is still running when it comes.
+start_node() {  # start_node K NAME LOGSUFFIX [FAULT]: one launcher in the background; its rc in NAME.nodeK.LOGSUFFIX.rc
+  local k=$1 name=$2 suffix=$3 fault=${4:-}
+  (
+    [ -n "$fault" ] && export DDP_FAULT_INJECT="$fault"
+    export DDP_FAULT_AWAIT_JOIN=12
+    rc=0
+    timeout -k 5 180 setsid bash -c 'echo $$ > "$0"; exec "$@"' "$work/$name.node$k.$suffix.sid" \
+      "$ddp_run" --nnodes 2 --node-rank "$k" --nproc-per-node 2 --rdzv-backend etcd \
+      --rdzv-endpoint "127.0.0.1:$client" --rdzv-id "job-$name" --min-ranks 2 --max-restarts 0 \
+      "${experiment[@]}" --out "$work/$name" > "$work/$name.node$k.$suffix.log" 2>&1 < /dev/null || rc=$?
+    echo "$rc" > "$work/$name.node$k.$suffix.rc"
+  ) &
+}
+start_node 0 replaced first "0@9:host"
+first0=$!
+start_node 1 replaced first
+first1=$!
+wait "$first0"  # node 0's host is gone
+for _ in $(seq 600); do  # node 1 trains on at world 2
+  [ -f "$work/replaced/steps.jsonl" ] && grep -q '"world_size":2' "$work/replaced/steps.jsonl" && break
+  sleep 0.1
+done
+grep -q '"world_size":2' "$work/replaced/steps.jsonl" || fail "node 1 did not train on at world 2 after node 0's host died"
+start_node 0 replaced again
+again0=$!
+wait "$first1" "$again0"
+rc_first=$(cat "$work/replaced.node0.first.rc")
+rc1=$(cat "$work/replaced.node1.first.rc")
+rc_again=$(cat "$work/replaced.node0.again.rc")
+echo "node 0 exited $rc_first, its replacement $rc_again, node 1 $rc1"
+[ "$rc_first" = 137 ] || fail "the first node 0 exited $rc_first, expected 137 (SIGKILL)"
+[ "$rc1" = 0 ] || { tail -30 "$work/replaced.node1.first.log"; fail "node 1 exited $rc1, expected 0"; }
+[ "$rc_again" = 0 ] || { tail -30 "$work/replaced.node0.again.log"; fail "the replacement node 0 exited $rc_again, expected 0"; }
+grep -q "replaces a lost one" "$work/replaced.node0.again.log" ||
+  { head -5 "$work/replaced.node0.again.log"; fail "the replacement node 0 did not say it replaces a lost one"; }
+# Its two ranks ask to join one after the other: admitted together, or at
+# two step boundaries in a row.
+grep -q "rank id(s) 0,1 joined; world 2 -> 4" "$work/replaced/train.log" ||
+  { grep -q "rank id(s) 0 joined" "$work/replaced/train.log" && grep -q "rank id(s) 1 joined" "$work/replaced/train.log"; } ||
+  { grep elastic "$work/replaced/train.log"; fail "train.log does not say rank ids 0 and 1 joined"; }
+# The writer stayed on node 1 (a joiner never takes rank 0): the epoch lines
+# and the end are in node 1's log only.
+grep -q "^done:\|\] done:" "$work/replaced.node1.first.log" || fail "node 1's log has no done: line (the writer left it)"
+! grep -q "epoch [0-9]*/12" "$work/replaced.node0.again.log" || fail "the replacement node 0 wrote epoch lines: it took over the writing"
+$python - "$work/plain" "$work/replaced" <<'PY' || fail "the run whose node 0 was replaced differs from the unfailed one (above)"
+import json, sys
+def records(path):
+    return [json.loads(l) for l in open(path) if l.strip()]
+plain, replaced = (records(d + "/steps.jsonl") for d in sys.argv[1:3])
+steps = [r["step"] for r in replaced]
+worlds = [r["world_size"] for r in replaced]
+ok = True
+def check(cond, what):
+    global ok
+    if not cond:
+        print("  not so:", what)
+        ok = False
+check(steps == list(range(1, len(steps) + 1)), f"every step once: {steps}")
+changes = [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]]
+check(changes in ([4, 2, 4], [4, 2, 3, 4]), f"world 4, then 2, then 4 again (through 3 if its ranks joined apart): {changes}")
+a = records(sys.argv[2] + "/metrics.jsonl")[-1]["test_accuracy"]
+b = records(sys.argv[1] + "/metrics.jsonl")[-1]["test_accuracy"]
+check(abs(a - b) <= 0.05, f"final test accuracy {a:.4f} within 0.05 of the unfailed run's {b:.4f}")
+print(f"steps {len(steps)}, worlds {changes}, test accuracy {a:.4f} (unfailed {b:.4f})")
+sys.exit(0 if ok else 1)
+PY
 
 echo "== 3. a rank of node 1 killed at step 9: node 1's own launcher marks it dead in the store"
 run_hosts rank job-rank "3@9" 1

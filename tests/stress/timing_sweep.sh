@@ -17,7 +17,7 @@ pattern='elastic|min-ranks|straggler|hung rank 0|killed with SIGKILL|small colle
 pattern+='|disagree|killed in the middle of a recv|DDP_LOG_LEVEL=info|launcher.signal|built-ins is fast|etcd|EtcdStore|bench.faults'
 pattern+='|hangs while rank 0 saves'
 # In place under torchrun and SLURM: a rank killed, the others go on.
-pattern+='|torchrun_store_modes|slurm_wine_ddp'
+pattern+='|torchrun_store_modes|slurm_wine_ddp|mpirun_wine_ddp'
 pattern=${5:-$pattern}
 hog_pids=()
 cleanup() { ((${#hog_pids[@]})) && kill "${hog_pids[@]}" 2>/dev/null; }
