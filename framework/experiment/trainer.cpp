@@ -224,22 +224,34 @@ void Trainer::build() {
     s.log->line(fmt::format("model: started from the {} tensors of {} (model.init_from)", initTensors, initFrom));
   }
 
-  makeStrategy(std::move(optimizer));
+  makeStrategy(optimizer);
   if (!resumeFrom.empty() && state.sharded) loadShardedState(resumeFrom);
   shardData();
   s.built = true;
 }
 
-void Trainer::makeStrategy(std::unique_ptr<torch::optim::Optimizer> optimizer) {
+void Trainer::makeStrategy(std::unique_ptr<torch::optim::Optimizer>& optimizer, bool statesEqual) {
+  Impl& s = *impl_;
+  StrategyContext context;
+  context.optimizer = std::move(optimizer);
+  try {
+    buildStrategy(context, statesEqual);
+  } catch (...) {
+    if (context.optimizer) optimizer = std::move(context.optimizer);
+    throw;
+  }
+  s.strategy->setGradientClipping(config_.training.clipGradNorm);
+}
+
+void Trainer::buildStrategy(StrategyContext& context, bool statesEqual) {
   Impl& s = *impl_;
   const ExperimentConfig& config = config_;
-  StrategyContext context;
   context.model = s.model;
-  context.optimizer = std::move(optimizer);
   context.group = s.group;
   context.ddp.bucketCapBytes = static_cast<size_t>(config.distributed.bucketCapMb * 1024 * 1024);
   context.ddp.firstBucketCapBytes = static_cast<size_t>(config.distributed.firstBucketCapMb * 1024 * 1024);
   context.ddp.findUnusedParameters = config.distributed.findUnusedParameters;
+  context.ddp.statesEqual = statesEqual;
   if (config.distributed.commHook) {
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed.timeoutSeconds * 1000));
     context.ddp.commHook = registry_.get(PluginKind::CommHook, config.distributed.commHook->name)
@@ -273,7 +285,6 @@ void Trainer::makeStrategy(std::unique_ptr<torch::optim::Optimizer> optimizer) {
     }
   }
   s.strategy = builtinStrategies().create(config.distributed.strategy, std::move(context));
-  s.strategy->setGradientClipping(config.training.clipGradNorm);
 }
 
 void Trainer::shardData() {

@@ -160,6 +160,7 @@ struct TrainResult {
 
 class ParallelStrategy;
 class RunLog;
+struct StrategyContext;
 
 class Trainer {
  public:
@@ -233,7 +234,12 @@ class Trainer {
   // of the epoch after a change of membership); false when the membership
   // changed at a step boundary and the rest must be dealt again.
   bool trainSegment(int64_t epoch, int64_t firstBatch, EpochSums& sums);
-  void makeStrategy(std::unique_ptr<torch::optim::Optimizer> optimizer);
+  // Takes `optimizer` into the new strategy; if building it throws (a rank
+  // lost while DDP allocates its buckets), `optimizer` is handed back.
+  // statesEqual: every rank holds the same state already (after an elastic
+  // recovery's syncState): DDP skips its model check and broadcast.
+  void makeStrategy(std::unique_ptr<torch::optim::Optimizer>& optimizer, bool statesEqual = false);
+  void buildStrategy(StrategyContext& context, bool statesEqual);  // makeStrategy's body
   void shardData();  // sampler and test rows for this rank of this group
   // Elastic (trainer_recovery.cpp).
   bool recoverable(const std::exception& e) const;

@@ -23,7 +23,22 @@
 #include "framework/experiment/trainer_impl.hpp"
 
 namespace ddp {
+
 namespace {
+
+// For the tests: DDP_FAULT_RECOVERY=ID kills rank id ID in its first
+// recovery (generation 1), once the new membership is decided, before the
+// group forms: a failure during the recovery itself. "ID:synced" kills it
+// later, once the group formed and the state is synced: the window between
+// the recovery and the next step. "ID:host" (with either) kills its whole
+// host (fault_injection.hpp's killThisHost).
+void recoveryFault(int id, int64_t generation, bool synced) {
+  const char* f = std::getenv("DDP_FAULT_RECOVERY");
+  if (f == nullptr || std::atoi(f) != id || generation != 1 || std::getenv("DDP_ELASTIC_JOIN") != nullptr) return;
+  if ((std::strstr(f, ":synced") != nullptr) != synced) return;
+  if (std::strstr(f, ":host") != nullptr) killThisHost();
+  ::raise(SIGKILL);
+}
 
 // A broken group is dropped off the critical path: its destructor may wait
 // for its worker to notice the failure.
@@ -91,16 +106,7 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
       // slow. The coordinator decides (membership.probeLinks), so every
       // member probes in formGroup, or none.
       s.membership = s.rendezvous->next(s.membership, s.steps, timedOut(failure));
-      // For the tests: DDP_FAULT_RECOVERY=ID kills rank id ID once its
-      // first new membership is decided, before the group forms: a failure
-      // during the recovery itself; "ID:host" kills its whole host then
-      // (fault_injection.hpp's killThisHost).
-      if (const char* f = std::getenv("DDP_FAULT_RECOVERY");
-          f != nullptr && std::atoi(f) == s.rendezvous->id() && s.membership.generation == 1 &&
-          std::getenv("DDP_ELASTIC_JOIN") == nullptr) {
-        if (std::strstr(f, ":host") != nullptr) killThisHost();
-        ::raise(SIGKILL);
-      }
+      recoveryFault(s.rendezvous->id(), s.membership.generation, /*synced=*/false);
       if (s.membership.belowMinimum) {
         // Below --min-ranks: the member with the state saves it, all stop.
         const std::vector<int>& ids = s.membership.ids;
@@ -122,6 +128,11 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
             ids.size(), idsText(ids), options_.minRanks, s.membership.sourceSteps);
       }
       formGroup(*optimizer);
+      // Inside the retry: DDP's construction allocates its buckets
+      // collectively (gloo: in shared memory, through the store). A rank
+      // lost then sends the members on to the next generation; the
+      // optimizer comes back from a strategy that could not be built.
+      makeStrategy(optimizer, /*statesEqual=*/true);
       break;
     } catch (const std::exception& e) {
       if (!recoverable(e) || attempt >= 10) throw;
@@ -132,7 +143,6 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
       retire(std::move(s.group));
     }
   }
-  makeStrategy(std::move(optimizer));
   shardData();
   s.log->setEnabled(isWriter());
   ++s.recoveries;
@@ -179,6 +189,7 @@ void Trainer::joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer)
       if (attempt > 1) s.membership = s.rendezvous->next(s.membership, s.steps);
       if (s.membership.belowMinimum) fail<ElasticBelowMinimum>("elastic: the job went below --min-ranks while this rank joined");
       formGroup(*optimizer);
+      makeStrategy(optimizer, /*statesEqual=*/true);  // inside the retry, as in reconfigure
       break;
     } catch (const std::exception& e) {
       if (!recoverable(e) || attempt >= 10) throw;
@@ -186,7 +197,6 @@ void Trainer::joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer)
     }
   }
   s.startEpoch = s.epoch;
-  makeStrategy(std::move(optimizer));
   shardData();
   s.log->setEnabled(isWriter());
   s.log->line(fmt::format("elastic: rank id {} joined generation {} as rank {} of {} at step {}, epoch {}, in {:.3f} s",
@@ -203,6 +213,7 @@ void Trainer::formGroup(torch::optim::Optimizer& optimizer) {
                                    s.membership.rankOf(s.rendezvous->id()), s.membership.world(), dist_.groupOptions);
   if (s.membership.probeLinks) leaveOutSlowHost(optimizer);
   syncState(optimizer);
+  recoveryFault(s.rendezvous->id(), s.membership.generation, /*synced=*/true);
 }
 
 // After a collective timed out with every member alive: the links between

@@ -75,7 +75,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
   commHook_ = options_.commHook ? options_.commHook : std::make_shared<AllreduceAvgHook>(options_.timeout);
 
-  verifyModelsMatch();
+  if (!options_.statesEqual) verifyModelsMatch();
 
   std::vector<at::Tensor> everything, buffers;
   for (auto& [name, p] : uniqueParameters(*module_)) everything.push_back(p);
@@ -83,7 +83,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     everything.push_back(b);
     buffers.push_back(b);
   }
-  broadcastFromRankZero(everything);
+  if (!options_.statesEqual) broadcastFromRankZero(everything);
   buffers_ = std::make_unique<PackedBroadcast>(buffers);
 
   for (auto& [name, p] : uniqueParameters(*module_)) {

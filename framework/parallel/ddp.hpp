@@ -86,6 +86,11 @@ struct DdpOptions {
   Milliseconds timeout = kUseGroupTimeout;
   // Reduces each bucket; null: AllreduceAvgHook(timeout).
   CommHookPtr commHook;
+  // The caller made every rank's parameters and buffers equal already (an
+  // elastic recovery's state broadcast): the constructor skips its check
+  // that the models match and its broadcast from rank 0, so it runs no
+  // collective (a rank lost then would fail outside the recovery's retry).
+  bool statesEqual = false;
 };
 
 class DistributedDataParallel {

@@ -6,10 +6,10 @@
 
 namespace ddp {
 
-DdpStrategy::DdpStrategy(StrategyContext context)
-    : model_(std::move(context.model)),
-      optimizer_(std::move(context.optimizer)),
-      ddp_(std::make_unique<DistributedDataParallel>(model_, std::move(context.group), context.ddp)) {}
+DdpStrategy::DdpStrategy(StrategyContext&& context) : model_(context.model) {
+  ddp_ = std::make_unique<DistributedDataParallel>(model_, context.group, context.ddp);
+  optimizer_ = std::move(context.optimizer);
+}
 
 void DdpStrategy::backward(const at::Tensor& loss, bool lastMicroBatch) {
   if (lastMicroBatch) {

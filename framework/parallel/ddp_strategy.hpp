@@ -15,7 +15,9 @@ namespace ddp {
 
 class DdpStrategy : public ParallelStrategy {
  public:
-  explicit DdpStrategy(StrategyContext context);
+  // Takes the optimizer from `context` last, once DDP is built: if that
+  // throws, the optimizer is still in `context` (strategy.hpp).
+  explicit DdpStrategy(StrategyContext&& context);
 
   const char* name() const override { return "ddp"; }
   torch::nn::Module& model() override { return *model_; }

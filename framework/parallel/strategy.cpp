@@ -85,7 +85,7 @@ std::vector<std::string> StrategyRegistry::names() const {
   return out;
 }
 
-std::unique_ptr<ParallelStrategy> StrategyRegistry::create(const std::string& name, StrategyContext context) const {
+std::unique_ptr<ParallelStrategy> StrategyRegistry::create(const std::string& name, StrategyContext&& context) const {
   auto it = factories_.find(name);
   if (it == factories_.end()) {
     std::string known;
@@ -124,22 +124,22 @@ ParallelStrategy::HeldBytes ParallelStrategy::countHeldBytes(std::vector<at::Ten
 StrategyRegistry& builtinStrategies() {
   static StrategyRegistry registry = [] {
     StrategyRegistry r;
-    r.add("ddp", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+    r.add("ddp", [](StrategyContext&& c) -> std::unique_ptr<ParallelStrategy> {
       // One rank has nothing to synchronise: no DDP, no buckets.
       if (c.group->size() == 1) return std::make_unique<LocalStrategy>(std::move(c.model), std::move(c.optimizer));
       return std::make_unique<DdpStrategy>(std::move(c));
     });
-    r.add("zero1", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+    r.add("zero1", [](StrategyContext&& c) -> std::unique_ptr<ParallelStrategy> {
       return std::make_unique<ZeroStrategy>(std::move(c), 1);
     });
-    r.add("zero2", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+    r.add("zero2", [](StrategyContext&& c) -> std::unique_ptr<ParallelStrategy> {
       return std::make_unique<ZeroStrategy>(std::move(c), 2);
     });
-    r.add("fsdp", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+    r.add("fsdp", [](StrategyContext&& c) -> std::unique_ptr<ParallelStrategy> {
       c.replicateGroup.reset();
       return std::make_unique<FsdpStrategy>(std::move(c));
     });
-    r.add("hsdp", [](StrategyContext c) -> std::unique_ptr<ParallelStrategy> {
+    r.add("hsdp", [](StrategyContext&& c) -> std::unique_ptr<ParallelStrategy> {
       if (!c.replicateGroup) {
         fail<UsageError>("strategy hsdp needs a rank mesh: StrategyContext::group a row of it, replicateGroup "
                          "its column (the trainer builds them from distributed.shard_size)");

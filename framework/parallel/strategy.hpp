@@ -180,7 +180,12 @@ struct StrategyContext {
   } fsdp;
 };
 
-using StrategyFactory = std::function<std::unique_ptr<ParallelStrategy>(StrategyContext context)>;
+// A factory takes from the context what it keeps. One that throws leaves
+// in it what it had not taken yet: the ddp strategy takes the optimizer
+// only once its DistributedDataParallel is built (which allocates the
+// gradient buckets, collectively), so that an elastic recovery that loses
+// a rank just then keeps its optimizer for the next attempt.
+using StrategyFactory = std::function<std::unique_ptr<ParallelStrategy>(StrategyContext&& context)>;
 
 class StrategyRegistry {
  public:
@@ -188,7 +193,7 @@ class StrategyRegistry {
   void add(const std::string& name, StrategyFactory factory);
   bool has(const std::string& name) const { return factories_.count(name) > 0; }
   std::vector<std::string> names() const;
-  std::unique_ptr<ParallelStrategy> create(const std::string& name, StrategyContext context) const;
+  std::unique_ptr<ParallelStrategy> create(const std::string& name, StrategyContext&& context) const;
 
  private:
   std::map<std::string, StrategyFactory> factories_;
