@@ -249,6 +249,16 @@ HierarchicalGroup::HierarchicalGroup(int rank, int size, ProcessGroupOptions opt
 }
 
 
+void HierarchicalGroup::abort(const std::string& reason) {
+  Impl* g = impl_.get();
+  {
+    std::lock_guard<std::mutex> lock(g->mutex);
+    if (!g->broken) g->broken = std::make_exception_ptr(CollectiveError(reason));
+  }
+  g->local->abort(reason);
+  if (g->leaders) g->leaders->abort(reason);
+}
+
 WorkPtr HierarchicalGroup::send(const at::Tensor& tensor, int dst, const SendOptions& opts) {
   if (opts.tag < 0) {
     fail<UsageError>("[rank {}/{}] gloo send: tag {} is negative (negative tags are internal)", rank(), size(), opts.tag);

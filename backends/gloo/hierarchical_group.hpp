@@ -101,6 +101,9 @@ class HierarchicalGroup : public ProcessGroup {
   WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {}) override;
   // In shared memory among this host's ranks (collective among them).
   at::Tensor allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options) override;
+  // Breaks this group and aborts its sub-groups (this host's, and the
+  // leaders' where this rank leads), so that its peers fail too.
+  void abort(const std::string& reason) override;
 
  private:
   // Queues a collective that sends sends[j] to rank j and fills recvs[i]

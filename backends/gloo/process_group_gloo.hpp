@@ -91,8 +91,8 @@ class ProcessGroupGloo : public ProcessGroup {
   // through shared memory, tells the peers, so that a peer waiting for this
   // rank in a collective fails now rather than at its timeout. For a group
   // that uses this one as a step of its own collectives
-  // (hierarchical_group.hpp). Any thread.
-  void abort(const std::string& reason);
+  // (hierarchical_group.hpp), and for ProcessGroup::abort. Any thread.
+  void abort(const std::string& reason) override;
   // Whether payloads move through shared memory; if not, why not.
   bool usesSharedMemory() const;
   const std::string& sharedMemoryUnavailableReason() const;

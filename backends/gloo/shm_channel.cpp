@@ -357,9 +357,16 @@ void ShmChannel::waitFor(int peer, uint32_t target, Deadline deadline) {
   // A peer that published the step before it failed did reach it (its
   // descriptor is there to be checked); only a missing step with the flag
   // set is its failure.
+  // This rank's own flag too: set by abort() from another thread (a peer
+  // known lost), it ends this wait at once.
+  const RankHeader& me = header(rank_);
   auto check = [&] {
     if (reached(them.steps.load(std::memory_order_acquire), target)) return true;
     if (them.failed.load(std::memory_order_acquire)) failWith("failed");
+    if (me.failed.load(std::memory_order_acquire)) {
+      throw ShmWaitError(fmt::format("this rank's group was aborted while it waited for rank {} (shared-memory step {})",
+                                     peer, target));
+    }
     return false;
   };
   // Spin first: a peer that is running arrives within microseconds.

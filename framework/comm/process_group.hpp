@@ -195,6 +195,15 @@ class ProcessGroup {
   // group is destroyed.
   virtual at::Tensor allocateCommunicationBuffer(int64_t numel, const at::TensorOptions& options);
 
+  // Breaks the group from any thread: the collective in progress (one run
+  // in its caller included) and every later one fail with CollectiveError
+  // `reason`, and, where the backend can tell them, so do the peers' (gloo:
+  // through shared memory and by interrupting its TCP waits). For a caller
+  // that knows a peer is gone before any timeout could say so (an elastic
+  // member whose heartbeat stopped). Default: nothing; the collective runs
+  // to its own timeout (NCCL, for now).
+  virtual void abort(const std::string& reason) { (void)reason; }
+
  protected:
   [[noreturn]] void notSupported(const std::string& operation) const;
   Milliseconds resolveTimeout(Milliseconds requested) const {

@@ -13,15 +13,91 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "framework/checkpoint/sharded_checkpoint.hpp"
 #include "framework/core/errors.hpp"
+#include "framework/core/log.hpp"
 #include "framework/core/system.hpp"
 #include "framework/experiment/run_folder.hpp"
 #include "framework/experiment/trainer_impl.hpp"
 
 namespace ddp {
+namespace {
+
+// What a save's collective allows the slowest disk (a rank that waits
+// while others write).
+constexpr std::chrono::milliseconds kSlowDisk{600000};
+
+// Runs a save's collective (`start` issues it) and waits for it, which may
+// take up to kSlowDisk. In an elastic job a watcher beside it gives up
+// sooner: once another member is marked dead or its heartbeat stands still
+// for `timeout`, it aborts the group (ProcessGroup::abort: the collective
+// fails here and at the peers) and this throws CollectiveError naming the
+// member; the members then recover and save again over the new group. A
+// slow disk leaves a heartbeat beating; a cut link or a frozen process
+// does not. The watcher alone uses the rendezvous meanwhile: this thread
+// is inside the collective. gloo may run a small collective in its caller,
+// so the watcher runs from before the call.
+void guardedSave(ProcessGroup& group, ElasticRendezvous* rendezvous, const ElasticMembership& membership,
+                 std::chrono::milliseconds timeout, const std::string& what, const std::function<WorkPtr()>& start) {
+  if (rendezvous == nullptr) {
+    start()->wait();
+    return;
+  }
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool done = false;
+  std::string lostLine;
+  std::thread watcher([&] {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!wake.wait_for(lock, std::chrono::milliseconds(200), [&] { return done; })) {
+      lock.unlock();
+      std::optional<int> lost;
+      try {
+        lost = rendezvous->lostMember(membership, timeout);
+      } catch (const std::exception&) {
+        // The store unreachable for a moment: the collective decides.
+      }
+      std::string line;
+      if (lost) {
+        line = fmt::format(
+            "checkpoint: rank id {} ({}) stopped beating for {} s (distributed.timeout_s), or died, while {}; the "
+            "save fails and the members go on without it",
+            *lost, rendezvous->whereOf(*lost), timeout.count() / 1000.0, what);
+      }
+      lock.lock();
+      if (!line.empty() && !done) {
+        lostLine = line;
+        group.abort(line);
+        return;
+      }
+    }
+  });
+  std::exception_ptr error;
+  try {
+    start()->wait();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+  }
+  wake.notify_all();
+  watcher.join();
+  if (!lostLine.empty()) {
+    logWarn("{}", lostLine);  // on every member that sees it: train.log's line keeps only its start
+    fail<CollectiveError>("{}", lostLine);
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
 
 void Trainer::saveCheckpoint(int64_t epoch) { writeCheckpoint(epoch, 0, {}); }
 
@@ -124,7 +200,8 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
   // timeout, and the job recovers or restarts, not ten minutes later.
   if (worldSize() > 1 && s.strategy) {
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.distributed.timeoutSeconds * 1000));
-    group().barrier({archive ? timeout : std::chrono::milliseconds(600000)})->wait();
+    guardedSave(group(), s.rendezvous.get(), s.membership, timeout, fmt::format("rank 0 saved epoch {}", epoch),
+                [&] { return group().barrier({archive ? timeout : kSlowDisk}); });
   }
   if (!failure.empty()) fail<std::runtime_error>("{}", failure);
   // Every rank: the signal path skips a checkpoint every rank already wrote.
@@ -176,7 +253,9 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
   std::string file = name.empty() ? checkpointFileName(epoch, batch, true) : name;
   if (file.size() > 3 && file.compare(file.size() - 3, 3, ".pt") == 0) file = file.substr(0, file.size() - 3) + ".shards";
   const std::string dir = options_.runDir + "/checkpoints/" + file;
-  const BarrierOptions slowDisk{std::chrono::milliseconds(600000)};  // as the consolidated save gives rank 0
+  const BarrierOptions slowDisk{kSlowDisk};  // as the consolidated save gives rank 0
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.distributed.timeoutSeconds * 1000));
+  const std::string saving = fmt::format("the ranks saved their shards of epoch {}", epoch);
 
   // One id for this save on every rank: shards of two saves never mix.
   at::Tensor id = at::zeros({2}, at::kLong);
@@ -198,7 +277,7 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
   if (collective) {
     BroadcastOptions from;
     from.timeout = slowDisk.timeout;
-    group().broadcast(id, from)->wait();
+    guardedSave(group(), s.rendezvous.get(), s.membership, timeout, saving, [&] { return group().broadcast(id, from); });
   }
   const std::string saveId = fmt::format("{:016x}-{}", static_cast<uint64_t>(id[0].item<int64_t>()), id[1].item<int64_t>());
   nlohmann::json meta{{"epoch", epoch},
@@ -263,7 +342,8 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
     AllreduceOptions max;
     max.op = ReduceOp::Max;
     max.timeout = slowDisk.timeout;
-    group().allreduce(failed, max)->wait();
+    guardedSave(group(), s.rendezvous.get(), s.membership, timeout, saving,
+                [&] { return group().allreduce(failed, max); });
   }
   const int64_t failedRank = failed.item<int64_t>() == 0 ? -1 : world - failed.item<int64_t>();
   if (failedRank < 0 && writer) {
@@ -281,7 +361,10 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
     if (!failure.empty()) fail<std::runtime_error>("{}", failure.substr(0, failure.find('\n')));
     fail<std::runtime_error>("checkpoint: rank {} could not write its shard of {}", failedRank, dir);
   }
-  if (collective) group().barrier(slowDisk)->wait();  // the index exists for every rank from here
+  // The index exists for every rank from here.
+  if (collective) {
+    guardedSave(group(), s.rendezvous.get(), s.membership, timeout, saving, [&] { return group().barrier(slowDisk); });
+  }
   if (name.empty()) s.lastSaved = epoch;
 }
 

@@ -2,28 +2,31 @@
 
 #include "framework/core/errors.hpp"
 
+#include <cerrno>
 #include <csignal>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <chrono>
 #include <filesystem>
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <sstream>
 #include <string>
 #include <thread>
 
 #include "framework/core/log.hpp"
+#include "framework/core/system.hpp"
 #include "framework/experiment/trainer.hpp"
+#include "framework/launch/rank_env.hpp"
 
 namespace ddp {
 
 std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank, std::shared_ptr<Store> store) {
   const char* fault = std::getenv("DDP_FAULT_INJECT");
   if (!fault) return nullptr;
-  for (const char* name : {"DDP_RESTART", "TORCHELASTIC_RESTART_COUNT"}) {
-    const char* restart = std::getenv(name);
-    if (restart && *restart && std::string(restart) != "0") return nullptr;
-  }
+  if (restartedByAnyLauncher(currentEnvironment())) return nullptr;
   // A rank that rejoins an elastic job is a new incarnation: no fault.
   if (const char* join = std::getenv("DDP_ELASTIC_JOIN"); join && std::string(join) == "1") return nullptr;
   std::vector<Fault> faults;
@@ -60,6 +63,10 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank, std::s
       f.signal = SIGSTOP;
     } else if (action == "term") {
       f.signal = SIGTERM;
+    } else if (action.rfind("freeze=", 0) == 0) {
+      f.signal = 0;  // the waker stops it (act)
+      f.freezeMs = std::atoi(action.c_str() + 7);
+      if (f.freezeMs <= 0) fail<UsageError>("DDP_FAULT_INJECT '{}': freeze= needs a number of milliseconds above 0", entry);
     } else if (action.rfind("sleep=", 0) == 0) {
       f.signal = 0;
       f.sleepMs = std::atoi(action.c_str() + 6);
@@ -71,7 +78,7 @@ std::shared_ptr<FaultInjection> FaultInjection::fromEnvironment(int rank, std::s
       f.untilReplaced = true;
     } else if (!action.empty()) {
       // A fault that is not the one asked for would be measured unnoticed.
-      fail<UsageError>("DDP_FAULT_INJECT '{}': unknown action '{}' (known: stop, term, sleep=MS, host, "
+      fail<UsageError>("DDP_FAULT_INJECT '{}': unknown action '{}' (known: stop, term, sleep=MS, freeze=MS, host, "
                        "until-replaced, each optionally after delay=MS:; none: SIGKILL)",
                        entry, how);
     }
@@ -109,6 +116,35 @@ void killThisHost() {
 void FaultInjection::act(const Fault& f) {
   if (f.delayMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.delayMs));
   if (f.wholeHost) killThisHost();
+  if (f.freezeMs > 0) {
+    // The child stops this process, wakes it MS later and exits; this one
+    // waits for that exit on a pipe (closed only by the child's exit), so
+    // it is stopped in between whatever the timing. Only async-signal-safe
+    // calls in the child of a process with threads.
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) fail<std::runtime_error>("DDP_FAULT_INJECT :freeze: pipe: {}", errnoText(errno));
+    const pid_t self = ::getpid();
+    logInfo("DDP_FAULT_INJECT :freeze={}: this rank (pid {}) stops, and wakes {} ms later", f.freezeMs, self,
+            f.freezeMs);
+    const pid_t waker = ::fork();
+    if (waker < 0) fail<std::runtime_error>("DDP_FAULT_INJECT :freeze: cannot fork the waker: {}", errnoText(errno));
+    if (waker == 0) {
+      ::close(fds[0]);
+      ::kill(self, SIGSTOP);
+      struct timespec left {f.freezeMs / 1000, static_cast<long>(f.freezeMs % 1000) * 1000000L};
+      while (::nanosleep(&left, &left) != 0 && errno == EINTR) {
+      }
+      ::kill(self, SIGCONT);
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    char byte;
+    while (::read(fds[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    ::close(fds[0]);
+    ::waitpid(waker, nullptr, 0);
+    return;
+  }
   if (f.signal != 0) ::raise(f.signal);
   if (f.sleepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f.sleepMs));
   if (f.untilReplaced && store_) {

@@ -1,12 +1,15 @@
 // FaultInjection: for the launcher's tests, DDP_FAULT_INJECT="RANK:EPOCH"
 // makes that rank kill itself (SIGKILL) when that epoch (0-based) begins,
-// on the first attempt only (DDP_RESTART and TORCHELASTIC_RESTART_COUNT
-// unset or 0, and not a rank rejoining an elastic job); "RANK:EPOCH:stop"
+// on the first attempt only (no launcher's restart counter above 0,
+// rank_env.hpp's kRestartVariables, and not a rank rejoining an elastic job); "RANK:EPOCH:stop"
 // stops it instead (SIGSTOP: a hung rank). "RANK@STEP" acts right after
 // optimizer step STEP (counted from 1) instead: mid-epoch; "RANK#EPOCH"
 // among the callbacks at the end of epoch EPOCH (from 1), after the
 // straggler report's collective; ":sleep=MS"
-// makes it sleep (a rank that hangs for a while, then wakes);
+// makes it sleep (a rank that hangs for a while, then wakes, its heartbeat
+// beating meanwhile); ":freeze=MS" stops the whole process (SIGSTOP, its
+// heartbeat too, as a cut link or a frozen host would), and a child it
+// forks wakes it (SIGCONT) MS milliseconds later;
 // ":until-replaced" makes it hang until the others have decided a new
 // elastic membership without it ("elastic/generation" in the store), then
 // wake: a hung rank that comes back late, whatever the machine's speed;
@@ -52,6 +55,7 @@ class FaultInjection : public TrainerCallback {
     int64_t when = 0;
     int signal = SIGKILL;  // 0: none
     int sleepMs = 0;
+    int freezeMs = 0;  // stopped (SIGSTOP) this many milliseconds, then woken
     bool untilReplaced = false;
     bool wholeHost = false;
     int delayMs = 0;  // before acting
