@@ -217,9 +217,10 @@ class Trainer {
   int64_t startEpoch() const;  // epochs done before this call (resume)
   int64_t steps() const;       // optimizer steps so far, resumed ones included
   int64_t trainSamples() const;  // the training split's size, after build()
-  // Elastic runs (tests): waits until a rank asks to join or `timeout`
-  // passes; true when one asks, and then this step's agreement sees it.
-  bool awaitJoinRequest(std::chrono::milliseconds timeout);
+  // Elastic runs (tests): waits until `count` ranks ask to join (and are
+  // not admitted yet) or `timeout` passes; true when they ask, and then
+  // this step's agreement sees them.
+  bool awaitJoinRequest(std::chrono::milliseconds timeout, int64_t count = 1);
 
  private:
   TrainResult runStages();

@@ -35,14 +35,17 @@ constexpr std::chrono::milliseconds kSlowDisk{600000};
 
 // Runs a save's collective (`start` issues it) and waits for it, which may
 // take up to kSlowDisk. In an elastic job a watcher beside it gives up
-// sooner: once another member is marked dead or its heartbeat stands still
-// for `timeout`, it aborts the group (ProcessGroup::abort: the collective
-// fails here and at the peers) and this throws CollectiveError naming the
-// member; the members then recover and save again over the new group. A
-// slow disk leaves a heartbeat beating; a cut link or a frozen process
-// does not. The watcher alone uses the rendezvous meanwhile: this thread
-// is inside the collective. gloo may run a small collective in its caller,
-// so the watcher runs from before the call.
+// sooner: once another member's heartbeat stands still for `timeout`, it
+// aborts the group (ProcessGroup::abort: the collective fails here and at
+// the peers), and a collective that failed then throws CollectiveError
+// naming the member; the members recover and save again over the new
+// group. One that completed all the same (the member had done its part)
+// returns: the aborted group fails the next collective on every member
+// alike. A slow disk leaves a heartbeat beating; a cut link or a frozen
+// process does not. The watcher looks twice a second (a read of each
+// member's heartbeat), and alone uses the rendezvous meanwhile: this
+// thread is inside the collective. gloo may run a small collective in its
+// caller, so the watcher runs from before the call.
 void guardedSave(ProcessGroup& group, ElasticRendezvous* rendezvous, const ElasticMembership& membership,
                  std::chrono::milliseconds timeout, const std::string& what, const std::function<WorkPtr()>& start) {
   if (rendezvous == nullptr) {
@@ -55,7 +58,7 @@ void guardedSave(ProcessGroup& group, ElasticRendezvous* rendezvous, const Elast
   std::string lostLine;
   std::thread watcher([&] {
     std::unique_lock<std::mutex> lock(mutex);
-    while (!wake.wait_for(lock, std::chrono::milliseconds(200), [&] { return done; })) {
+    while (!wake.wait_for(lock, std::chrono::milliseconds(500), [&] { return done; })) {
       lock.unlock();
       std::optional<int> lost;
       try {
@@ -66,8 +69,8 @@ void guardedSave(ProcessGroup& group, ElasticRendezvous* rendezvous, const Elast
       std::string line;
       if (lost) {
         line = fmt::format(
-            "checkpoint: rank id {} ({}) stopped beating for {} s (distributed.timeout_s), or died, while {}; the "
-            "save fails and the members go on without it",
+            "checkpoint: rank id {} ({}) stopped beating for {} s (distributed.timeout_s) while {}; the save fails "
+            "and the members go on without it",
             *lost, rendezvous->whereOf(*lost), timeout.count() / 1000.0, what);
       }
       lock.lock();
@@ -90,10 +93,8 @@ void guardedSave(ProcessGroup& group, ElasticRendezvous* rendezvous, const Elast
   }
   wake.notify_all();
   watcher.join();
-  if (!lostLine.empty()) {
-    logWarn("{}", lostLine);  // on every member that sees it: train.log's line keeps only its start
-    fail<CollectiveError>("{}", lostLine);
-  }
+  if (!lostLine.empty()) logWarn("{}", lostLine);  // on every member that sees it: train.log keeps only its start
+  if (error && !lostLine.empty()) fail<CollectiveError>("{}", lostLine);
   if (error) std::rethrow_exception(error);
 }
 
@@ -162,7 +163,9 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
       std::error_code ec;
       std::filesystem::create_directories(std::filesystem::path(finalPath).parent_path(), ec);
     }
-    const std::string tmpPath = finalPath + ".tmp";
+    // This process's own: a writer cut off from the others (left out,
+    // still writing) never shares a file with the one that replaced it.
+    const std::string tmpPath = fmt::format("{}.{}.tmp", finalPath, ::getpid());
     const int fd = ::open(tmpPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     int err = fd < 0 ? errno : 0;
     if (fd >= 0) {

@@ -135,7 +135,9 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
       makeStrategy(optimizer, /*statesEqual=*/true);
       break;
     } catch (const std::exception& e) {
-      if (!recoverable(e) || attempt >= 10) throw;
+      // !optimizer: a strategy that took it and then failed to build (one
+      // whose factory takes the context by value) left nothing to retry with.
+      if (!recoverable(e) || attempt >= 10 || !optimizer) throw;
       // Another rank lost while this generation formed: the next one.
       logInfo("elastic: generation {} failed while forming ({}); trying the next", s.membership.generation,
               errorLine(e));
@@ -164,11 +166,11 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
                           broken ? fmt::format(" (after: {})", cause) : ""));
 }
 
-bool Trainer::awaitJoinRequest(std::chrono::milliseconds timeout) {
+bool Trainer::awaitJoinRequest(std::chrono::milliseconds timeout, int64_t count) {
   Impl& s = *impl_;
   if (!s.rendezvous) return false;
   const auto deadline = trainer_detail::Clock::now() + timeout;
-  while (!s.rendezvous->joinPending()) {
+  while (s.rendezvous->joinsPending() < count) {
     if (trainer_detail::Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -192,7 +194,9 @@ void Trainer::joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer)
       makeStrategy(optimizer, /*statesEqual=*/true);  // inside the retry, as in reconfigure
       break;
     } catch (const std::exception& e) {
-      if (!recoverable(e) || attempt >= 10) throw;
+      // !optimizer: a strategy that took it and then failed to build (one
+      // whose factory takes the context by value) left nothing to retry with.
+      if (!recoverable(e) || attempt >= 10 || !optimizer) throw;
       retire(std::move(s.group));
     }
   }

@@ -160,10 +160,11 @@ bool ElasticRendezvous::silentFor(int id, std::chrono::milliseconds window) {
 }
 
 std::optional<int> ElasticRendezvous::lostMember(const ElasticMembership& membership, std::chrono::milliseconds window) {
-  for (size_t i = 0; i < membership.ids.size(); ++i) {
-    const int id = membership.ids[i];
-    if (id == id_) continue;
-    if (counter(*store_, deadKey(id)) > membership.incarnations.at(i) || silentFor(id, window)) return id;
+  // Never shorter than the rendezvous's own bound: a heartbeat a few beats
+  // late is not a lost member.
+  window = std::max(window, options_.silentAfter);
+  for (int id : membership.ids) {
+    if (id != id_ && silentFor(id, window)) return id;
   }
   return std::nullopt;
 }
@@ -216,8 +217,8 @@ bool ElasticRendezvous::anyAlive(Store& store, const std::vector<int>& ids, std:
   return false;
 }
 
-bool ElasticRendezvous::joinPending() {
-  return counter(*store_, "elastic/join-requests") > counter(*store_, "elastic/join-admitted");
+int64_t ElasticRendezvous::joinsPending() {
+  return std::max<int64_t>(0, counter(*store_, "elastic/join-requests") - counter(*store_, "elastic/join-admitted"));
 }
 
 ElasticMembership ElasticRendezvous::next(const ElasticMembership& current, int64_t steps, bool timedOut) {

@@ -181,7 +181,9 @@ class ElasticRendezvous {
   ElasticMembership join();
   // Rank 0, between steps: whether someone waits to join (a store
   // round trip; call it throttled).
-  bool joinPending();
+  bool joinPending() { return joinsPending() > 0; }
+  // How many ask to join and are not admitted yet (a store round trip).
+  int64_t joinsPending();
   // Every member once training is over, or the job stops below the
   // minimum (no step boundary is left to admit a joiner at): a joiner that
   // still waits is told so and stays out, and a launcher does not start
@@ -208,10 +210,11 @@ class ElasticRendezvous {
 
   // While a long collective runs (a checkpoint's save, which allows the
   // slowest disk ten minutes): the first member of `membership` other than
-  // this one that is marked dead, or whose heartbeat has stood still for
-  // `window` as this process has watched it (call it every few hundred
-  // milliseconds); nullopt while every one lives. A slow disk does not
-  // stop a heartbeat; a hung process or a cut link does.
+  // this one whose heartbeat has stood still for `window` (at least
+  // silentAfter) as this process has watched it (call it at most every
+  // 750 ms: a longer look away restarts the count); nullopt while every
+  // one beats. A slow disk does not stop a heartbeat; a frozen process or
+  // a cut link does. A dead one's closed connections fail the collective.
   std::optional<int> lostMember(const ElasticMembership& membership, std::chrono::milliseconds window);
   // "host H, pid P" of `id`, as it wrote it at start, or "where unknown".
   std::string whereOf(int id);

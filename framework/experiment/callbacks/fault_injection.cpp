@@ -187,17 +187,19 @@ void SlowRank::onStepEnd(Trainer&, const StepEnd& step) {
 
 std::shared_ptr<AwaitJoin> AwaitJoin::fromEnvironment() {
   const char* await = std::getenv("DDP_FAULT_AWAIT_JOIN");
-  long long step = 0;
-  if (!await || std::sscanf(await, "%lld", &step) != 1 || step <= 0) return nullptr;
+  long long step = 0, count = 1;
+  if (!await || std::sscanf(await, "%lld:%lld", &step, &count) < 1 || step <= 0) return nullptr;
+  if (count < 1) fail<UsageError>("DDP_FAULT_AWAIT_JOIN '{}': STEP[:COUNT] with COUNT at least 1", await);
   if (const char* join = std::getenv("DDP_ELASTIC_JOIN"); join && std::string(join) == "1") return nullptr;
-  return std::make_shared<AwaitJoin>(step);
+  return std::make_shared<AwaitJoin>(step, count);
 }
 
 void AwaitJoin::onStepEnd(Trainer& trainer, const StepEnd& step) {
   if (!step.stepped || step.steps != step_) return;
-  const bool asked = trainer.awaitJoinRequest(std::chrono::seconds(120));
+  const bool asked = trainer.awaitJoinRequest(std::chrono::seconds(120), count_);
   logInfo("DDP_FAULT_AWAIT_JOIN: after step {}: {}", step.steps,
-          asked ? "a rank asks to join" : "no rank asked to join within 120 s");
+          asked ? fmt::format("{} rank(s) ask to join", count_)
+                : fmt::format("fewer than {} rank(s) asked to join within 120 s", count_));
 }
 
 }  // namespace ddp

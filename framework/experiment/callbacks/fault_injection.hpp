@@ -22,9 +22,9 @@
 // host dies). Several faults: a comma-separated list ("1@10,2@30").
 // SlowRank: for the straggler report's tests, DDP_FAULT_SLOW="RANK:MS"
 // makes that rank sleep MS milliseconds after each optimizer step.
-// AwaitJoin: for the rejoin tests, DDP_FAULT_AWAIT_JOIN="STEP" makes every
-// member of an elastic job (not a joiner) wait after optimizer step STEP
-// until a rank asks to join (at most 120 s), so that a restarted rank finds
+// AwaitJoin: for the rejoin tests, DDP_FAULT_AWAIT_JOIN="STEP[:COUNT]"
+// makes every member of an elastic job (not a joiner) wait after optimizer
+// step STEP until COUNT ranks (1 by default) ask to join (at most 120 s), so that a restarted rank finds
 // the job still running however slowly it starts: the test waits on that
 // event, not on slower steps.
 #pragma once
@@ -87,12 +87,13 @@ class SlowRank : public TrainerCallback {
 class AwaitJoin : public TrainerCallback {
  public:
   static std::shared_ptr<AwaitJoin> fromEnvironment();
-  explicit AwaitJoin(int64_t step) : step_(step) {}
+  AwaitJoin(int64_t step, int64_t count) : step_(step), count_(count) {}
   bool wantsSteps() const override { return true; }
   void onStepEnd(Trainer& trainer, const StepEnd& step) override;
 
  private:
   int64_t step_;
+  int64_t count_;
 };
 
 }  // namespace ddp
