@@ -39,6 +39,20 @@ std::string wineRun(const std::string& dir, const std::string& flags, const std:
          " --set distributed.timeout_s=20 " + sets;
 }
 
+// A wine run (wineRun) that recovered in place: exit 0, its 12 epochs,
+// every optimizer step once and in order, at `finalWorld` in the end.
+// Returns its train.log.
+std::string checkRecoveredInPlace(const ddp::test::ProgramOutcome& outcome, const std::string& dir, int finalWorld) {
+  INFO(outcome.output);
+  CHECK(outcome.exitCode == 0);
+  CHECK(metricsEpochs(dir).size() == 12);
+  const auto steps = records(dir + "/steps.jsonl");
+  REQUIRE(!steps.empty());
+  for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i]["step"] == int64_t(i + 1));
+  CHECK(steps.back()["world_size"] == finalWorld);
+  return readFile(dir + "/train.log");
+}
+
 }  // namespace
 
 TEST_CASE("elastic rendezvous: a joiner acts only on a generation it was admitted to", "[elastic][solo]") {
@@ -537,14 +551,8 @@ TEST_CASE("ddp-run --min-ranks: two failures, and one during the recovery itself
   const std::string synced = tempDir() + "/synced";
   outcome = runDdpRun(wineRun(synced, "--min-ranks 2", "--set distributed.timeout_s=5"),
                       "DDP_FAULT_INJECT=2@7 DDP_FAULT_RECOVERY=1:synced");
-  INFO(outcome.output);
-  CHECK(outcome.exitCode == 0);
-  steps = records(synced + "/steps.jsonl");
-  REQUIRE(!steps.empty());
-  for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i]["step"] == int64_t(i + 1));
-  CHECK(steps.back()["world_size"] == 2);
-  CHECK(metricsEpochs(synced).size() == 12);
-  CHECK_THAT(readFile(synced + "/train.log"), Catch::Contains("elastic: generation 2: lost rank id(s) 1,2; world 4 -> 2"));
+  CHECK_THAT(checkRecoveredInPlace(outcome, synced, 2),
+             Catch::Contains("elastic: generation 2: lost rank id(s) 1,2; world 4 -> 2"));
 }
 
 TEST_CASE("ddp-run --min-ranks: a rank frozen during a sharded save is left out after the timeout, not ten minutes",
@@ -561,17 +569,10 @@ TEST_CASE("ddp-run --min-ranks: a rank frozen during a sharded save is left out 
                                          "--set training.save_every=1 --set training.checkpoint_format=sharded "
                                          "--set distributed.timeout_s=5"),
                                  "DDP_FAULT_INJECT=1#3:freeze=20000");
+  CHECK_THAT(checkRecoveredInPlace(outcome, run, 3), Catch::Contains("lost rank id(s) 1; world 4 -> 3"));
   INFO(outcome.output);
-  CHECK(outcome.exitCode == 0);
-  CHECK(metricsEpochs(run).size() == 12);
-  const std::string log = readFile(run + "/train.log");
-  CHECK_THAT(log, Catch::Contains("lost rank id(s) 1; world 4 -> 3"));
   CHECK_THAT(outcome.output, Catch::Contains("checkpoint: rank id 1"));
   CHECK_THAT(outcome.output, Catch::Contains("stopped beating for 5 s"));
-  const auto steps = records(run + "/steps.jsonl");
-  REQUIRE(!steps.empty());
-  for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i]["step"] == int64_t(i + 1));
-  CHECK(steps.back()["world_size"] == 3);
   // The saves after it, at world 3, are whole.
   CHECK(std::filesystem::exists(run + "/checkpoints/" + checkpointFileName(12, 0, true) + "/index.json"));
 }
@@ -645,13 +646,7 @@ TEST_CASE("ddp-run --min-ranks: a rank lost among the epoch-end callbacks (best 
                                          "--set training.keep_best=2 --set training.early_stopping.patience=50 "
                                          "--set training.save_every=3"),
                                  "DDP_FAULT_INJECT=1#4");
-  INFO(outcome.output);
-  CHECK(outcome.exitCode == 0);
-  CHECK(metricsEpochs(dir).size() == 12);
-  const auto steps = records(dir + "/steps.jsonl");
-  for (size_t i = 0; i < steps.size(); ++i) CHECK(steps[i]["step"] == int64_t(i + 1));
-  CHECK(steps.back()["world_size"] == 3);
-  CHECK_THAT(readFile(dir + "/train.log"), Catch::Contains("lost rank id(s) 1; world 4 -> 3"));
+  CHECK_THAT(checkRecoveredInPlace(outcome, dir, 3), Catch::Contains("lost rank id(s) 1; world 4 -> 3"));
   CHECK(nlohmann::json::parse(readFile(dir + "/checkpoints/best/index.json"))["best"].size() == 2);
 }
 
