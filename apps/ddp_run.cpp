@@ -265,7 +265,9 @@ int runRank(const Args& args, const ddp::RankEnv& env, std::optional<ddp::Experi
   // Ranks started by srun, mpirun or torchrun say who they think they are,
   // before the rendezvous, so a job that never meets shows why.
   if (env.source != "ddp-run" && env.source != "single") {
-    std::cerr << fmt::format("ddp-run: {}\n", ddp::describeRankEnv(env)) << std::flush;  // one write: ranks share a terminal
+    const char* url = std::getenv("DDP_STORE_URL");
+    std::cerr << fmt::format("ddp-run: {}\n", ddp::describeRankEnv(env, url != nullptr ? url : ""))
+              << std::flush;  // one write: ranks share a terminal
   }
   ddp::DistributedOptions dopts;
   dopts.backend = config.distributed.backend;

@@ -93,6 +93,8 @@ TEST_CASE("SLURM variables, master from the node list, port from the job id", "[
   CHECK(e->masterAddr == "gpu07");
   CHECK(e->masterPort == 20000 + 123456 % 20000);
   CHECK(describeRankEnv(*e) == "rank 3 of 4 (slurm): node 1, local rank 1 of 2, store at gpu07:23456");
+  CHECK(describeRankEnv(*e, "etcd://svc:2379/ddp/slurm-42") ==
+        "rank 3 of 4 (slurm): node 1, local rank 1 of 2, store at etcd://svc:2379/ddp/slurm-42");
   auto withPort = rankEnvFromEnvironment(
       {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "9"}, {"MASTER_PORT", "31000"}});
   REQUIRE(withPort);

@@ -219,10 +219,13 @@ int64_t restartCount(const EnvMap& env) {
   return 0;
 }
 
-std::string describeRankEnv(const RankEnv& e) {
-  return fmt::format("rank {} of {} ({}): node {}, local rank {} of {}, store at {}:{}{}", e.rank, e.worldSize,
-                     e.source, e.nodeRank, e.localRank, e.localWorldSize, e.masterAddr, e.masterPort,
-                     e.masterOrigin.empty() ? "" : fmt::format(" ({})", e.masterOrigin));
+std::string describeRankEnv(const RankEnv& e, const std::string& storeUrl) {
+  const std::string store =
+      !storeUrl.empty() ? storeUrl
+                        : fmt::format("{}:{}{}", e.masterAddr, e.masterPort,
+                                      e.masterOrigin.empty() ? "" : fmt::format(" ({})", e.masterOrigin));
+  return fmt::format("rank {} of {} ({}): node {}, local rank {} of {}, store at {}", e.rank, e.worldSize, e.source,
+                     e.nodeRank, e.localRank, e.localWorldSize, store);
 }
 
 }  // namespace ddp

@@ -72,7 +72,9 @@ int64_t restartCount(const EnvMap& env);
 
 // One line for the log of a rank started by srun, mpirun or torchrun:
 // "rank 1 of 2 (slurm): node 1, local rank 0 of 1, store at node1:24322",
-// followed by "(<masterOrigin>)" when the master was derived.
-std::string describeRankEnv(const RankEnv& env);
+// followed by "(<masterOrigin>)" when the master was derived. A store
+// named by URL (DDP_STORE_URL, e.g. etcd://svc:2379/ddp/slurm-42) is named
+// instead of MASTER_ADDR:MASTER_PORT, which then only picks the interface.
+std::string describeRankEnv(const RankEnv& env, const std::string& storeUrl = "");
 
 }  // namespace ddp

@@ -417,11 +417,31 @@ wait_job "$job3"
 joblog3=$work/job-$job3.out
 echo "job $job3: $state, exit code $(grep -o ' ExitCode=[0-9:]*' <<<"$info" | cut -d= -f2)"
 sed 's/^/  | /' "$joblog3"
+# The ranks say where their store is: etcd, not node 0's launcher.
+for r in 0 1; do
+  grep -q "rank $r of 2 (slurm): .*store at etcd://127.0.0.1:$etcd_client/ddp/slurm-$job3\$" "$joblog3" ||
+    fail "job $job3: rank $r's start-up line does not name the store etcd://127.0.0.1:$etcd_client/ddp/slurm-$job3"
+done
 grep -q "elastic: generation 1: lost rank id(s) 0" "$out3/train.log" ||
   fail "job $job3: rank 1 did not recover from losing rank 0 in place"
 grep -q "done: .* steps" "$joblog3" || fail "job $job3: rank 1 did not finish its training"
 check_elastic_records "$out3"
-ETCDCTL_API=3 timeout 10 etcdctl --endpoints "127.0.0.1:$etcd_client" get --prefix --keys-only "/ddp/slurm-$job3/" |
-  grep -q "^/ddp/slurm-$job3/" || fail "job $job3: no keys under /ddp/slurm-$job3/ in etcd (the default --rdzv-id)"
+# etcdctl with room for a loaded machine (its own defaults: 2 s to dial,
+# 5 s a command); what it printed is kept, so a failure says why.
+etcd_get() {
+  local rc=0
+  ETCDCTL_API=3 timeout 60 etcdctl --dial-timeout 10s --command-timeout 30s --endpoints "127.0.0.1:$etcd_client" \
+    "$@" >"$work/etcdctl.out" 2>"$work/etcdctl.err" || rc=$?
+  return $rc
+}
+etcd_rc=0
+etcd_get get --prefix --keys-only "/ddp/slurm-$job3/" || etcd_rc=$?
+if ! grep -q "^/ddp/slurm-$job3/" "$work/etcdctl.out"; then
+  echo "etcdctl get --prefix --keys-only /ddp/slurm-$job3/: exit code $etcd_rc, $(grep -c . "$work/etcdctl.out") line(s)" >&2
+  sed 's/^/  | /' "$work/etcdctl.err" >&2
+  etcd_get get --prefix --keys-only "" && { echo "every key in this etcd:" >&2; sed 's/^/  | /' "$work/etcdctl.out" | head -20 >&2; }
+  etcd_get lease list && { echo "its leases:" >&2; sed 's/^/  | /' "$work/etcdctl.out" >&2; }
+  fail "job $job3: no keys under /ddp/slurm-$job3/ in etcd (the default --rdzv-id)"
+fi
 passed=1
 echo "PASSED: sbatch ran the wine DDP experiment on 2 SLURM nodes, then with a task killed (TCP store; etcd store and rank 0 killed), in $SECONDS s"
