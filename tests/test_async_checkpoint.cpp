@@ -74,12 +74,12 @@ TEST_CASE("async sharded saves: a failed write, a missing rank and a cancel leav
 
   SECTION("rank 2 cannot write: it fails at its next check, rank 0 names it, no index") {
     // A folder where its temporary file goes: the write fails, no file appears.
-    std::filesystem::create_directories(dir + "/" + shardFileName(2) + ".tmp");
+    std::filesystem::create_directories(dir + "/" + shardFileName(2, "s") + ".tmp");
     for (int r = 0; r < world; ++r) {
       writers[static_cast<size_t>(r)].start(dir, r, world, "s", slices(r), nlohmann::json::object(),
                                             std::chrono::milliseconds(10000));
     }
-    CHECK_THROWS_WITH(writers[2].wait(), Catch::Contains("in the background") && Catch::Contains(shardFileName(2)));
+    CHECK_THROWS_WITH(writers[2].wait(), Catch::Contains("in the background") && Catch::Contains(shardFileName(2, "s")));
     CHECK_THROWS_WITH(writers[0].wait(), Catch::Contains("rank 2 could not write its shard"));
     // Rank 1's write may or may not finish before rank 0 removes the folder.
     try {
@@ -87,7 +87,7 @@ TEST_CASE("async sharded saves: a failed write, a missing rank and a cancel leav
     } catch (const std::exception&) {
     }
     CHECK_FALSE(isShardedCheckpoint(dir));
-    CHECK_FALSE(std::filesystem::exists(dir + "/" + shardFileName(0)));  // rank 0 removed the files
+    CHECK_FALSE(std::filesystem::exists(dir + "/" + shardFileName(0, "s")));  // rank 0 removed the files
   }
   SECTION("rank 1 never writes: rank 0 gives up after the timeout naming it") {
     writers[0].start(dir, 0, world, "s", slices(0), nlohmann::json::object(), std::chrono::milliseconds(300));

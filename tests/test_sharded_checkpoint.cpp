@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -190,7 +191,7 @@ TEST_CASE("a sharded save writes each byte once: every rank about 1/world of the
     // two moments per trainable element, a step each. Each range once.
     int64_t elements = 0, largest = 0;
     for (int r = 0; r < layout.world; ++r) {
-      const auto header = readSafetensorsHeader(dir + "/" + shardFileName(r));
+      const auto header = readSafetensorsHeader(ShardedCheckpoint(dir).filePath(r));
       int64_t mine = 0;
       for (const auto& t : header.tensors) mine += t.sizes.at(0);
       elements += mine;
@@ -215,10 +216,10 @@ TEST_CASE("sharded checkpoints: a missing, truncated or foreign shard is named, 
   const std::string a = folder.path + "/a.shards", b = folder.path + "/b.shards";
   saveBothWays({"fsdp", 2}, "sgd", data, a);
   saveBothWays({"fsdp", 2}, "sgd", data, b);
-  const std::string shard1 = a + "/" + shardFileName(1);
+  const std::string shard1 = ShardedCheckpoint(a).filePath(1);
 
   SECTION("a shard of another save") {
-    std::filesystem::copy_file(b + "/" + shardFileName(1), shard1, std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(ShardedCheckpoint(b).filePath(1), shard1, std::filesystem::copy_options::overwrite_existing);
     ShardedCheckpoint checkpoint(a);
     // Same sizes, so only the save id tells.
     CHECK_THROWS_WITH(checkpoint.verify(), Catch::Contains(shard1) && Catch::Contains("shards of two saves"));
@@ -303,7 +304,7 @@ TEST_CASE("ddp-run: fsdp on 2 ranks saves in the background and ddp on 1 rank re
 
   // Resume both under ddp on 1 rank from epoch 3 (the sharded one's epoch
   // 4 has a truncated shard: it is skipped, named in train.log).
-  const std::string bad = a + "/checkpoints/epoch_000004.shards/" + shardFileName(1);
+  const std::string bad = ShardedCheckpoint(a + "/checkpoints/epoch_000004.shards").filePath(1);
   std::filesystem::resize_file(bad, std::filesystem::file_size(bad) - 7);
   std::filesystem::remove(b + "/checkpoints/epoch_000004.pt");
   const std::string more = " --resume --set training.epochs=6 --set distributed.strategy=ddp --nproc-per-node 1";
@@ -405,4 +406,60 @@ TEST_CASE("ddp-run: a mid-epoch checkpoint resumes at another world size with th
     const int64_t expected = stoppedAt + r.remainderSteps + ceilDiv(ceilDiv(trainSamples, r.world), batch);
     CHECK(o.output.find(fmt::format("done: {} steps", expected)) != std::string::npos);
   }
+}
+
+TEST_CASE("sharded checkpoints: two saves in one folder never write the same file, a stale writer changes nothing",
+          "[checkpoint]") {
+  TempFolder folder;
+  const std::string dir = folder.path + "/epoch_000005.shards";
+  // Rank r of 2 holds elements [3r, 3r + 3) of "model/w", all equal to `value`.
+  auto save = [&](int rank, const std::string& id, float value) {
+    writeShardFile(dir, rank, id, {StateSlice{"model/w", {6}, 3 * rank, at::full({3}, value), ""}});
+  };
+  auto files = [&] {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) names.insert(e.path().filename().string());
+    return names;
+  };
+  save(0, "a", 1);
+  save(1, "a", 1);
+  writeShardIndex(dir, 2, "a", nlohmann::json::object());
+  CHECK(ShardedCheckpoint(dir).readWhole("model/w").equal(at::full({6}, 1.f)));
+
+  // The same point saved again: until its index is in, the folder is save a.
+  save(0, "b", 2);
+  save(1, "b", 2);
+  CHECK(files().size() == 5);  // a's two files and index, b's two files
+  {
+    ShardedCheckpoint stillA(dir);
+    CHECK(stillA.saveId() == "a");
+    CHECK_NOTHROW(stillA.verify());
+  }
+  writeShardIndex(dir, 2, "b", nlohmann::json::object());
+  CHECK(files() == std::set<std::string>{"index.json", shardFileName(0, "b"), shardFileName(1, "b")});
+
+  // A rank left out of save a wakes and finishes its write: a file of its own.
+  save(1, "a", 9);
+  ShardedCheckpoint b(dir);
+  CHECK(b.saveId() == "b");
+  CHECK_NOTHROW(b.verify());
+  CHECK(b.readWhole("model/w").equal(at::full({6}, 2.f)));
+
+  // A save that fails removes only its own files; the folder stays for b.
+  save(0, "c", 3);
+  removeShardSave(dir, "c");
+  CHECK_FALSE(std::filesystem::exists(dir + "/" + shardFileName(0, "c")));
+  CHECK(ShardedCheckpoint(dir).readWhole("model/w").equal(at::full({6}, 2.f)));
+
+  // The next index clears the stale writer's file too.
+  save(0, "d", 4);
+  save(1, "d", 4);
+  writeShardIndex(dir, 2, "d", nlohmann::json::object());
+  CHECK(files() == std::set<std::string>{"index.json", shardFileName(0, "d"), shardFileName(1, "d")});
+
+  // A folder that holds only the failed save's files goes with them.
+  const std::string alone = folder.path + "/epoch_000006.shards";
+  writeShardFile(alone, 0, "e", {StateSlice{"model/w", {3}, 0, at::ones({3}), ""}});
+  removeShardSave(alone, "e");
+  CHECK_FALSE(std::filesystem::exists(alone));
 }

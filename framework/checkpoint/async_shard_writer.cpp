@@ -29,8 +29,6 @@ std::string firstLine(const std::string& text) { return text.substr(0, text.find
 
 }  // namespace
 
-std::string shardFailureFileName(int rank) { return fmt::format("rank_{:05}.failed", rank); }
-
 struct AsyncShardWriter::Impl {
   std::thread thread;
   mutable std::mutex mutex;
@@ -49,7 +47,7 @@ struct AsyncShardWriter::Impl {
       writeShardFile(dir, rank, saveId, slices);
     } catch (const std::exception& e) {
       failure = firstLine(e.what());
-      std::ofstream marker(dir + "/" + shardFailureFileName(rank));
+      std::ofstream marker(dir + "/" + shardFailureFileName(rank, saveId));
       marker << failure << "\n";
     }
     bool indexed = false;
@@ -58,10 +56,7 @@ struct AsyncShardWriter::Impl {
     if (!failure.empty() && !cancelled) {
       error = fmt::format("checkpoint (written in the background): {}", failure);
     }
-    if (rank == 0 && !indexed) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);  // no index, no checkpoint: the files go too
-    }
+    if (rank == 0 && !indexed) removeShardSave(dir, saveId);  // no index, no checkpoint: its files go too
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     running = false;
   }
@@ -73,13 +68,13 @@ struct AsyncShardWriter::Impl {
     for (;;) {
       std::vector<int> missing;
       for (int r = 1; r < world; ++r) {
-        if (exists(dir + "/" + shardFailureFileName(r))) {
-          std::ifstream marker(dir + "/" + shardFailureFileName(r));
+        if (exists(dir + "/" + shardFailureFileName(r, saveId))) {
+          std::ifstream marker(dir + "/" + shardFailureFileName(r, saveId));
           std::string why;
           std::getline(marker, why);
           return fmt::format("rank {} could not write its shard of {}: {}", r, dir, why);
         }
-        if (!exists(dir + "/" + shardFileName(r))) missing.push_back(r);
+        if (!exists(dir + "/" + shardFileName(r, saveId))) missing.push_back(r);
       }
       if (missing.empty()) break;
       std::unique_lock<std::mutex> lock(mutex);

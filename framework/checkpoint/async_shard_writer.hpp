@@ -14,7 +14,7 @@
 // Contract
 // - One save at a time: start() waits for the previous one first (the
 //   next save waits for the previous), and throws its error if it failed.
-// - A rank whose write fails leaves `rank_RRRRR.failed` (its error) beside
+// - A rank whose write fails leaves `rank_RRRRR.SAVE.failed` (its error) beside
 //   the files; rank 0's thread sees it and writes no index. check() throws
 //   a pending failure (the caller polls it at each step boundary: a failed
 //   background write fails the job at the next step, never silently);
@@ -22,8 +22,9 @@
 // - Rank 0 waits for the other files at most `timeout`; past it the save
 //   fails naming the ranks whose files are missing.
 // - cancel() (a rank died and the world changes: the save can no longer
-//   complete) stops waiting, writes no index and removes the folder from
-//   rank 0; it is not an error.
+//   complete) stops waiting, writes no index and removes this save's files
+//   from rank 0 (the folder too, if nothing else is in it); it is not an
+//   error.
 // - The destructor cancels a save in progress and joins the thread.
 #pragma once
 
@@ -61,8 +62,5 @@ class AsyncShardWriter {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// The name of the marker a rank leaves when its write failed.
-std::string shardFailureFileName(int rank);
 
 }  // namespace ddp

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -108,9 +109,55 @@ std::pair<std::string, std::vector<FileSlice>> readShardHeader(const std::string
   return {save->second, std::move(out)};
 }
 
+// A save's id as it goes into its files' names: the id itself where it is
+// a short word of letters, digits, '_' and '-' (the trainer's are), else a
+// hash of it.
+std::string saveTag(const std::string& saveId) {
+  const bool plain = !saveId.empty() && saveId.size() <= 64 &&
+                     std::all_of(saveId.begin(), saveId.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+                     });
+  if (plain) return saveId;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : saveId) h = (h ^ c) * 1099511628211ull;
+  return fmt::format("h{:016x}", h);
+}
+
+// The files of saves other than `saveId` (an earlier save of this point,
+// or a stale writer's), once this save's index is in place; not when the
+// index is already another save's (a stale writer's index won the rename).
+void removeOtherSaves(const std::string& dir, const std::string& saveId) {
+  std::ifstream in(dir + "/index.json");
+  const nlohmann::json index = nlohmann::json::parse(in, nullptr, false);
+  if (index.is_discarded() || !index.is_object() || index.value("save", std::string()) != saveId) return;
+  const std::string tag = "." + saveTag(saveId) + ".";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name.rfind("rank_", 0) == 0 || name.rfind("index.json.", 0) == 0;
+    if (ours && name.find(tag) == std::string::npos) std::filesystem::remove(entry.path(), ec);
+  }
+}
+
 }  // namespace
 
-std::string shardFileName(int rank) { return fmt::format("rank_{:05}.safetensors", rank); }
+std::string shardFileName(int rank, const std::string& saveId) {
+  return fmt::format("rank_{:05}.{}.safetensors", rank, saveTag(saveId));
+}
+
+std::string shardFailureFileName(int rank, const std::string& saveId) {
+  return fmt::format("rank_{:05}.{}.failed", rank, saveTag(saveId));
+}
+
+void removeShardSave(const std::string& dir, const std::string& saveId) {
+  const std::string tag = "." + saveTag(saveId) + ".";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(tag) != std::string::npos) std::filesystem::remove(entry.path(), ec);
+  }
+  ::rmdir(dir.c_str());  // only if nothing else is left in it
+}
 
 bool isShardedCheckpoint(const std::string& path) {
   struct stat st {};
@@ -131,7 +178,7 @@ void writeShardFile(const std::string& dir, int rank, const std::string& saveId,
     tensors.emplace_back(key, s.data.reshape({-1}));
   }
   // writeSafetensors writes PATH.tmp, syncs it and renames it.
-  writeSafetensors(dir + "/" + shardFileName(rank), tensors, {{"ddp.save", saveId}, {"ddp.slices", described.dump()}});
+  writeSafetensors(dir + "/" + shardFileName(rank, saveId), tensors, {{"ddp.save", saveId}, {"ddp.slices", described.dump()}});
   crashPoint("shard", rank);
 }
 
@@ -151,14 +198,14 @@ int64_t writeShardIndex(const std::string& dir, int files, const std::string& sa
   nlohmann::json fileList = nlohmann::json::array();
   int64_t total = 0;
   for (int f = 0; f < files; ++f) {
-    const std::string path = dir + "/" + shardFileName(f);
+    const std::string path = dir + "/" + shardFileName(f, saveId);
     auto [save, slices] = readShardHeader(path);
     if (save != saveId) {
       fail<std::runtime_error>("checkpoint: {} belongs to save {}, not to this one ({})", path, save, saveId);
     }
     const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(path));
     total += bytes;
-    fileList.push_back({{"name", shardFileName(f)}, {"bytes", bytes}});
+    fileList.push_back({{"name", shardFileName(f, saveId)}, {"bytes", bytes}});
     for (FileSlice& s : slices) {
       auto [it, fresh] = tensors.try_emplace(s.name, Entry{s.type, s.shape, s.scalar, {}});
       if (!fresh && (it->second.type != s.type || it->second.shape != s.shape)) {
@@ -197,7 +244,7 @@ int64_t writeShardIndex(const std::string& dir, int files, const std::string& sa
     described[name] = d;
   }
   index["tensors"] = described;
-  const std::string path = dir + "/index.json", tmp = path + ".tmp";
+  const std::string path = dir + "/index.json", tmp = fmt::format("{}.{}.tmp", path, saveTag(saveId));
   {
     const std::string text = index.dump(1);
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -215,6 +262,7 @@ int64_t writeShardIndex(const std::string& dir, int files, const std::string& sa
     fail<std::runtime_error>("checkpoint: cannot rename {} to {}: {}", tmp, path, errnoText(errno));
   }
   syncPath(dir);
+  removeOtherSaves(dir, saveId);
   return total;
 }
 
@@ -322,6 +370,13 @@ const nlohmann::json& ShardedCheckpoint::meta() const {
   return impl_->index.contains("meta") ? impl_->index["meta"] : empty;
 }
 int ShardedCheckpoint::files() const { return static_cast<int>(impl_->fileNames.size()); }
+
+std::string ShardedCheckpoint::filePath(int f) const {
+  if (f < 0 || f >= files()) fail<UsageError>("checkpoint {}: no file #{} (it has {})", impl_->dir, f, files());
+  return impl_->filePath(f);
+}
+
+std::string ShardedCheckpoint::saveId() const { return impl_->index["save"].get<std::string>(); }
 int64_t ShardedCheckpoint::totalBytes() const {
   int64_t total = 0;
   for (int64_t b : impl_->fileBytes) total += b;

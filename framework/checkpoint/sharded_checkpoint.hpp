@@ -4,7 +4,8 @@
 //
 // Layout: a folder (the trainer names it checkpoints/epoch_NNNNNN.shards)
 // holding
-// - rank_RRRRR.safetensors, one per rank: that rank's slices
+// - rank_RRRRR.SAVE.safetensors, one per rank (SAVE: the save's id): that
+//   rank's slices
 //   (held_state.hpp's StateSlice), each a 1-D tensor, and in the header's
 //   __metadata__ "ddp.save" (the save's id) and "ddp.slices" (JSON: per
 //   tensor of the file, the logical tensor's name, its whole shape, the
@@ -26,6 +27,16 @@
 //   folder. The checkpoint exists from then on: a folder without
 //   index.json is not one (isShardedCheckpoint false), so a crash at any
 //   moment leaves the previous checkpoint as the newest whole one.
+// - Every file a save writes carries its id (or a hash of it) in its name,
+//   temporaries included. Two saves into one folder (the same point again, or
+//   a rank left out of an elastic job that wakes and finishes its write
+//   after the others saved without it) never write the same file: a whole
+//   earlier checkpoint stays readable until the new index replaces it, and
+//   a stale writer cannot overwrite or interleave with a shard of the new
+//   save. Once its index is in place, writeShardIndex() removes the files
+//   of other saves (rank_*, index.json.*.tmp), unless by then the index is
+//   another save's. removeShardSave() removes one save's files (a save that
+//   failed), and the folder if nothing else is left in it.
 // - ShardedCheckpoint opens a folder by its index. verify() checks every
 //   file the index names: present, of the size the index records (a
 //   truncated file), of this save (shards of two saves); each failure a
@@ -53,7 +64,10 @@ void writeShardFile(const std::string& dir, int rank, const std::string& saveId,
 // Returns the bytes of all files.
 int64_t writeShardIndex(const std::string& dir, int files, const std::string& saveId, const nlohmann::json& meta);
 
-std::string shardFileName(int rank);
+std::string shardFileName(int rank, const std::string& saveId);
+// A rank's marker of a failed background write (async_shard_writer.hpp).
+std::string shardFailureFileName(int rank, const std::string& saveId);
+void removeShardSave(const std::string& dir, const std::string& saveId);
 
 class ShardedCheckpoint {
  public:
@@ -65,6 +79,10 @@ class ShardedCheckpoint {
   const std::string& path() const;
   const nlohmann::json& meta() const;
   int files() const;
+  // The path of file `f` (0 <= f < files()), as the index names it.
+  std::string filePath(int f) const;
+  // The save's id (its files carry it in their names).
+  std::string saveId() const;
   int64_t totalBytes() const;
   void verify() const;
 

@@ -269,8 +269,9 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
   std::string failure;
   if (writer) {
     try {
+      // An earlier save of this point stays until this one's index
+      // replaces it (its files have other names; the index removes them).
       std::error_code ec;
-      std::filesystem::remove_all(dir, ec);  // a save of this point cut short before
       std::filesystem::create_directories(dir, ec);
       if (ec) fail<std::runtime_error>("checkpoint: cannot create {}: {}", dir, ec.message());
     } catch (const std::exception& e) {
@@ -357,10 +358,7 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
     }
   }
   if (failedRank >= 0 || !failure.empty()) {
-    if (writer) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);  // no index, no checkpoint: the files go too
-    }
+    if (writer) removeShardSave(dir, saveId);  // no index, no checkpoint: its files go too
     if (!failure.empty()) fail<std::runtime_error>("{}", failure.substr(0, failure.find('\n')));
     fail<std::runtime_error>("checkpoint: rank {} could not write its shard of {}", failedRank, dir);
   }
