@@ -280,7 +280,22 @@ std::exception_ptr ProcessGroupGloo::Impl::runTask(Task& task) {
     if (error) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (!broken_) broken_ = error;
+        if (!broken_) {
+          broken_ = error;
+        } else {
+          // abort() (or a failure on another thread) broke the group while
+          // this collective waited: its error says why.
+          try {
+            std::rethrow_exception(broken_);
+          } catch (const std::exception& why) {
+            try {
+              std::rethrow_exception(error);
+            } catch (const std::exception& mine) {
+              error = std::make_exception_ptr(
+                  CollectiveError(fmt::format("{} aborted: {} ({})", task.work->description(), why.what(), mine.what())));
+            }
+          }
+        }
       }
       if (shm) shm->markFailed();
       // A failure other than a timeout (ranks that disagree, a broken

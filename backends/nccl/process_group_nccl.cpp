@@ -91,6 +91,7 @@ struct ProcessGroupNccl::Impl {
   std::deque<Pending> pending;
   bool stopping = false;
   std::exception_ptr broken;
+  std::string abortReason;  // abort() asked for it: the watchdog breaks the group
 
   void check(cudaError_t e, const std::string& what) {
     if (e != cudaSuccess) fail<CollectiveError>("{}: {}", what, cudaText(e));
@@ -313,8 +314,27 @@ void ProcessGroupNccl::watchdogLoop() {
   cudaSetDevice(device_);
   std::unique_lock<std::mutex> lock(impl_->mutex);
   for (;;) {
-    impl_->changed.wait_for(lock, std::chrono::milliseconds(impl_->pending.empty() ? 100 : 0),
-                            [&] { return impl_->stopping || !impl_->pending.empty(); });
+    impl_->changed.wait_for(lock, std::chrono::milliseconds(impl_->pending.empty() ? 100 : 0), [&] {
+      return impl_->stopping || !impl_->pending.empty() || !impl_->abortReason.empty();
+    });
+    if (!impl_->abortReason.empty() && !impl_->broken) {
+      // abort(): the communicator goes (its kernels waiting for a peer end),
+      // every pending operation and every later one fails with the reason.
+      const std::string reason = impl_->abortReason;
+      if (impl_->comm) ncclCommAbort(impl_->comm);
+      impl_->comm = nullptr;
+      std::deque<Impl::Pending> failed;
+      failed.swap(impl_->pending);
+      impl_->broken = std::make_exception_ptr(CollectiveError(
+          fmt::format("[rank {}/{}] nccl: the group was aborted: {}", rank_, size_, reason)));
+      lock.unlock();
+      for (Impl::Pending& f : failed) {
+        f.work->finish(std::make_exception_ptr(
+            CollectiveError(fmt::format("{} aborted: {}", f.work->description(), reason))));
+      }
+      lock.lock();
+      continue;
+    }
     if (impl_->pending.empty()) {
       if (impl_->stopping) return;
       continue;
@@ -369,6 +389,15 @@ void ProcessGroupNccl::watchdogLoop() {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     lock.lock();
   }
+}
+
+void ProcessGroupNccl::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    if (impl_->broken || !impl_->abortReason.empty()) return;
+    impl_->abortReason = reason.empty() ? std::string("aborted by the caller") : reason;
+  }
+  impl_->changed.notify_all();
 }
 
 WorkPtr ProcessGroupNccl::allreduce(at::Tensor& tensor, const AllreduceOptions& opts) {

@@ -18,6 +18,11 @@
 //   operation outlives its timeout or NCCL reports an error, it aborts the
 //   communicator and fails every pending Work naming rank, operation,
 //   sequence number and element count. The group is then broken.
+// - abort(reason), from any thread: the watchdog aborts the communicator
+//   (ncclCommAbort ends kernels that wait for a peer), fails every pending
+//   Work and every later operation with `reason`. Peers learn of it only
+//   through their own timeouts or their own abort (NCCL has no side channel
+//   here, unlike gloo's shared memory).
 // - Unlike Gloo, NCCL cannot see that ranks disagree on element counts; such
 //   a mistake surfaces as a timeout.
 #pragma once
@@ -64,6 +69,7 @@ class ProcessGroupNccl : public ProcessGroup {
   // until the timeout: let one of them receive first (or use alltoall).
   WorkPtr send(const at::Tensor& tensor, int dst, const SendOptions& opts = {}) override;
   WorkPtr recv(at::Tensor& tensor, int src, const RecvOptions& opts = {}) override;
+  void abort(const std::string& reason) override;
 
   struct Impl;  // CUDA and NCCL handles; defined in the .cpp
 

@@ -201,7 +201,8 @@ class ProcessGroup {
   // through shared memory and by interrupting its TCP waits). For a caller
   // that knows a peer is gone before any timeout could say so (an elastic
   // member whose heartbeat stopped). Default: nothing; the collective runs
-  // to its own timeout (NCCL, for now).
+  // to its own timeout. Gloo and NCCL implement it (NCCL's peers learn of it
+  // only through their own timeout or abort).
   virtual void abort(const std::string& reason) { (void)reason; }
 
  protected:
