@@ -71,20 +71,7 @@ echo "mpirun: exit $rc"
 [ "$rc" -eq 0 ] || fail "mpirun exited with $rc, expected 0 (with --enable-recovery, OpenMPI 4 ends the job with the survivors' status)"
 grep -q "elastic: generation 1: lost rank id(s) 2; world 4 -> 3" "$work/elastic/train.log" ||
   fail "the others did not go on without rank 2 in place"
-python3 - "$work/elastic" <<'EOF' || fail "the in-place job's records"
-import json, os, sys
-out = sys.argv[1]
-steps = [json.loads(l) for l in open(os.path.join(out, "steps.jsonl")) if l.strip()]
-numbers = [s["step"] for s in steps]
-if numbers != list(range(1, len(numbers) + 1)):
-    sys.exit(f"steps not 1..N once: {numbers[:12]}...")
-worlds = [s["world_size"] for s in steps]
-if worlds[:7] != [4] * 7 or set(worlds[7:]) != {3}:
-    sys.exit(f"world sizes {worlds[:12]}... (expected 4 up to step 7, then 3)")
-metrics = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
-print(f"ok: {len(numbers)} steps once, world 4 -> 3 after step 7; {len(metrics)} epochs, final test_accuracy "
-      f"{metrics[-1].get('test_accuracy')}")
-EOF
+$checks elastic "$work/elastic" --worlds 4,3 --first 7 || fail "the in-place job's records"
 $checks final "$work/elastic" --min-accuracy 0.94 || fail "the in-place job's results"
 ! pgrep -f "$work/elastic" >/dev/null || fail "a rank of the in-place job is still running"
 echo "PASSED: mpirun ran the job on ranks from OpenMPI, identical to ddp-run --nproc-per-node 2; --min-ranks is refused without --enable-recovery and recovers in place with it"

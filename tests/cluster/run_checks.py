@@ -10,6 +10,14 @@
       record except the wall-clock "seconds", and every checkpoint
       identical tensor by tensor (name, dtype, shape, stride and bytes).
 
+  run_checks.py elastic DIR --worlds W1,W2,... [--first N] [--epochs E]
+                [--like PLAIN_DIR] [--min-accuracy A]
+      An in-place recovery: DIR/steps.jsonl has every step 1..N once; the
+      world size, run by run, changes as W1,W2,... says (4,2: 4 then 2);
+      --first: steps 1..N all at W1; --epochs: metrics.jsonl has epochs
+      1..E; --like: the epochs of PLAIN_DIR, and a final test_accuracy
+      within 0.05 of its.
+
 A checkpoint is LibTorch's zip archive: data.pkl (a pickle of modules whose
 tensors point at data/<key>) plus the data files. The data files are numbered
 in an order that depends on memory addresses, and optimizer state is keyed
@@ -164,7 +172,60 @@ def cmd_same(a, b):
           (len(ma), len(ca), tensors, elements))
 
 
+def read_jsonl(path):
+    if not os.path.isfile(path):
+        raise SystemExit("%s is missing" % path)
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def cmd_elastic(run_dir, worlds, first, epochs, like, min_accuracy):
+    steps = read_jsonl(os.path.join(run_dir, "steps.jsonl"))
+    metrics = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    failures = []
+    numbers = [s["step"] for s in steps]
+    if not numbers or numbers != list(range(1, len(numbers) + 1)):
+        failures.append("steps not 1..N once: %s" % numbers[:40])
+    sizes = [s["world_size"] for s in steps]
+    changes = [w for i, w in enumerate(sizes) if i == 0 or w != sizes[i - 1]]
+    if changes != worlds:
+        failures.append("world sizes %s as they changed, expected %s" % (changes, worlds))
+    if first and sizes[:first] != [worlds[0]] * first:
+        failures.append("steps 1-%d not all at world %d: %s" % (first, worlds[0], sizes[:first]))
+    got = [m["epoch"] for m in metrics]
+    if epochs and got != list(range(1, epochs + 1)):
+        failures.append("epochs %s, expected 1..%d" % (got[:5], epochs))
+    accuracy = metrics[-1].get("test_accuracy") if metrics else None
+    reference = ""
+    if like:
+        plain = read_jsonl(os.path.join(like, "metrics.jsonl"))
+        if got != [m["epoch"] for m in plain]:
+            failures.append("epochs %s against the unfailed run's %s" % (got, [m["epoch"] for m in plain]))
+        b = plain[-1].get("test_accuracy")
+        reference = " (unfailed %s)" % b
+        if accuracy is None or b is None or abs(accuracy - b) > 0.05:
+            failures.append("final test accuracy %s not within 0.05 of the unfailed run's %s" % (accuracy, b))
+    if min_accuracy is not None and (accuracy is None or accuracy < min_accuracy):
+        failures.append("final test accuracy %s below %s" % (accuracy, min_accuracy))
+    for f in failures:
+        print("  not so:", f)
+    if failures:
+        raise SystemExit("%s: not an in-place recovery as expected" % run_dir)
+    switch = " after step %d" % sizes.index(changes[1]) if len(changes) > 1 else ""
+    print("elastic: %d steps once, world %s%s; %d epochs, final test_accuracy %s%s" %
+          (len(numbers), " -> ".join(map(str, changes)), switch, len(metrics), accuracy, reference))
+
+
+def option(argv, name, convert, default=None):
+    return convert(argv[argv.index(name) + 1]) if name in argv else default
+
+
 def main(argv):
+    if len(argv) >= 4 and argv[0] == "elastic" and "--worlds" in argv:
+        cmd_elastic(argv[1], option(argv, "--worlds", lambda t: [int(w) for w in t.split(",")]),
+                    option(argv, "--first", int, 0), option(argv, "--epochs", int, 0), option(argv, "--like", str),
+                    option(argv, "--min-accuracy", float))
+        return
     if len(argv) >= 2 and argv[0] == "final":
         min_accuracy = 0.0
         if "--min-accuracy" in argv:

@@ -345,22 +345,8 @@ wait_job() {
 # check_elastic_records RUN_DIR: every step once, world 2 up to step 9 then
 # 1, every epoch recorded.
 check_elastic_records() {
-  python3 - "$1" "$epochs" <<'EOF' || fail "the elastic job's records in $1"
-import json, os, sys
-out, epochs = sys.argv[1], int(sys.argv[2])
-steps = [json.loads(l) for l in open(os.path.join(out, "steps.jsonl")) if l.strip()]
-numbers = [s["step"] for s in steps]
-if numbers != list(range(1, len(numbers) + 1)):
-    sys.exit(f"steps not 1..N once: {numbers[:12]}...")
-worlds = [s["world_size"] for s in steps]
-if worlds[:9] != [2] * 9 or worlds[-1] != 1 or sorted(set(worlds)) != [1, 2]:
-    sys.exit(f"world sizes {worlds[:12]}... (expected 2 up to step 9, then 1)")
-metrics = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
-if [m["epoch"] for m in metrics] != list(range(1, epochs + 1)):
-    sys.exit(f"epochs {[m['epoch'] for m in metrics][:3]}..., expected 1..{epochs}")
-print(f"ok: {len(numbers)} steps once, world 2 -> 1 after step {worlds.index(1)}; {epochs} epochs,"
-      f" final test_accuracy {metrics[-1].get('test_accuracy')}")
-EOF
+  python3 "$here/run_checks.py" elastic "$1" --worlds 2,1 --first 9 --epochs "$epochs" ||
+    fail "the elastic job's records in $1"
 }
 
 # In place under SLURM (issue 42): the same template with --min-ranks 1;

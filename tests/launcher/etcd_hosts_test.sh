@@ -75,7 +75,6 @@ run_hosts() {
   done
   wait "${pids[@]}"  # not etcd
 }
-steps_json() { $python -c "import json,sys; print(json.dumps([json.loads(l) for l in open(sys.argv[1])]))" "$1"; }
 
 echo "== 1. unfailed, 2 hosts x 2 ranks, the store on etcd"
 run_hosts plain job-plain ""
@@ -97,31 +96,8 @@ echo "node 0 exited $rc0, node 1 exited $rc1"
 # (Zombies aside: a container's init may not reap the orphans at once.)
 left=$(ps -o pid=,stat=,args= -s "$(cat "$work/killed.node0.sid")" | awk '$2 !~ /^Z/' || true)
 [ -z "$left" ] || fail "processes of node 0's session are still running: $left"
-$python - "$work/plain" "$work/killed" <<'PY' || fail "the run that lost a host differs from the unfailed one (above)"
-import json, sys
-def records(path):
-    return [json.loads(l) for l in open(path) if l.strip()]
-plain, killed = (records(d + "/steps.jsonl") for d in sys.argv[1:3])
-steps = [r["step"] for r in killed]
-ok = True
-def check(cond, what):
-    global ok
-    if not cond:
-        print("  not so:", what)
-        ok = False
-# Every step once (no repeat, no gap; at world 2 an epoch takes 3 steps
-# instead of 2), and every epoch, as in the unfailed run.
-check(steps == list(range(1, len(steps) + 1)), f"every step once: {steps}")
-epochs = lambda d: [r["epoch"] for r in records(d + "/metrics.jsonl")]
-check(epochs(sys.argv[2]) == epochs(sys.argv[1]), f"epochs {epochs(sys.argv[2])} against {epochs(sys.argv[1])}")
-check(all(r["world_size"] == 4 for r in killed[:9]), "steps 1-9 at world 4")
-check(killed[-1]["world_size"] == 2, f"the last step at world 2 (it is {killed[-1]['world_size']})")
-a = records(sys.argv[2] + "/metrics.jsonl")[-1]["test_accuracy"]
-b = records(sys.argv[1] + "/metrics.jsonl")[-1]["test_accuracy"]
-check(abs(a - b) <= 0.05, f"final test accuracy {a:.4f} within 0.05 of the unfailed run's {b:.4f}")
-print(f"steps {len(steps)}, world 4 -> 2 after step 9, test accuracy {a:.4f} (unfailed {b:.4f})")
-sys.exit(0 if ok else 1)
-PY
+$python "$repo/tests/cluster/run_checks.py" elastic "$work/killed" --worlds 4,2 --first 9 --like "$work/plain" ||
+  fail "the run that lost a host differs from the unfailed one (above)"
 grep -q "lost rank id(s) 0, 1\|lost rank id(s) 0,1" "$work/killed/train.log" "$work/killed.node1.log" ||
   { grep -h "elastic" "$work/killed.node1.log" | tail; fail "node 1 did not say it lost rank ids 0 and 1"; }
 
@@ -170,28 +146,8 @@ grep -q "rank id(s) 0,1 joined; world 2 -> 4" "$work/replaced/train.log" ||
 # and the end are in node 1's log only.
 grep -q "^done:\|\] done:" "$work/replaced.node1.first.log" || fail "node 1's log has no done: line (the writer left it)"
 ! grep -q "epoch [0-9]*/12" "$work/replaced.node0.again.log" || fail "the replacement node 0 wrote epoch lines: it took over the writing"
-$python - "$work/plain" "$work/replaced" <<'PY' || fail "the run whose node 0 was replaced differs from the unfailed one (above)"
-import json, sys
-def records(path):
-    return [json.loads(l) for l in open(path) if l.strip()]
-plain, replaced = (records(d + "/steps.jsonl") for d in sys.argv[1:3])
-steps = [r["step"] for r in replaced]
-worlds = [r["world_size"] for r in replaced]
-ok = True
-def check(cond, what):
-    global ok
-    if not cond:
-        print("  not so:", what)
-        ok = False
-check(steps == list(range(1, len(steps) + 1)), f"every step once: {steps}")
-changes = [w for i, w in enumerate(worlds) if i == 0 or w != worlds[i - 1]]
-check(changes == [4, 2, 4], f"world 4, then 2, then 4 again: {changes}")
-a = records(sys.argv[2] + "/metrics.jsonl")[-1]["test_accuracy"]
-b = records(sys.argv[1] + "/metrics.jsonl")[-1]["test_accuracy"]
-check(abs(a - b) <= 0.05, f"final test accuracy {a:.4f} within 0.05 of the unfailed run's {b:.4f}")
-print(f"steps {len(steps)}, worlds {changes}, test accuracy {a:.4f} (unfailed {b:.4f})")
-sys.exit(0 if ok else 1)
-PY
+$python "$repo/tests/cluster/run_checks.py" elastic "$work/replaced" --worlds 4,2,4 --like "$work/plain" ||
+  fail "the run whose node 0 was replaced differs from the unfailed one (above)"
 
 echo "== 3. a rank of node 1 killed at step 9: node 1's own launcher marks it dead in the store"
 run_hosts rank job-rank "3@9" 1
