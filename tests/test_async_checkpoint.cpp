@@ -31,8 +31,8 @@ using namespace async_checkpoint_test;
 
 TEST_CASE("async sharded saves: the state handed over is what is read back, and the index comes last",
           "[checkpoint][async]") {
-  TempFolder folder;
-  const std::string dir = folder.path + "/epoch_000001.shards";
+  TempDir folder;
+  const std::string dir = folder.path() + "/epoch_000001.shards";
   const int world = 3;
   std::vector<AsyncShardWriter> writers(world);
   std::vector<at::Tensor> live;
@@ -55,7 +55,7 @@ TEST_CASE("async sharded saves: the state handed over is what is read back, and 
                              at::arange(5, at::kFloat) + 20})));
   // The next save waits for the previous one; a second save of the same
   // writers works as the first.
-  const std::string dir2 = folder.path + "/epoch_000002.shards";
+  const std::string dir2 = folder.path() + "/epoch_000002.shards";
   for (int r = 0; r < world; ++r) {
     writers[static_cast<size_t>(r)].start(dir2, r, world, "save-2", partOf(r, world, live[static_cast<size_t>(r)].clone()),
                                           nlohmann::json{{"epoch", 2}}, std::chrono::milliseconds(10000));
@@ -66,8 +66,8 @@ TEST_CASE("async sharded saves: the state handed over is what is read back, and 
 
 TEST_CASE("async sharded saves: a failed write, a missing rank and a cancel leave no checkpoint",
           "[checkpoint][async][solo]") {
-  TempFolder folder;
-  const std::string dir = folder.path + "/epoch_000003.shards";
+  TempDir folder;
+  const std::string dir = folder.path() + "/epoch_000003.shards";
   const int world = 3;
   std::vector<AsyncShardWriter> writers(world);
   auto slices = [&](int r) { return partOf(r, world, at::ones({4}) * r); };

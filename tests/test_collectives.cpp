@@ -636,70 +636,77 @@ TEST_CASE("nccl: a peer that never arrives fails initialisation within the timeo
 // reason, not after its 60 s timeout, and so does every later one. Rank 1
 // never calls the allreduce. NCCL on one GPU runs one rank: the abort
 // comes first, and the later collective must fail with its reason.
-TEST_CASE("abort ends a collective that waits for a peer, and every later one", "[collectives][errors][solo]") {
-  for (const std::string backend : {"gloo", "nccl"}) {
-    DYNAMIC_SECTION(backend) {
-      std::string whyNot;
-      if (!ddp::test::backendRunnable(backend, &whyNot)) {
-        WARN("SKIPPED: " << whyNot);
-      } else {
-        const int world = backend == "nccl" ? std::min(2, ddp::test::cudaDevices()) : 2;
-        const std::string reason = "member 1's heartbeat stood still (test)";
-        std::atomic<bool> done{false};
-        ProcessGroupOptions options;
-        options.timeout = std::chrono::milliseconds(60000);
-        auto errors = runRanks(
-            backend, world,
-            [&](int rank, ProcessGroup& pg) {
-              using ddp::test::expectOnRank;
-              if (rank != 0) {
-                while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-                return;
-              }
-              struct Release {  // rank 1 waits for this however rank 0 ends
-                std::atomic<bool>& flag;
-                ~Release() { flag = true; }
-              } release{done};
-              at::Tensor t = at::ones({1000});
-              const auto started = std::chrono::steady_clock::now();
-              std::string error;
-              if (world == 1) {
-                pg.abort(reason);
-              }
-              std::thread aborter([&] {
-                if (world == 1) return;
-                std::this_thread::sleep_for(std::chrono::milliseconds(300));
-                pg.abort(reason);
-              });
-              try {
-                pg.allreduce(t)->wait();
-              } catch (const CollectiveError& e) {
-                error = e.what();
-              }
-              aborter.join();
-              const double seconds =
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-              expectOnRank(error.find(reason) != std::string::npos, "the allreduce did not fail with the reason: '" + error + "'");
-              expectOnRank(seconds < 10, fmt::format("the allreduce ended {:.1f} s after it began", seconds));
-              error.clear();
-              try {
-                pg.barrier()->wait();
-              } catch (const CollectiveError& e) {
-                error = e.what();
-              }
-              expectOnRank(error.find(reason) != std::string::npos, "a later barrier did not fail with the reason: '" + error + "'");
-            },
-            options,
-            [&](int rank) {
-              ProcessGroupOptions o = options;
-              if (backend == "nccl") o.deviceIndex = rank;
-              return o;
-            });
-        INFO(backend << " world " << world);
-        CHECK(joinErrors(errors) == "");
-      }
-    }
+namespace {
+
+void checkAbortEndsCollectives(const std::string& backend) {
+  const int world = backend == "nccl" ? std::min(2, ddp::test::cudaDevices()) : 2;
+  const std::string reason = "member 1's heartbeat stood still (test)";
+  std::atomic<bool> done{false};
+  ProcessGroupOptions options;
+  options.timeout = std::chrono::milliseconds(60000);
+  auto errors = runRanks(
+      backend, world,
+      [&](int rank, ProcessGroup& pg) {
+        using ddp::test::expectOnRank;
+        if (rank != 0) {
+          while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
+        struct Release {  // rank 1 waits for this however rank 0 ends
+          std::atomic<bool>& flag;
+          ~Release() { flag = true; }
+        } release{done};
+        at::Tensor t = at::ones({1000});
+        const auto started = std::chrono::steady_clock::now();
+        std::string error;
+        if (world == 1) pg.abort(reason);
+        std::thread aborter([&] {
+          if (world == 1) return;
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          pg.abort(reason);
+        });
+        try {
+          pg.allreduce(t)->wait();
+        } catch (const CollectiveError& e) {
+          error = e.what();
+        }
+        aborter.join();
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        expectOnRank(error.find(reason) != std::string::npos, "the allreduce did not fail with the reason: '" + error + "'");
+        expectOnRank(seconds < 10, fmt::format("the allreduce ended {:.1f} s after it began", seconds));
+        error.clear();
+        try {
+          pg.barrier()->wait();
+        } catch (const CollectiveError& e) {
+          error = e.what();
+        }
+        expectOnRank(error.find(reason) != std::string::npos,
+                     "a later barrier did not fail with the reason: '" + error + "'");
+      },
+      options,
+      [&](int rank) {
+        ProcessGroupOptions o = options;
+        if (backend == "nccl") o.deviceIndex = rank;
+        return o;
+      });
+  INFO(backend << " world " << world);
+  CHECK(joinErrors(errors) == "");
+}
+
+}  // namespace
+
+TEST_CASE("gloo: abort ends a collective that waits for a peer, and every later one", "[collectives][errors][solo]") {
+  checkAbortEndsCollectives("gloo");
+}
+
+TEST_CASE("nccl: abort ends a collective that waits for a peer, and every later one",
+          "[collectives][nccl][errors][solo]") {
+  std::string whyNot;
+  if (!ddp::test::backendRunnable("nccl", &whyNot)) {
+    WARN("SKIPPED: " << whyNot);
+    return;
   }
+  checkAbortEndsCollectives("nccl");
 }
 
 TEST_CASE("non-contiguous tensors are staged and written back", "[collectives]") {

@@ -728,3 +728,27 @@ TEST_CASE("shared-memory names carry the creator's pid, removeSharedMemoryOf rem
   CHECK(otherPresent);
   CHECK(notOursPresent);
 }
+
+// A test process killed before its exit handlers ran (a ctest timeout, an
+// interrupted sweep) leaves its /tmp folders; the next test process's first
+// tempDir() removes those of pids that no longer run, and no other.
+TEST_CASE("test folders of a killed test process are removed by the next one, a running one's are kept",
+          "[launcher][tmp]") {
+  const pid_t gone = 4194301;  // not running here: pid_max is at most 2^22
+  const std::string ofGone = fmt::format("/tmp/ddp-test-{}-zz0001", gone);
+  const std::string ofMine = fmt::format("/tmp/ddp-test-{}-zz0002", ::getpid());
+  const std::string noPid = "/tmp/ddp-test-zz0003";
+  for (const auto& dir : {ofGone, ofMine, noPid}) {
+    std::filesystem::create_directories(dir + "/inside");
+  }
+  ddp::test::detail::removeStaleTempDirs();
+  const bool gonePresent = std::filesystem::exists(ofGone);
+  const bool minePresent = std::filesystem::exists(ofMine);
+  const bool noPidPresent = std::filesystem::exists(noPid);
+  for (const auto& dir : {ofGone, ofMine, noPid}) std::filesystem::remove_all(dir);
+  CHECK_FALSE(gonePresent);
+  CHECK(minePresent);
+  CHECK(noPidPresent);
+  // tempDir() names its folders so.
+  CHECK(ddp::test::tempDir().rfind(fmt::format("/tmp/ddp-test-{}-", ::getpid()), 0) == 0);
+}

@@ -140,18 +140,6 @@ Resumed resumeFrom(const Layout& layout, const std::string& opt, const ZeroData&
   return out;
 }
 
-struct TempFolder {
-  std::string path;
-  TempFolder() {
-    char name[] = "/tmp/ddp-sharded-XXXXXX";
-    path = ::mkdtemp(name);
-  }
-  ~TempFolder() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
 }  // namespace sharded_checkpoint_test
 
 using namespace sharded_checkpoint_test;
@@ -163,8 +151,8 @@ TEST_CASE("a sharded checkpoint resumes under any strategy and world size as the
   const std::vector<Layout> savers = {{"fsdp", 4}, {"zero1", 3}, {"zero2", 2}, {"ddp", 2}, {"hsdp", 4}};
   const std::vector<Layout> loaders = {{"ddp", 1}, {"zero1", 2}, {"fsdp", 3}, {"hsdp", 4}, {"zero2", 3}};
   for (const Layout& saver : savers) {
-    TempFolder folder;
-    const Saved saved = saveBothWays(saver, opt, data, folder.path + "/epoch_000001.shards");
+    TempDir folder;
+    const Saved saved = saveBothWays(saver, opt, data, folder.path() + "/epoch_000001.shards");
     REQUIRE(isShardedCheckpoint(saved.dir));
     // Every rank wrote a file of its own, and no more than its share.
     ShardedCheckpoint checkpoint(saved.dir);
@@ -184,8 +172,8 @@ TEST_CASE("a sharded save writes each byte once: every rank about 1/world of the
   const ZeroData data = makeZeroData(64 * kBatch);
   for (const Layout layout : {Layout{"ddp", 2}, Layout{"zero2", 3}, Layout{"fsdp", 4}, Layout{"hsdp", 4}}) {
     INFO(layout.label());
-    TempFolder folder;
-    const std::string dir = folder.path + "/c.shards";
+    TempDir folder;
+    const std::string dir = folder.path() + "/c.shards";
     saveBothWays(layout, "adam", data, dir);
     // 115 trainable elements, 14 of batch norm's buffers and a count; Adam:
     // two moments per trainable element, a step each. Each range once.
@@ -212,8 +200,8 @@ TEST_CASE("a sharded save writes each byte once: every rank about 1/world of the
 TEST_CASE("sharded checkpoints: a missing, truncated or foreign shard is named, and no index means no checkpoint",
           "[checkpoint]") {
   const ZeroData data = makeZeroData(64 * kBatch);
-  TempFolder folder;
-  const std::string a = folder.path + "/a.shards", b = folder.path + "/b.shards";
+  TempDir folder;
+  const std::string a = folder.path() + "/a.shards", b = folder.path() + "/b.shards";
   saveBothWays({"fsdp", 2}, "sgd", data, a);
   saveBothWays({"fsdp", 2}, "sgd", data, b);
   const std::string shard1 = ShardedCheckpoint(a).filePath(1);
@@ -250,8 +238,8 @@ TEST_CASE("sharded checkpoints: a missing, truncated or foreign shard is named, 
 TEST_CASE("a sharded save by ranks that hold copies without saying so fails with a hint", "[checkpoint]") {
   // Two ranks that each claim the whole model (the default heldState())
   // write the same ranges twice: the index refuses.
-  TempFolder folder;
-  const std::string dir = folder.path + "/x.shards";
+  TempDir folder;
+  const std::string dir = folder.path() + "/x.shards";
   auto errors = runRanks("gloo", 2, [&](int rank, ProcessGroup& pg) {
     Net net;
     auto optimizer = referenceOptimizer("sgd", net.parameters());
@@ -280,11 +268,11 @@ nlohmann::json lastMetrics(const std::string& runDir) {
 
 TEST_CASE("ddp-run: fsdp on 2 ranks saves in the background and ddp on 1 rank resumes past a bad shard",
           "[checkpoint][process][solo]") {
-  TempFolder folder;
+  TempDir folder;
   const std::string wine = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
   const std::string common = " --set training.epochs=4 --set training.save_every=1 --set training.eval_every=0"
                              " --set distributed.strategy=fsdp --nproc-per-node 2";
-  const std::string a = folder.path + "/async", b = folder.path + "/consolidated";
+  const std::string a = folder.path() + "/async", b = folder.path() + "/consolidated";
   auto o = runDdpRun(wine + common + " --set training.async_checkpoint=true --out " + a);
   REQUIRE(o.exitCode == 0);
   o = runDdpRun(wine + common + " --set training.checkpoint_format=consolidated --out " + b);
@@ -350,9 +338,9 @@ TEST_CASE("ddp-run: fsdp on 2 ranks saves in the background and ddp on 1 rank re
 // read some samples twice and others never.
 TEST_CASE("ddp-run: a mid-epoch checkpoint resumes at another world size with the epoch's unread samples",
           "[checkpoint][process][solo]") {
-  TempFolder folder;
+  TempDir folder;
   const std::string wine = std::string(DDP_SOURCE_DIR) + "/experiments/wine_ddp.json";
-  const std::string run = folder.path + "/run";
+  const std::string run = folder.path() + "/run";
   const int64_t batch = 16;
   const std::string settings = " --set training.epochs=3 --set training.batch_size=16 --set training.save_every=0"
                                " --set training.eval_every=0 --set training.checkpoint_on_signal=true"
@@ -379,7 +367,7 @@ TEST_CASE("ddp-run: a mid-epoch checkpoint resumes at another world size with th
   REQUIRE(left > 0);
   const std::string shards = fmt::format("{}/checkpoints/epoch_{:06}_batch_{:06}.shards", run, epoch, batches);
   REQUIRE(isShardedCheckpoint(shards));
-  std::filesystem::copy(run, folder.path + "/ddp", std::filesystem::copy_options::recursive);
+  std::filesystem::copy(run, folder.path() + "/ddp", std::filesystem::copy_options::recursive);
 
   struct Resume {
     std::string folder, settings;
@@ -391,7 +379,7 @@ TEST_CASE("ddp-run: a mid-epoch checkpoint resumes at another world size with th
       // fsdp: equal shards of the rest, ceil(left / 3) each.
       {run, "--nproc-per-node 3 --set distributed.strategy=fsdp", 3, ceilDiv(ceilDiv(left, 3), batch)},
       // ddp on 1 rank: the rest, once.
-      {folder.path + "/ddp", "--nproc-per-node 1 --set distributed.strategy=ddp", 1, ceilDiv(left, batch)},
+      {folder.path() + "/ddp", "--nproc-per-node 1 --set distributed.strategy=ddp", 1, ceilDiv(left, batch)},
   };
   for (const Resume& r : resumes) {
     INFO(r.settings);
@@ -410,8 +398,8 @@ TEST_CASE("ddp-run: a mid-epoch checkpoint resumes at another world size with th
 
 TEST_CASE("sharded checkpoints: two saves in one folder never write the same file, a stale writer changes nothing",
           "[checkpoint]") {
-  TempFolder folder;
-  const std::string dir = folder.path + "/epoch_000005.shards";
+  TempDir folder;
+  const std::string dir = folder.path() + "/epoch_000005.shards";
   // Rank r of 2 holds elements [3r, 3r + 3) of "model/w", all equal to `value`.
   auto save = [&](int rank, const std::string& id, float value) {
     writeShardFile(dir, rank, id, {StateSlice{"model/w", {6}, 3 * rank, at::full({3}, value), ""}});
@@ -458,7 +446,7 @@ TEST_CASE("sharded checkpoints: two saves in one folder never write the same fil
   CHECK(files() == std::set<std::string>{"index.json", shardFileName(0, "d"), shardFileName(1, "d")});
 
   // A folder that holds only the failed save's files goes with them.
-  const std::string alone = folder.path + "/epoch_000006.shards";
+  const std::string alone = folder.path() + "/epoch_000006.shards";
   writeShardFile(alone, 0, "e", {StateSlice{"model/w", {3}, 0, at::ones({3}), ""}});
   removeShardSave(alone, "e");
   CHECK_FALSE(std::filesystem::exists(alone));

@@ -2,6 +2,7 @@
 // for those that run the ddp-run program.
 #pragma once
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,14 +142,40 @@ inline TempDirsAtExit& tempDirsAtExit() {
 }
 }  // namespace detail
 
-// A fresh folder under /tmp, removed with what is in it when this process
-// exits, so that a test run leaves nothing behind.
-inline std::string tempDir() {
-  char tmpl[] = "/tmp/ddp-test-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) {
-    throw std::runtime_error(std::string("mkdtemp(/tmp/ddp-test-XXXXXX) failed: ") + std::strerror(errno));
+namespace detail {
+// Folders of test processes that are gone without their exit handlers (a
+// ctest timeout, a signal, an interrupted sweep): /tmp/ddp-test-PID-XXXXXX
+// whose PID no longer runs. Another test process's are left alone, and so
+// are names without a PID.
+inline void removeStaleTempDirs() {
+  const std::string prefix = "ddp-test-";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/tmp", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const char* digits = name.c_str() + prefix.size();
+    char* end = nullptr;
+    const long pid = std::strtol(digits, &end, 10);
+    if (end == digits || *end != '-' || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // still running
+    std::error_code ignored;
+    std::filesystem::remove_all(entry.path(), ignored);
   }
+}
+}  // namespace detail
+
+// A fresh folder under /tmp, removed with what is in it when this process
+// exits, so that a test run leaves nothing behind; named by the process
+// whose exit removes it, so that a later test process removes it if this
+// one is killed first.
+inline std::string tempDir() {
   auto& dirs = detail::tempDirsAtExit();
+  static std::once_flag swept;
+  std::call_once(swept, detail::removeStaleTempDirs);
+  std::string tmpl = "/tmp/ddp-test-" + std::to_string(dirs.owner) + "-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    throw std::runtime_error("mkdtemp(" + tmpl + ") failed: " + std::strerror(errno));
+  }
   std::lock_guard<std::mutex> lock(dirs.mutex);
   dirs.paths.emplace_back(tmpl);
   return tmpl;
