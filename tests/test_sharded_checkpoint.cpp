@@ -445,6 +445,10 @@ TEST_CASE("sharded checkpoints: two saves in one folder never write the same fil
   writeShardIndex(dir, 2, "d", nlohmann::json::object());
   CHECK(files() == std::set<std::string>{"index.json", shardFileName(0, "d"), shardFileName(1, "d")});
 
+  // A caller that fails after d's index is in place removes nothing of it.
+  removeShardSave(dir, "d");
+  CHECK(ShardedCheckpoint(dir).readWhole("model/w").equal(at::full({6}, 4.f)));
+
   // A folder that holds only the failed save's files goes with them.
   const std::string alone = folder.path() + "/epoch_000006.shards";
   writeShardFile(alone, 0, "e", {StateSlice{"model/w", {3}, 0, at::ones({3}), ""}});

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -92,6 +93,13 @@ struct ProcessGroupNccl::Impl {
   bool stopping = false;
   std::exception_ptr broken;
   std::string abortReason;  // abort() asked for it: the watchdog breaks the group
+  // Guards `comm` and every NCCL call on it: ncclCommAbort frees the
+  // communicator, so no call may be running on it then (the watchdog
+  // takes this without `mutex` held; launch() never takes `mutex` under it).
+  std::mutex commMutex;
+  // Set before the watchdog aborts: an enqueue that settle() is polling
+  // gives up at once instead of holding commMutex until its deadline.
+  std::atomic<bool> stopIssuing{false};
 
   void check(cudaError_t e, const std::string& what) {
     if (e != cudaSuccess) fail<CollectiveError>("{}: {}", what, cudaText(e));
@@ -106,6 +114,7 @@ struct ProcessGroupNccl::Impl {
   // Throws with `what` on an error, or when `deadline` passes first.
   void settle(ncclResult_t r, const std::string& what, Clock::time_point deadline, Milliseconds timeout) {
     while (r == ncclInProgress) {
+      if (stopIssuing) fail<CollectiveError>("{} given up: the group is being aborted", what);
       if (Clock::now() > deadline) {
         fail<CollectiveError>("{} did not complete within {} ms. HINT: a peer rank may not have started, or died; {}",
                               what, timeout.count(), kRendezvousHelp);
@@ -280,6 +289,12 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
   }
   try {
     impl_->check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), description + ": cudaEventCreate");
+    // The collectives' `issue` use the communicator they read before
+    // launch(): it is valid while it is still the group's, under commMutex.
+    std::lock_guard<std::mutex> commLock(impl_->commMutex);
+    if (impl_->comm == nullptr || impl_->stopIssuing) {
+      fail<CollectiveError>("{} not run: the group was aborted", description);
+    }
     impl_->settle(static_cast<ncclResult_t>(issue(sendPtr, recvPtr, stream)), description, p.deadline, timeout);
   } catch (...) {
     for (void* b : p.deviceBuffers) cudaFree(b);
@@ -315,14 +330,15 @@ void ProcessGroupNccl::watchdogLoop() {
   std::unique_lock<std::mutex> lock(impl_->mutex);
   for (;;) {
     impl_->changed.wait_for(lock, std::chrono::milliseconds(impl_->pending.empty() ? 100 : 0), [&] {
-      return impl_->stopping || !impl_->pending.empty() || !impl_->abortReason.empty();
+      return impl_->stopping || !impl_->pending.empty() || (!impl_->abortReason.empty() && !impl_->broken);
     });
     if (!impl_->abortReason.empty() && !impl_->broken) {
       // abort(): the communicator goes (its kernels waiting for a peer end),
       // every pending operation and every later one fails with the reason.
       const std::string reason = impl_->abortReason;
-      if (impl_->comm) ncclCommAbort(impl_->comm);
-      impl_->comm = nullptr;
+      lock.unlock();
+      abortCommunicator();
+      lock.lock();
       std::deque<Impl::Pending> failed;
       failed.swap(impl_->pending);
       impl_->broken = std::make_exception_ptr(CollectiveError(
@@ -331,6 +347,18 @@ void ProcessGroupNccl::watchdogLoop() {
       for (Impl::Pending& f : failed) {
         f.work->finish(std::make_exception_ptr(
             CollectiveError(fmt::format("{} aborted: {}", f.work->description(), reason))));
+      }
+      lock.lock();
+      continue;
+    }
+    if (impl_->broken && !impl_->pending.empty()) {
+      // Enqueued while the group was being aborted: the communicator is gone.
+      std::deque<Impl::Pending> failed;
+      failed.swap(impl_->pending);
+      lock.unlock();
+      for (Impl::Pending& f : failed) {
+        f.work->finish(std::make_exception_ptr(
+            CollectiveError(fmt::format("{} aborted after an earlier failure", f.work->description()))));
       }
       lock.lock();
       continue;
@@ -358,7 +386,13 @@ void ProcessGroupNccl::watchdogLoop() {
       continue;
     }
     ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(impl_->comm, &async);
+    {
+      // launch() holds commMutex while NCCL enqueues (which a dead peer can
+      // stretch to the deadline): look next time rather than wait here
+      // holding `mutex`, which abort() needs.
+      std::unique_lock<std::mutex> commLock(impl_->commMutex, std::try_to_lock);
+      if (commLock.owns_lock() && impl_->comm) ncclCommGetAsyncError(impl_->comm, &async);
+    }
     // A non-blocking communicator is "in progress" while a call enqueues.
     if (async == ncclInProgress) async = ncclSuccess;
     const bool timedOut = Clock::now() > head.deadline;
@@ -367,8 +401,9 @@ void ProcessGroupNccl::watchdogLoop() {
                         : state != cudaErrorNotReady ? fmt::format("CUDA error: {}", cudaText(state))
                                                      : fmt::format("timed out (timeout {} ms)", head.timeout.count());
       // Aborting unblocks kernels that wait for a peer that will not come.
-      ncclCommAbort(impl_->comm);
-      impl_->comm = nullptr;
+      lock.unlock();
+      abortCommunicator();
+      lock.lock();
       std::deque<Impl::Pending> failed;
       failed.swap(impl_->pending);
       auto first = std::make_exception_ptr(CollectiveError(
@@ -389,6 +424,13 @@ void ProcessGroupNccl::watchdogLoop() {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     lock.lock();
   }
+}
+
+void ProcessGroupNccl::abortCommunicator() {
+  impl_->stopIssuing = true;  // an enqueue being polled gives up, releasing commMutex
+  std::lock_guard<std::mutex> commLock(impl_->commMutex);
+  if (impl_->comm) ncclCommAbort(impl_->comm);
+  impl_->comm = nullptr;
 }
 
 void ProcessGroupNccl::abort(const std::string& reason) {

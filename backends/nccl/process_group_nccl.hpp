@@ -88,6 +88,9 @@ class ProcessGroupNccl : public ProcessGroup {
   // offsets in elements); returns its ncclResult_t.
   int issueBlocks(void* send, void* recv, void* stream, at::ScalarType dtype, const BlockCounts& blocks);
   void watchdogLoop();
+  // Without Impl::mutex held: ncclCommAbort once no NCCL call runs on the
+  // communicator, which is then null.
+  void abortCommunicator();
 
   std::unique_ptr<Impl> impl_;
   int device_ = 0;

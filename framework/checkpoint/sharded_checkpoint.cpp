@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <set>
 
@@ -109,6 +110,26 @@ std::pair<std::string, std::vector<FileSlice>> readShardHeader(const std::string
   return {save->second, std::move(out)};
 }
 
+// The save id in DIR/index.json ("" without a readable one).
+std::string indexedSave(const std::string& dir) {
+  std::ifstream in(dir + "/index.json");
+  if (!in) return "";
+  const nlohmann::json index = nlohmann::json::parse(in, nullptr, false);
+  if (index.is_discarded() || !index.is_object() || !index.contains("save") || !index["save"].is_string()) return "";
+  return index["save"].get<std::string>();
+}
+
+// Removes the entries of DIR whose names `match`; never throws (a cleanup).
+void removeEntries(const std::string& dir, const std::function<bool(const std::string&)>& match) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code ignored;
+    if (match(name)) std::filesystem::remove(it->path(), ignored);
+  }
+}
+
 // A save's id as it goes into its files' names: the id itself where it is
 // a short word of letters, digits, '_' and '-' (the trainer's are), else a
 // hash of it.
@@ -127,16 +148,12 @@ std::string saveTag(const std::string& saveId) {
 // or a stale writer's), once this save's index is in place; not when the
 // index is already another save's (a stale writer's index won the rename).
 void removeOtherSaves(const std::string& dir, const std::string& saveId) {
-  std::ifstream in(dir + "/index.json");
-  const nlohmann::json index = nlohmann::json::parse(in, nullptr, false);
-  if (index.is_discarded() || !index.is_object() || index.value("save", std::string()) != saveId) return;
+  if (indexedSave(dir) != saveId) return;
   const std::string tag = "." + saveTag(saveId) + ".";
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  removeEntries(dir, [&](const std::string& name) {
     const bool ours = name.rfind("rank_", 0) == 0 || name.rfind("index.json.", 0) == 0;
-    if (ours && name.find(tag) == std::string::npos) std::filesystem::remove(entry.path(), ec);
-  }
+    return ours && name.find(tag) == std::string::npos;
+  });
 }
 
 }  // namespace
@@ -150,12 +167,11 @@ std::string shardFailureFileName(int rank, const std::string& saveId) {
 }
 
 void removeShardSave(const std::string& dir, const std::string& saveId) {
+  // A save whose index is in place is a checkpoint (its caller failed after
+  // the rename, syncing the folder): its files stay.
+  if (indexedSave(dir) == saveId) return;
   const std::string tag = "." + saveTag(saveId) + ".";
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.find(tag) != std::string::npos) std::filesystem::remove(entry.path(), ec);
-  }
+  removeEntries(dir, [&](const std::string& name) { return name.find(tag) != std::string::npos; });
   ::rmdir(dir.c_str());  // only if nothing else is left in it
 }
 

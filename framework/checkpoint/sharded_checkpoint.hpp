@@ -36,7 +36,11 @@
 //   save. Once its index is in place, writeShardIndex() removes the files
 //   of other saves (rank_*, index.json.*.tmp), unless by then the index is
 //   another save's. removeShardSave() removes one save's files (a save that
-//   failed), and the folder if nothing else is left in it.
+//   failed), and the folder if nothing else is left in it; not those of a
+//   save whose index is in place (a caller that failed after the rename).
+//   Neither throws. A limit: a rank 0 left out of an elastic job that wakes
+//   between its index's sync and its rename can still put its own save's
+//   index (a whole, older save of the same point) over the new one.
 // - ShardedCheckpoint opens a folder by its index. verify() checks every
 //   file the index names: present, of the size the index records (a
 //   truncated file), of this save (shards of two saves); each failure a

@@ -242,7 +242,7 @@ void Trainer::loadShardedState(const std::string& path) {
 }
 
 // A sharded checkpoint (framework/checkpoint/sharded_checkpoint.hpp): rank
-// 0 makes the folder empty, every rank writes its file, the ranks learn
+// 0 makes the folder, every rank writes its file, the ranks learn
 // whether all of them succeeded, and rank 0 writes the index last. A
 // failure anywhere leaves no index (so no checkpoint) and fails every rank,
 // each naming its own error or the rank that failed.

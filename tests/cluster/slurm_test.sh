@@ -425,7 +425,7 @@ etcd_get get --prefix --keys-only "/ddp/slurm-$job3/" || etcd_rc=$?
 if ! grep -q "^/ddp/slurm-$job3/" "$work/etcdctl.out"; then
   echo "etcdctl get --prefix --keys-only /ddp/slurm-$job3/: exit code $etcd_rc, $(grep -c . "$work/etcdctl.out") line(s)" >&2
   sed 's/^/  | /' "$work/etcdctl.err" >&2
-  etcd_get get --prefix --keys-only "" && { echo "every key in this etcd:" >&2; sed 's/^/  | /' "$work/etcdctl.out" | head -20 >&2; }
+  etcd_get get --prefix --keys-only "" && { echo "every key in this etcd:" >&2; sed -n '1,20s/^/  | /p' "$work/etcdctl.out" >&2; }
   etcd_get lease list && { echo "its leases:" >&2; sed 's/^/  | /' "$work/etcdctl.out" >&2; }
   fail "job $job3: no keys under /ddp/slurm-$job3/ in etcd (the default --rdzv-id)"
 fi
