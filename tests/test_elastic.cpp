@@ -53,6 +53,33 @@ std::string checkRecoveredInPlace(const ddp::test::ProgramOutcome& outcome, cons
   return readFile(dir + "/train.log");
 }
 
+// Three members (ids 0-2) of one job over an in-memory store, with a
+// settle time of 2 s.
+struct ThreeMembers {
+  std::shared_ptr<HashStore> store;
+  ElasticOptions options;
+  ElasticRendezvous a, b, c;
+  explicit ThreeMembers(int minRanks)
+      : store(storeWithTimeout(std::chrono::milliseconds(20000))),
+        options(settledOptions(minRanks)),
+        a(store, 0, options),
+        b(store, 1, options),
+        c(store, 2, options) {}
+
+  static std::shared_ptr<HashStore> storeWithTimeout(std::chrono::milliseconds timeout) {
+    auto store = std::make_shared<HashStore>();
+    store->setTimeout(timeout);
+    return store;
+  }
+  static ElasticOptions settledOptions(int minRanks) {
+    ElasticOptions options;
+    options.minRanks = minRanks;
+    options.maxId = 3;
+    options.settle = std::chrono::milliseconds(2000);
+    return options;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("elastic rendezvous: a joiner acts only on a generation it was admitted to", "[elastic][solo]") {
@@ -224,13 +251,11 @@ TEST_CASE("elastic rendezvous: random deaths, hangs and joins never split a gene
 
 TEST_CASE("elastic rendezvous: several generations in a row with a joiner each time, below the minimum stops",
           "[elastic][solo]") {
-  auto store = std::make_shared<HashStore>();
-  store->setTimeout(std::chrono::milliseconds(20000));
-  ElasticOptions options;
-  options.minRanks = 2;
-  options.maxId = 3;
-  options.settle = std::chrono::milliseconds(2000);
-  ElasticRendezvous a(store, 0, options), b(store, 1, options), c(store, 2, options);
+  ThreeMembers members(2);
+  // (References, not a structured binding: lambdas below capture them.)
+  auto& store = members.store;
+  const ElasticOptions& options = members.options;
+  auto &a = members.a, &b = members.b;
   ElasticMembership m = a.initial(3);
   // Generation 1: id 2 dies.
   ElasticRendezvous::markDead(*store, 2);
@@ -265,13 +290,10 @@ TEST_CASE("elastic rendezvous: several generations in a row with a joiner each t
 }
 
 TEST_CASE("elastic rendezvous: rank 0 stays with a member, never with a joiner (a replaced node 0)", "[elastic][solo]") {
-  auto store = std::make_shared<HashStore>();
-  store->setTimeout(std::chrono::milliseconds(20000));
-  ElasticOptions options;
-  options.minRanks = 1;
-  options.maxId = 3;
-  options.settle = std::chrono::milliseconds(2000);
-  ElasticRendezvous a(store, 0, options), b(store, 1, options), c(store, 2, options);
+  ThreeMembers members(1);
+  auto& store = members.store;
+  const ElasticOptions& options = members.options;
+  auto &a = members.a, &b = members.b, &c = members.c;
   ElasticMembership m = a.initial(3);
   // Generation 1: id 0 (rank 0, the writer) dies; id 1 becomes rank 0.
   ElasticRendezvous::markDead(*store, 0);

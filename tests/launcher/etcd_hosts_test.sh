@@ -55,22 +55,29 @@ echo "etcd at 127.0.0.1:$client (pid $etcd_pid)"
 
 experiment=("$repo/experiments/wine_baseline.json" --set training.epochs=12 --set training.eval_every=1
   --set training.log_every=1 --set training.save_every=0 --set distributed.timeout_s=5)
+# start_node K NAME ID STEM [FAULT]: node K's launcher in the background,
+# in a session of its own (one simulated host), with DDP_FAULT_INJECT=FAULT;
+# its log, session id and exit code in $work/STEM.{log,sid,rc}.
+start_node() {
+  local k=$1 name=$2 id=$3 stem=$4 fault=${5:-}
+  (
+    [ -n "$fault" ] && export DDP_FAULT_INJECT="$fault"
+    rc=0
+    # (setsid does not fork here: timeout's child leads no process group.)
+    timeout -k 5 180 setsid bash -c 'echo $$ > "$0"; exec "$@"' "$work/$stem.sid" \
+      "$ddp_run" --nnodes 2 --node-rank "$k" --nproc-per-node 2 --rdzv-backend etcd \
+      --rdzv-endpoint "127.0.0.1:$client" --rdzv-id "$id" --min-ranks 2 --max-restarts 0 \
+      "${experiment[@]}" --out "$work/$name" > "$work/$stem.log" 2>&1 < /dev/null || rc=$?
+    echo "$rc" > "$work/$stem.rc"
+  ) &
+}
+
 # run_hosts NAME ID FAULT [NODE]: both launchers, DDP_FAULT_INJECT=FAULT on
 # node NODE (0 by default); their exit codes in $work/NAME.node<K>.rc.
 run_hosts() {
   local name=$1 id=$2 fault=$3 faulty=${4:-0} k pids=()
   for k in 0 1; do
-    (
-      [ "$k" = "$faulty" ] && [ -n "$fault" ] && export DDP_FAULT_INJECT="$fault"
-      # setsid: the node's launcher leads a session of its own, one simulated host.
-      rc=0
-      # (setsid does not fork here: timeout's child leads no process group.)
-      timeout -k 5 180 setsid bash -c 'echo $$ > "$0"; exec "$@"' "$work/$name.node$k.sid" \
-        "$ddp_run" --nnodes 2 --node-rank "$k" --nproc-per-node 2 --rdzv-backend etcd \
-        --rdzv-endpoint "127.0.0.1:$client" --rdzv-id "$id" --min-ranks 2 --max-restarts 0 \
-        "${experiment[@]}" --out "$work/$name" > "$work/$name.node$k.log" 2>&1 < /dev/null || rc=$?
-      echo "$rc" > "$work/$name.node$k.rc"
-    ) &
+    start_node "$k" "$name" "$id" "$name.node$k" "$([ "$k" = "$faulty" ] && echo "$fault")"
     pids+=($!)
   done
   wait "${pids[@]}"  # not etcd
@@ -105,22 +112,10 @@ echo "== 2b. node 0's host killed at step 9, then node 0's command started again
 # The members wait after step 12 until both of the replacement's ranks ask
 # to join (DDP_FAULT_AWAIT_JOIN=12:2), so the job is still running when
 # they come, and they are admitted together.
-start_node() {  # start_node K NAME LOGSUFFIX [FAULT]: one launcher in the background; its rc in NAME.nodeK.LOGSUFFIX.rc
-  local k=$1 name=$2 suffix=$3 fault=${4:-}
-  (
-    [ -n "$fault" ] && export DDP_FAULT_INJECT="$fault"
-    export DDP_FAULT_AWAIT_JOIN=12:2
-    rc=0
-    timeout -k 5 180 setsid bash -c 'echo $$ > "$0"; exec "$@"' "$work/$name.node$k.$suffix.sid" \
-      "$ddp_run" --nnodes 2 --node-rank "$k" --nproc-per-node 2 --rdzv-backend etcd \
-      --rdzv-endpoint "127.0.0.1:$client" --rdzv-id "job-$name" --min-ranks 2 --max-restarts 0 \
-      "${experiment[@]}" --out "$work/$name" > "$work/$name.node$k.$suffix.log" 2>&1 < /dev/null || rc=$?
-    echo "$rc" > "$work/$name.node$k.$suffix.rc"
-  ) &
-}
-start_node 0 replaced first "0@9:host"
+export DDP_FAULT_AWAIT_JOIN=12:2
+start_node 0 replaced job-replaced replaced.node0.first "0@9:host"
 first0=$!
-start_node 1 replaced first
+start_node 1 replaced job-replaced replaced.node1.first
 first1=$!
 wait "$first0"  # node 0's host is gone
 for _ in $(seq 600); do  # node 1 trains on at world 2
@@ -128,9 +123,10 @@ for _ in $(seq 600); do  # node 1 trains on at world 2
   sleep 0.1
 done
 grep -q '"world_size":2' "$work/replaced/steps.jsonl" || fail "node 1 did not train on at world 2 after node 0's host died"
-start_node 0 replaced again
+start_node 0 replaced job-replaced replaced.node0.again
 again0=$!
 wait "$first1" "$again0"
+unset DDP_FAULT_AWAIT_JOIN
 rc_first=$(cat "$work/replaced.node0.first.rc")
 rc1=$(cat "$work/replaced.node1.first.rc")
 rc_again=$(cat "$work/replaced.node0.again.rc")
