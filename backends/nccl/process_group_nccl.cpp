@@ -100,6 +100,7 @@ struct ProcessGroupNccl::Impl {
   // Set before the watchdog aborts: an enqueue that settle() is polling
   // gives up at once instead of holding commMutex until its deadline.
   std::atomic<bool> stopIssuing{false};
+  std::string abortedWith;  // why the communicator was aborted (under commMutex)
 
   void check(cudaError_t e, const std::string& what) {
     if (e != cudaSuccess) fail<CollectiveError>("{}: {}", what, cudaText(e));
@@ -293,7 +294,8 @@ WorkPtr ProcessGroupNccl::launch(const char* op, const at::Tensor& in, const at:
     // launch(): it is valid while it is still the group's, under commMutex.
     std::lock_guard<std::mutex> commLock(impl_->commMutex);
     if (impl_->comm == nullptr || impl_->stopIssuing) {
-      fail<CollectiveError>("{} not run: the group was aborted", description);
+      fail<CollectiveError>("{} not run: the group was aborted: {}", description,
+                            impl_->abortedWith.empty() ? std::string("(aborting)") : impl_->abortedWith);
     }
     impl_->settle(static_cast<ncclResult_t>(issue(sendPtr, recvPtr, stream)), description, p.deadline, timeout);
   } catch (...) {
@@ -337,7 +339,7 @@ void ProcessGroupNccl::watchdogLoop() {
       // every pending operation and every later one fails with the reason.
       const std::string reason = impl_->abortReason;
       lock.unlock();
-      abortCommunicator();
+      abortCommunicator(reason);
       lock.lock();
       std::deque<Impl::Pending> failed;
       failed.swap(impl_->pending);
@@ -402,7 +404,7 @@ void ProcessGroupNccl::watchdogLoop() {
                                                      : fmt::format("timed out (timeout {} ms)", head.timeout.count());
       // Aborting unblocks kernels that wait for a peer that will not come.
       lock.unlock();
-      abortCommunicator();
+      abortCommunicator(why);
       lock.lock();
       std::deque<Impl::Pending> failed;
       failed.swap(impl_->pending);
@@ -426,11 +428,12 @@ void ProcessGroupNccl::watchdogLoop() {
   }
 }
 
-void ProcessGroupNccl::abortCommunicator() {
+void ProcessGroupNccl::abortCommunicator(const std::string& why) {
   impl_->stopIssuing = true;  // an enqueue being polled gives up, releasing commMutex
   std::lock_guard<std::mutex> commLock(impl_->commMutex);
   if (impl_->comm) ncclCommAbort(impl_->comm);
   impl_->comm = nullptr;
+  if (impl_->abortedWith.empty()) impl_->abortedWith = why;
 }
 
 void ProcessGroupNccl::abort(const std::string& reason) {

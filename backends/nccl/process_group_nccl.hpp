@@ -89,8 +89,8 @@ class ProcessGroupNccl : public ProcessGroup {
   int issueBlocks(void* send, void* recv, void* stream, at::ScalarType dtype, const BlockCounts& blocks);
   void watchdogLoop();
   // Without Impl::mutex held: ncclCommAbort once no NCCL call runs on the
-  // communicator, which is then null.
-  void abortCommunicator();
+  // communicator, which is then null; later launches fail naming `why`.
+  void abortCommunicator(const std::string& why);
 
   std::unique_ptr<Impl> impl_;
   int device_ = 0;
