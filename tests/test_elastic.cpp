@@ -289,6 +289,25 @@ TEST_CASE("elastic rendezvous: several generations in a row with a joiner each t
   CHECK(ma.belowMinimum);
 }
 
+TEST_CASE("elastic rendezvous: a member left out learns it is superseded, the others do not", "[elastic][solo]") {
+  ThreeMembers members(1);
+  auto& store = members.store;
+  auto &a = members.a, &b = members.b, &c = members.c;
+  const ElasticMembership m = a.initial(3);
+  CHECK_FALSE(a.superseded(m));
+  // Id 0 is frozen (it never arrives); 1 and 2 arrive, and id 0 is marked
+  // dead: generation 1 is decided without it.
+  ElasticRendezvous::markDead(*store, 0);
+  ElasticMembership mb, mc;
+  std::thread tc([&] { mc = c.next(m, 5); });
+  mb = b.next(m, 5);
+  tc.join();
+  REQUIRE(mb.ids == std::vector<int>{1, 2});
+  CHECK(a.superseded(m));
+  CHECK_FALSE(b.superseded(m));
+  CHECK_FALSE(b.superseded(mb));  // generation 2 not decided yet
+}
+
 TEST_CASE("elastic rendezvous: rank 0 stays with a member, never with a joiner (a replaced node 0)", "[elastic][solo]") {
   ThreeMembers members(1);
   auto& store = members.store;
@@ -596,6 +615,25 @@ TEST_CASE("ddp-run --min-ranks: a rank frozen during a sharded save is left out 
   CHECK_THAT(outcome.output, Catch::Contains("checkpoint: rank id 1"));
   CHECK_THAT(outcome.output, Catch::Contains("stopped beating for 5 s"));
   // The saves after it, at world 3, are whole.
+  CHECK(std::filesystem::exists(run + "/checkpoints/" + checkpointFileName(12, 0, true) + "/index.json"));
+}
+
+TEST_CASE("ddp-run --min-ranks: the writer frozen before a sharded save: another takes over, each epoch recorded once",
+          "[elastic][launcher][checkpoint][solo]") {
+  // Rank 0, the run folder's writer, freezes among the callbacks at the
+  // end of epoch 3, before it wrote that epoch's record; the others pass
+  // the records (not theirs to write) and wait for it in the save. Rank id
+  // 1 becomes the writer and writes epoch 3's record (the lost writer had
+  // not); rank 0, woken 20 s later, writes none over it and is left out.
+  const std::string run = tempDir() + "/writer";
+  const auto outcome = runDdpRun(wineRun(run, "--min-ranks 2",
+                                         "--set training.save_every=1 --set training.checkpoint_format=sharded "
+                                         "--set distributed.timeout_s=5"),
+                                 "DDP_FAULT_INJECT=0#3:freeze=20000");
+  CHECK_THAT(checkRecoveredInPlace(outcome, run, 3), Catch::Contains("lost rank id(s) 0; world 4 -> 3"));
+  std::vector<int64_t> epochs;
+  for (const auto& r : records(run + "/metrics.jsonl")) epochs.push_back(r["epoch"].get<int64_t>());
+  CHECK(epochs == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
   CHECK(std::filesystem::exists(run + "/checkpoints/" + checkpointFileName(12, 0, true) + "/index.json"));
 }
 

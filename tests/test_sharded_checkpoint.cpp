@@ -445,6 +445,15 @@ TEST_CASE("sharded checkpoints: two saves in one folder never write the same fil
   writeShardIndex(dir, 2, "d", nlohmann::json::object());
   CHECK(files() == std::set<std::string>{"index.json", shardFileName(0, "d"), shardFileName(1, "d")});
 
+  // A rank 0 that the group went on without writes no index over d's.
+  save(0, "e", 5);
+  save(1, "e", 5);
+  CHECK_THROWS_WITH(writeShardIndex(dir, 2, "e", nlohmann::json::object(), [] { return false; }),
+                    Catch::Contains("index not written: the group went on without this rank"));
+  CHECK(ShardedCheckpoint(dir).saveId() == "d");
+  CHECK_FALSE(std::filesystem::exists(dir + "/index.json.e.tmp"));
+  removeShardSave(dir, "e");
+
   // A caller that fails after d's index is in place removes nothing of it.
   removeShardSave(dir, "d");
   CHECK(ShardedCheckpoint(dir).readWhole("model/w").equal(at::full({6}, 4.f)));

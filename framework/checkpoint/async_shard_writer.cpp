@@ -40,7 +40,8 @@ struct AsyncShardWriter::Impl {
   double seconds = 0;
 
   void run(const std::string& dir, int rank, int world, const std::string& saveId,
-           const std::vector<StateSlice>& slices, const nlohmann::json& meta, std::chrono::milliseconds timeout) {
+           const std::vector<StateSlice>& slices, const nlohmann::json& meta, std::chrono::milliseconds timeout,
+           const std::function<bool()>& stillCurrent) {
     const auto started = std::chrono::steady_clock::now();
     std::string failure;
     try {
@@ -51,7 +52,7 @@ struct AsyncShardWriter::Impl {
       marker << failure << "\n";
     }
     bool indexed = false;
-    if (failure.empty() && rank == 0) failure = finish(dir, world, saveId, meta, timeout, indexed);
+    if (failure.empty() && rank == 0) failure = finish(dir, world, saveId, meta, timeout, stillCurrent, indexed);
     std::lock_guard<std::mutex> lock(mutex);
     if (!failure.empty() && !cancelled) {
       error = fmt::format("checkpoint (written in the background): {}", failure);
@@ -63,7 +64,7 @@ struct AsyncShardWriter::Impl {
 
   // Rank 0: every rank's file (or its failure), then the index.
   std::string finish(const std::string& dir, int world, const std::string& saveId, const nlohmann::json& meta,
-                     std::chrono::milliseconds timeout, bool& indexed) {
+                     std::chrono::milliseconds timeout, const std::function<bool()>& stillCurrent, bool& indexed) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       std::vector<int> missing;
@@ -86,7 +87,7 @@ struct AsyncShardWriter::Impl {
       wake.wait_for(lock, std::chrono::milliseconds(20));
     }
     try {
-      writeShardIndex(dir, world, saveId, meta);
+      writeShardIndex(dir, world, saveId, meta, stillCurrent);
       indexed = true;
     } catch (const std::exception& e) {
       return firstLine(e.what());
@@ -118,7 +119,8 @@ AsyncShardWriter::~AsyncShardWriter() {
 }
 
 void AsyncShardWriter::start(const std::string& dir, int rank, int world, const std::string& saveId,
-                             std::vector<StateSlice> slices, nlohmann::json meta, std::chrono::milliseconds timeout) {
+                             std::vector<StateSlice> slices, nlohmann::json meta, std::chrono::milliseconds timeout,
+                             std::function<bool()> stillCurrent) {
   wait();
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -127,7 +129,9 @@ void AsyncShardWriter::start(const std::string& dir, int rank, int world, const 
     impl_->dir = dir;
   }
   impl_->thread = std::thread([this, dir, rank, world, saveId, slices = std::move(slices), meta = std::move(meta),
-                               timeout] { impl_->run(dir, rank, world, saveId, slices, meta, timeout); });
+                               timeout, stillCurrent = std::move(stillCurrent)] {
+    impl_->run(dir, rank, world, saveId, slices, meta, timeout, stillCurrent);
+  });
 }
 
 bool AsyncShardWriter::busy() const {

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,9 +47,10 @@ class AsyncShardWriter {
   AsyncShardWriter(const AsyncShardWriter&) = delete;
   AsyncShardWriter& operator=(const AsyncShardWriter&) = delete;
 
-  // `meta` is rank 0's index metadata (ignored on other ranks).
+  // `meta` is rank 0's index metadata (ignored on other ranks);
+  // `stillCurrent` goes to writeShardIndex (rank 0).
   void start(const std::string& dir, int rank, int world, const std::string& saveId, std::vector<StateSlice> slices,
-             nlohmann::json meta, std::chrono::milliseconds timeout);
+             nlohmann::json meta, std::chrono::milliseconds timeout, std::function<bool()> stillCurrent = nullptr);
   bool busy() const;
   void check();
   void wait();

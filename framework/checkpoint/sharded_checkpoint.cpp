@@ -198,7 +198,8 @@ void writeShardFile(const std::string& dir, int rank, const std::string& saveId,
   crashPoint("shard", rank);
 }
 
-int64_t writeShardIndex(const std::string& dir, int files, const std::string& saveId, const nlohmann::json& meta) {
+int64_t writeShardIndex(const std::string& dir, int files, const std::string& saveId, const nlohmann::json& meta,
+                        const std::function<bool()>& stillCurrent) {
   struct Shard {
     int file;
     int64_t offset, numel;
@@ -274,6 +275,10 @@ int64_t writeShardIndex(const std::string& dir, int files, const std::string& sa
     }
   }
   crashPoint("index", 0);  // rank 0 writes the index
+  if (stillCurrent && !stillCurrent()) {
+    ::unlink(tmp.c_str());
+    fail<std::runtime_error>("checkpoint: {}: index not written: the group went on without this rank meanwhile", dir);
+  }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     fail<std::runtime_error>("checkpoint: cannot rename {} to {}: {}", tmp, path, errnoText(errno));
   }

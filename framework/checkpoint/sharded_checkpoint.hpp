@@ -38,8 +38,9 @@
 //   another save's. removeShardSave() removes one save's files (a save that
 //   failed), and the folder if nothing else is left in it; not those of a
 //   save whose index is in place (a caller that failed after the rename).
-//   Neither throws. A limit: a rank 0 left out of an elastic job that wakes
-//   between its index's sync and its rename can still put its own save's
+//   Neither throws. A rank 0 left out of an elastic job that wakes with
+//   its index written asks `stillCurrent` before the rename and gives up;
+//   only a freeze between that question and the rename could still put its
 //   index (a whole, older save of the same point) over the new one.
 // - ShardedCheckpoint opens a folder by its index. verify() checks every
 //   file the index names: present, of the size the index records (a
@@ -52,6 +53,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,8 +67,12 @@ namespace ddp {
 bool isShardedCheckpoint(const std::string& path);
 
 void writeShardFile(const std::string& dir, int rank, const std::string& saveId, const std::vector<StateSlice>& slices);
-// Returns the bytes of all files.
-int64_t writeShardIndex(const std::string& dir, int files, const std::string& saveId, const nlohmann::json& meta);
+// Returns the bytes of all files. `stillCurrent`, when given, is asked
+// once the index's temporary file is synced, just before its rename: false
+// (an elastic group that moved on without this rank) leaves no index and
+// throws.
+int64_t writeShardIndex(const std::string& dir, int files, const std::string& saveId, const nlohmann::json& meta,
+                        const std::function<bool()>& stillCurrent = nullptr);
 
 std::string shardFileName(int rank, const std::string& saveId);
 // A rank's marker of a failed background write (async_shard_writer.hpp).

@@ -40,6 +40,15 @@ Trainer::~Trainer() = default;
 int Trainer::rank() const { return impl_->group ? impl_->group->rank() : -1; }
 int Trainer::worldSize() const { return impl_->group ? impl_->group->size() : 0; }
 int64_t Trainer::generation() const { return impl_->membership.generation; }
+bool Trainer::writesEpochRecords() const {
+  if (!isWriter()) return false;
+  if (!impl_->rendezvous) return true;
+  try {
+    return !impl_->rendezvous->superseded(impl_->membership);
+  } catch (const std::exception&) {
+    return true;  // the store unreachable for a moment: the collectives decide
+  }
+}
 ProcessGroup& Trainer::group() const {
   DDP_CHECK(impl_->group != nullptr, "Trainer::group() before this rank joined");
   return *impl_->group;
@@ -455,6 +464,7 @@ TrainResult Trainer::runStages() {
     m.seconds = std::chrono::duration<double>(trainer_detail::Clock::now() - epochStart).count();
 
     EpochEnd end{m, evaluated, lastEpoch};
+    bool writer = isWriter();
     for (size_t i = 0, retries = 0; i < s.callbacks.size(); ++i) {
       try {
         s.callbacks[i]->onEpochEnd(*this, end);
@@ -462,9 +472,17 @@ TrainResult Trainer::runStages() {
         // Elastic: a rank lost in a callback's collective (the straggler
         // report, a checkpoint's barrier, early stopping's broadcast): the
         // members recover and that callback runs again, over the new
-        // group. The callbacks before it are not repeated.
+        // group. The callbacks before it are not repeated, except the
+        // writer's records on a rank that has just become the writer: the
+        // lost writer may have gone before it wrote them.
         if (!recoverable(e) || ++retries > 10) throw;
         recover(errorLine(e));
+        if (!writer && isWriter()) {
+          for (size_t j = 0; j < i; ++j) {
+            if (s.callbacks[j]->writerOnly()) s.callbacks[j]->onEpochEnd(*this, end);
+          }
+        }
+        writer = isWriter();
         --i;
         continue;
       }

@@ -211,6 +211,11 @@ class Trainer {
   // The elastic membership's generation: a new group each (0 otherwise).
   int64_t generation() const;
   bool isWriter() const { return rank() == 0; }
+  // isWriter(), and in an elastic run not left out meanwhile: a writer that
+  // froze (or was cut off) and woke after the others went on without it
+  // writes no epoch record over theirs. A store read: once an epoch, not
+  // once a step.
+  bool writesEpochRecords() const;
   Task task() const;  // the dataset's, after build()
   ParallelStrategy& strategy();
   RunLog& log();

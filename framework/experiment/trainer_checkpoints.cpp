@@ -292,6 +292,18 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
                       {"world_size", world}};
   if (batch > 0) meta["consumed"] = s.consumed;
   meta["elastic"] = s.rendezvous != nullptr;
+  // An elastic rank 0 that was left out while it saved (frozen, cut off)
+  // puts no index over the one the others wrote without it.
+  std::function<bool()> stillCurrent;
+  if (s.rendezvous) {
+    stillCurrent = [rendezvous = s.rendezvous.get(), membership = s.membership] {
+      try {
+        return !rendezvous->superseded(membership);
+      } catch (const std::exception&) {
+        return false;  // the store unreachable: no index rather than a stale one
+      }
+    };
+  }
   if (background) {
     // A copy of what this rank holds, in host memory it owns: all that
     // training waits for. The write and (rank 0) the index follow on the
@@ -321,7 +333,8 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
     }
     if (!s.asyncWriter) s.asyncWriter = std::make_unique<AsyncShardWriter>();
     s.asyncWriter->start(dir, me, world, saveId, std::move(slices), writer ? meta : nlohmann::json(),
-                         std::chrono::milliseconds(static_cast<int64_t>(config_.distributed.timeoutSeconds * 1000)));
+                         std::chrono::milliseconds(static_cast<int64_t>(config_.distributed.timeoutSeconds * 1000)),
+                         stillCurrent);
     if (name.empty()) s.lastSaved = epoch;
     return;
   }
@@ -352,7 +365,7 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
   const int64_t failedRank = failed.item<int64_t>() == 0 ? -1 : world - failed.item<int64_t>();
   if (failedRank < 0 && writer) {
     try {
-      writeShardIndex(dir, world, saveId, meta);
+      writeShardIndex(dir, world, saveId, meta, stillCurrent);
     } catch (const std::exception& e) {
       failure = e.what();
     }

@@ -169,6 +169,13 @@ std::optional<int> ElasticRendezvous::lostMember(const ElasticMembership& member
   return std::nullopt;
 }
 
+bool ElasticRendezvous::superseded(const ElasticMembership& current) {
+  const std::string key = genKey(current.generation + 1, "members");
+  if (!store_->check({key})) return false;  // not decided: this member may still be in it
+  const ElasticMembership next = decodeMembership(store_->getString(key));
+  return std::find(next.ids.begin(), next.ids.end(), id_) == next.ids.end();
+}
+
 std::string ElasticRendezvous::whereOf(int id) {
   try {
     if (store_->check({whereKey(id)})) {

@@ -216,6 +216,13 @@ class ElasticRendezvous {
   // one beats. A slow disk does not stop a heartbeat; a frozen process or
   // a cut link does. A dead one's closed connections fail the collective.
   std::optional<int> lostMember(const ElasticMembership& membership, std::chrono::milliseconds window);
+  // Whether the generation after `current`'s was decided without this
+  // member: the others went on without it, and what it does for `current`
+  // (a checkpoint's index, say) is no longer the group's. A member left out
+  // while frozen asks it when it wakes, before it renames a file into place.
+  // (Not merely a next generation begun: members that wait for a joiner
+  // arrive there while rank 0 still writes a background save's index.)
+  bool superseded(const ElasticMembership& current);
   // "host H, pid P" of `id`, as it wrote it at start, or "where unknown".
   std::string whereOf(int id);
 

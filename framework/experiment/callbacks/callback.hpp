@@ -21,7 +21,11 @@
 //   elastic run, where a failed collective in onEpochEnd makes the members
 //   recover and calls that callback's onEpochEnd again (the ones before it
 //   are not repeated): a callback with a collective in onEpochEnd must take
-//   a second call for the same epoch (change its state once).
+//   a second call for the same epoch (change its state once). One whose
+//   onEpochEnd only writes the writer's records, with no collective
+//   (writerOnly() true), is called again for that epoch on a rank that
+//   such a recovery made the writer: the old writer may have been lost
+//   before it wrote them (it must then skip what is already written).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -52,6 +56,7 @@ class TrainerCallback {
  public:
   virtual ~TrainerCallback() = default;
   virtual bool wantsSteps() const { return false; }
+  virtual bool writerOnly() const { return false; }
   virtual void onTrainBegin(Trainer&) {}
   virtual void onEpochBegin(Trainer&, int64_t /*epoch, 0-based*/) {}
   virtual void onStepEnd(Trainer&, const StepEnd&) {}

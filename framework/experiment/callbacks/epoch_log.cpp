@@ -27,6 +27,7 @@ std::string lossText(double v) {
 void EpochLog::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   const int64_t epochs = trainer.config().training.epochs;
   if (!(epochs <= 20 || end.evaluated || end.lastEpoch)) return;
+  if (!trainer.writesEpochRecords()) return;  // a left-out writer's line would come late
   const EpochMetrics& m = end.metrics;
   std::string line = fmt::format("epoch {}/{}  train_loss {}", m.epoch, epochs, lossText(m.trainLoss));
   if (m.testLoss) line += "  test_loss " + numberText(*m.testLoss);

@@ -95,6 +95,19 @@ void dropMetricsAfter(const std::string& runDir, int64_t epoch, const std::strin
   }
 }
 
+// The epoch of the last whole record of a metrics.jsonl (0 without one).
+int64_t lastRecordedEpoch(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '}') last = line;
+  }
+  const nlohmann::json record = nlohmann::json::parse(last, nullptr, false);
+  return record.is_object() && record.contains("epoch") && record["epoch"].is_number_integer()
+             ? record["epoch"].get<int64_t>()
+             : 0;
+}
+
 }  // namespace
 
 void MetricsFiles::onTrainBegin(Trainer& trainer) {
@@ -120,13 +133,17 @@ void MetricsFiles::onTrainBegin(Trainer& trainer) {
 }
 
 void MetricsFiles::onEpochEnd(Trainer& trainer, EpochEnd& end) {
-  if (!trainer.isWriter()) return;
+  if (!trainer.writesEpochRecords()) return;
+  const EpochMetrics& m = end.metrics;
   if (!opened_) {  // became the writer after a rank left (elastic)
     opened_ = true;
-    jsonl_.open(trainer.options().runDir + "/metrics.jsonl");
+    const std::string jsonl = trainer.options().runDir + "/metrics.jsonl";
+    // The lost writer may have written this epoch's record before it went.
+    lastWritten_ = lastRecordedEpoch(jsonl);
+    jsonl_.open(jsonl);
     csv_.open(trainer.options().runDir + "/metrics.csv");
   }
-  const EpochMetrics& m = end.metrics;
+  if (m.epoch <= lastWritten_) return;
   nlohmann::ordered_json record;
   record["epoch"] = m.epoch;
   record["train_loss"] = jsonNumber(m.trainLoss);

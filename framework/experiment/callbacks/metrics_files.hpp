@@ -19,6 +19,7 @@
 // whole records.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,12 +38,16 @@ class MetricsFiles : public TrainerCallback {
   // `tensorboard` (may be null) also receives each record.
   explicit MetricsFiles(std::shared_ptr<TensorBoardLog> tensorboard = nullptr)
       : tensorboard_(std::move(tensorboard)) {}
+  // An elastic writer that takes over during an epoch's callbacks writes
+  // that epoch's record unless the lost writer already had.
+  bool writerOnly() const override { return true; }
   void onTrainBegin(Trainer& trainer) override;
   void onEpochEnd(Trainer& trainer, EpochEnd& end) override;
 
  private:
   AppendFile jsonl_, csv_;
   bool opened_ = false;
+  int64_t lastWritten_ = 0;  // a taken-over writer: the last epoch the files held
   std::vector<std::string> columns_;  // after epoch, train_loss, test_loss; before seconds
   std::shared_ptr<TensorBoardLog> tensorboard_;
 };
