@@ -634,6 +634,15 @@ TEST_CASE("ddp-run --min-ranks: the writer frozen before a sharded save: another
   std::vector<int64_t> epochs;
   for (const auto& r : records(run + "/metrics.jsonl")) epochs.push_back(r["epoch"].get<int64_t>());
   CHECK(epochs == std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  // train.log: each epoch's line once, the taken-over epoch 3 included.
+  std::map<std::string, int> lines;
+  std::ifstream log(run + "/train.log");
+  for (std::string line; std::getline(log, line);) {
+    if (line.rfind("epoch ", 0) == 0) ++lines[line.substr(0, line.find(' ', 6))];
+  }
+  CHECK(lines.size() == 12);
+  for (const auto& [head, count] : lines) CHECK(count == 1);
+  CHECK(lines.count("epoch 3/12") == 1);
   CHECK(std::filesystem::exists(run + "/checkpoints/" + checkpointFileName(12, 0, true) + "/index.json"));
 }
 
