@@ -275,9 +275,20 @@ int64_t writeShardIndex(const std::string& dir, int files, const std::string& sa
     }
   }
   crashPoint("index", 0);  // rank 0 writes the index
-  if (stillCurrent && !stillCurrent()) {
-    ::unlink(tmp.c_str());
-    fail<std::runtime_error>("checkpoint: {}: index not written: the group went on without this rank meanwhile", dir);
+  if (stillCurrent) {
+    std::string unknown;  // stillCurrent could not tell
+    bool current = false;
+    try {
+      current = stillCurrent();
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      unknown = what.substr(0, what.find('\n'));
+    }
+    if (!current) {
+      ::unlink(tmp.c_str());
+      if (!unknown.empty()) fail<std::runtime_error>("checkpoint: {}: index not written: {}", dir, unknown);
+      fail<std::runtime_error>("checkpoint: {}: index not written: the group went on without this rank meanwhile", dir);
+    }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     fail<std::runtime_error>("checkpoint: cannot rename {} to {}: {}", tmp, path, errnoText(errno));

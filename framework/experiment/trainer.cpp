@@ -49,6 +49,13 @@ bool Trainer::writesEpochRecords() const {
     return true;  // the store unreachable for a moment: the collectives decide
   }
 }
+void Trainer::writeTakenOverRecords(EpochEnd& end, size_t count) {
+  Impl& s = *impl_;
+  for (size_t j = 0; j < count && j < s.callbacks.size(); ++j) {
+    if (s.callbacks[j]->writerOnly()) s.callbacks[j]->onEpochEnd(*this, end);
+  }
+}
+
 ProcessGroup& Trainer::group() const {
   DDP_CHECK(impl_->group != nullptr, "Trainer::group() before this rank joined");
   return *impl_->group;
@@ -329,8 +336,9 @@ TrainResult Trainer::run() {
   try {
     return runStages();
   } catch (const std::exception& e) {
-    // Once the run folder exists, train.log says why the run ended.
-    if (impl_->log) impl_->log->failure(errorLine(e));
+    // Once the run folder exists, train.log says why the run ended; not a
+    // writer left out of an elastic job, which goes on without it.
+    if (impl_->log && dynamic_cast<const ElasticExcluded*>(&e) == nullptr) impl_->log->failure(errorLine(e));
     throw;
   }
 }
@@ -477,16 +485,17 @@ TrainResult Trainer::runStages() {
         // lost writer may have gone before it wrote them.
         if (!recoverable(e) || ++retries > 10) throw;
         recover(errorLine(e));
-        if (!writer && isWriter()) {
-          for (size_t j = 0; j < i; ++j) {
-            if (s.callbacks[j]->writerOnly()) s.callbacks[j]->onEpochEnd(*this, end);
-          }
-        }
+        if (!writer && isWriter()) writeTakenOverRecords(end, i);
         writer = isWriter();
         --i;
         continue;
       }
       if (s.stop) end.lastEpoch = true;  // requestStop(): what follows sees the run's last epoch
+    }
+    if (s.rendezvous) {
+      s.lastEpochEnd = m;
+      s.lastEpochEvaluated = end.evaluated;
+      s.lastEpochLast = end.lastEpoch;
     }
     if (s.signal != 0) {
       if (s.lastSaved != epoch + 1) saveCheckpoint(epoch + 1);

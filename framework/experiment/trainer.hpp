@@ -212,9 +212,12 @@ class Trainer {
   int64_t generation() const;
   bool isWriter() const { return rank() == 0; }
   // isWriter(), and in an elastic run not left out meanwhile: a writer that
-  // froze (or was cut off) and woke after the others went on without it
-  // writes no epoch record over theirs. A store read: once an epoch, not
-  // once a step.
+  // froze and woke after the others went on without it writes no epoch
+  // record after theirs. One or two store reads, by the epoch-end callbacks
+  // that write (not once a step). A store that cannot be read: true (the
+  // next collective decides; a writer cut off from the store and the others
+  // can still write a record before it learns it was left out). A writer
+  // that freezes after this check and before its write can too.
   bool writesEpochRecords() const;
   Task task() const;  // the dataset's, after build()
   ParallelStrategy& strategy();
@@ -254,6 +257,10 @@ class Trainer {
   void reconfigure(const std::string& why, bool broken);
   void joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer);
   void formGroup(torch::optim::Optimizer& optimizer);  // the decided membership's group, and the state
+  // On a rank that a recovery has just made the writer: the writerOnly
+  // callbacks among the first `count` write `end`'s epoch where the lost
+  // writer had not (they skip what the files already hold).
+  void writeTakenOverRecords(EpochEnd& end, size_t count);
   void syncState(torch::optim::Optimizer& optimizer);
   // After a timeout with every member alive (trainer_recovery.cpp).
   void leaveOutSlowHost(torch::optim::Optimizer& optimizer);

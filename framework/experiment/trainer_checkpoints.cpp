@@ -98,6 +98,26 @@ void guardedSave(ProcessGroup& group, ElasticRendezvous* rendezvous, const Elast
   if (error) std::rethrow_exception(error);
 }
 
+// Asked by an elastic writer before it renames a checkpoint into place: true
+// while the group has not gone on without it. A store that fails for a
+// moment is asked again; one that fails for about 5 s throws, saying so (no
+// checkpoint rather than a stale one).
+std::function<bool()> stillInGroup(ElasticRendezvous& rendezvous, const ElasticMembership& membership) {
+  return [rendezvous = &rendezvous, membership] {
+    for (int attempt = 1;; ++attempt) {
+      try {
+        return !rendezvous->superseded(membership);
+      } catch (const std::exception& e) {
+        if (attempt >= 5) {
+          fail<std::runtime_error>("the store could not say whether this rank is still in the group ({})",
+                                   errorLine(e));
+        }
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+    }
+  };
+}
+
 }  // namespace
 
 void Trainer::saveCheckpoint(int64_t epoch) { writeCheckpoint(epoch, 0, {}); }
@@ -188,6 +208,15 @@ void Trainer::writeCheckpoint(int64_t epoch, int64_t batch, const std::vector<do
       }
       if (err == 0 && failure.empty() && ::fsync(fd) != 0) err = errno;
       if (::close(fd) != 0 && err == 0 && failure.empty()) err = errno;
+    }
+    // An elastic writer left out while it wrote (frozen, cut off) puts no
+    // file over the one the others wrote without it.
+    if (err == 0 && failure.empty() && s.rendezvous && !s.writesAlone) {
+      try {
+        if (!stillInGroup(*s.rendezvous, s.membership)()) failure = "the group went on without this rank meanwhile";
+      } catch (const std::exception& e) {
+        failure = errorLine(e);
+      }
     }
     // rename() is atomic: readers see the old checkpoint or the new one, whole.
     if (err == 0 && failure.empty() && std::rename(tmpPath.c_str(), finalPath.c_str()) != 0) err = errno;
@@ -295,15 +324,7 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
   // An elastic rank 0 that was left out while it saved (frozen, cut off)
   // puts no index over the one the others wrote without it.
   std::function<bool()> stillCurrent;
-  if (s.rendezvous) {
-    stillCurrent = [rendezvous = s.rendezvous.get(), membership = s.membership] {
-      try {
-        return !rendezvous->superseded(membership);
-      } catch (const std::exception&) {
-        return false;  // the store unreachable: no index rather than a stale one
-      }
-    };
-  }
+  if (s.rendezvous) stillCurrent = stillInGroup(*s.rendezvous, s.membership);
   if (background) {
     // A copy of what this rank holds, in host memory it owns: all that
     // training waits for. The write and (rank 0) the index follow on the

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,12 @@ struct Trainer::Impl {
   int64_t warmupSteps = 0;                      // scheduler.warmup_steps
   std::vector<double> epochLrs;                 // the scheduler's lr of this epoch, per param group
   std::string stopReason;                       // Trainer::requestStop's, for TrainResult
+  // The last epoch whose end callbacks all ran here (elastic): a rank that
+  // a later recovery makes the writer writes that epoch's records where the
+  // lost writer had not (Trainer::writeTakenOverRecords).
+  std::optional<EpochMetrics> lastEpochEnd;
+  bool lastEpochEvaluated = false;
+  bool lastEpochLast = false;
 };
 
 namespace trainer_detail {

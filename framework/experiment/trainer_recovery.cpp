@@ -164,6 +164,13 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
                           before.world(), s.membership.world(), idsText(s.membership.ids), s.membership.sourceId,
                           s.steps, s.epoch + 1, broken ? "recovered" : "reconfigured", seconds,
                           broken ? fmt::format(" (after: {})", cause) : ""));
+  // The writer lost after the last epoch's end callbacks, before it wrote
+  // that epoch's records (frozen, or its host gone, while the others went
+  // on into the next epoch): this rank, the writer now, writes them.
+  if (before.rankOf(s.rendezvous->id()) != 0 && isWriter() && s.lastEpochEnd) {
+    EpochEnd end{*s.lastEpochEnd, s.lastEpochEvaluated, s.lastEpochLast};
+    writeTakenOverRecords(end, s.callbacks.size());
+  }
 }
 
 bool Trainer::awaitJoinRequest(std::chrono::milliseconds timeout, int64_t count) {

@@ -23,9 +23,11 @@
 //   are not repeated): a callback with a collective in onEpochEnd must take
 //   a second call for the same epoch (change its state once). One whose
 //   onEpochEnd only writes the writer's records, with no collective
-//   (writerOnly() true), is called again for that epoch on a rank that
-//   such a recovery made the writer: the old writer may have been lost
-//   before it wrote them (it must then skip what is already written).
+//   (writerOnly() true), is called again on a rank that a recovery makes
+//   the writer, for the epoch whose callbacks were running (if it had been
+//   called for it) or else for the last epoch that ended: the lost writer
+//   may have gone before it wrote them. It must skip what the files hold
+//   already, and write nothing on a second call for an epoch.
 #pragma once
 
 #include <ATen/core/Tensor.h>

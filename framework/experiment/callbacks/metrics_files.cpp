@@ -95,17 +95,16 @@ void dropMetricsAfter(const std::string& runDir, int64_t epoch, const std::strin
   }
 }
 
-// The epoch of the last whole record of a metrics.jsonl (0 without one).
-int64_t lastRecordedEpoch(const std::string& path) {
+// The epoch of the last whole record of a metrics file (0 without one).
+int64_t lastRecordedEpoch(const std::string& path, bool csv, size_t commas) {
   std::ifstream in(path);
-  std::string line, last;
+  std::string line;
+  int64_t last = 0;
   while (std::getline(in, line)) {
-    if (!line.empty() && line.back() == '}') last = line;
+    const int64_t e = recordEpoch(line, csv, commas);
+    if (e >= 1) last = e;
   }
-  const nlohmann::json record = nlohmann::json::parse(last, nullptr, false);
-  return record.is_object() && record.contains("epoch") && record["epoch"].is_number_integer()
-             ? record["epoch"].get<int64_t>()
-             : 0;
+  return last;
 }
 
 }  // namespace
@@ -138,12 +137,17 @@ void MetricsFiles::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   if (!opened_) {  // became the writer after a rank left (elastic)
     opened_ = true;
     const std::string jsonl = trainer.options().runDir + "/metrics.jsonl";
-    // The lost writer may have written this epoch's record before it went.
-    lastWritten_ = lastRecordedEpoch(jsonl);
+    const std::string csv = trainer.options().runDir + "/metrics.csv";
+    // The lost writer may have written this epoch's records before it
+    // went, or one file's and not the other's.
+    const std::string header = csvHeader(columns_);
+    const auto commas = static_cast<size_t>(std::count(header.begin(), header.end(), ','));
+    lastJsonl_ = lastRecordedEpoch(jsonl, false, commas);
+    lastCsv_ = lastRecordedEpoch(csv, true, commas);
     jsonl_.open(jsonl);
-    csv_.open(trainer.options().runDir + "/metrics.csv");
+    csv_.open(csv);
   }
-  if (m.epoch <= lastWritten_) return;
+  if (m.epoch <= lastJsonl_ && m.epoch <= lastCsv_) return;
   nlohmann::ordered_json record;
   record["epoch"] = m.epoch;
   record["train_loss"] = jsonNumber(m.trainLoss);
@@ -160,10 +164,16 @@ void MetricsFiles::onEpochEnd(Trainer& trainer, EpochEnd& end) {
   record["optimizer_bytes"] = m.optimizerBytes;
   record["peak_rss_bytes"] = m.peakRssBytes;
   for (const auto& [name, value] : m.extra) record[name] = jsonNumber(value);
-  jsonl_.append(record.dump() + "\n");
-  if (tensorboard_) tensorboard_->record(trainer, "epoch", record, trainer.steps());
-  csv_.append(row + "," + csvNumber(m.seconds) + "," + csvNumber(m.dataSeconds) +
-              fmt::format(",{},{},{},{}\n", m.parameterBytes, m.gradientBytes, m.optimizerBytes, m.peakRssBytes));
+  if (m.epoch > lastJsonl_) {
+    jsonl_.append(record.dump() + "\n");
+    if (tensorboard_) tensorboard_->record(trainer, "epoch", record, trainer.steps());
+    lastJsonl_ = m.epoch;
+  }
+  if (m.epoch > lastCsv_) {
+    csv_.append(row + "," + csvNumber(m.seconds) + "," + csvNumber(m.dataSeconds) +
+                fmt::format(",{},{},{},{}\n", m.parameterBytes, m.gradientBytes, m.optimizerBytes, m.peakRssBytes));
+    lastCsv_ = m.epoch;
+  }
 }
 
 }  // namespace ddp

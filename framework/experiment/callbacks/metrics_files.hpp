@@ -38,8 +38,9 @@ class MetricsFiles : public TrainerCallback {
   // `tensorboard` (may be null) also receives each record.
   explicit MetricsFiles(std::shared_ptr<TensorBoardLog> tensorboard = nullptr)
       : tensorboard_(std::move(tensorboard)) {}
-  // An elastic writer that takes over during an epoch's callbacks writes
-  // that epoch's record unless the lost writer already had.
+  // Each epoch once in each file: an elastic writer that takes over writes
+  // the records the lost writer had not (its last epoch may be in one file
+  // and not the other), and a second call for an epoch writes nothing.
   bool writerOnly() const override { return true; }
   void onTrainBegin(Trainer& trainer) override;
   void onEpochEnd(Trainer& trainer, EpochEnd& end) override;
@@ -47,7 +48,7 @@ class MetricsFiles : public TrainerCallback {
  private:
   AppendFile jsonl_, csv_;
   bool opened_ = false;
-  int64_t lastWritten_ = 0;  // a taken-over writer: the last epoch the files held
+  int64_t lastJsonl_ = 0, lastCsv_ = 0;  // the last epoch each file holds
   std::vector<std::string> columns_;  // after epoch, train_loss, test_loss; before seconds
   std::shared_ptr<TensorBoardLog> tensorboard_;
 };
