@@ -309,6 +309,34 @@ TEST_CASE("elastic rendezvous: a member left out learns it is superseded, the ot
   CHECK_FALSE(b.superseded(mb));  // generation 2 not decided yet
 }
 
+TEST_CASE("elastic rendezvous: a replacement admitted under a silent member's id: the old process is left out",
+          "[elastic][solo]") {
+  // Id 0 stops (frozen, or its host cut off) without dying, and a
+  // replacement node asks to join under id 0 before generation 1 is
+  // decided: generation 1 holds id 0 again, the replacement's. The old
+  // process, woken, must not take that place: it is superseded, and its
+  // arrival is refused, naming the replacement.
+  ThreeMembers members(1);
+  auto& store = members.store;
+  auto &a = members.a, &b = members.b, &c = members.c;
+  const ElasticMembership m = a.initial(3);
+  ElasticRendezvous replacement(store, 0, members.options);
+  ElasticMembership mr, mb, mc;
+  std::thread tr([&] { mr = replacement.join(); });
+  while (!b.joinPending()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread tc([&] { mc = c.next(m, 5); });
+  mb = b.next(m, 5);  // id 0 neither arrives nor dies: left out after the settle time
+  tc.join();
+  tr.join();
+  REQUIRE(mb.ids == std::vector<int>{1, 2, 0});
+  CHECK(mr.ids == mb.ids);
+  CHECK(replacement.isMember(mb));
+  CHECK_FALSE(a.isMember(mb));
+  CHECK(a.superseded(m));
+  CHECK_FALSE(b.superseded(m));
+  CHECK_THROWS_WITH(a.next(m, 5), Catch::Contains("id 0 there is a replacement admitted meanwhile"));
+}
+
 TEST_CASE("elastic rendezvous: rank 0 stays with a member, never with a joiner (a replaced node 0)", "[elastic][solo]") {
   ThreeMembers members(1);
   auto& store = members.store;

@@ -47,6 +47,7 @@ std::string encodeMembership(const ElasticMembership& m) {
   j["generation"] = m.generation;
   j["ids"] = m.ids;
   j["incarnations"] = m.incarnations;
+  j["requests"] = m.requests;
   j["source"] = m.sourceId;
   j["source_steps"] = m.sourceSteps;
   j["below_minimum"] = m.belowMinimum;
@@ -61,6 +62,7 @@ ElasticMembership decodeMembership(const std::string& text) {
   m.generation = j["generation"];
   m.ids = j["ids"].get<std::vector<int>>();
   m.incarnations = j["incarnations"].get<std::vector<int64_t>>();
+  m.requests = j.value("requests", std::vector<int64_t>(m.ids.size(), 0));
   m.sourceId = j["source"];
   m.sourceSteps = j["source_steps"];
   m.belowMinimum = j["below_minimum"];
@@ -172,8 +174,13 @@ std::optional<int> ElasticRendezvous::lostMember(const ElasticMembership& member
 bool ElasticRendezvous::superseded(const ElasticMembership& current) {
   const std::string key = genKey(current.generation + 1, "members");
   if (!store_->check({key})) return false;  // not decided: this member may still be in it
-  const ElasticMembership next = decodeMembership(store_->getString(key));
-  return std::find(next.ids.begin(), next.ids.end(), id_) == next.ids.end();
+  return !isMember(decodeMembership(store_->getString(key)));
+}
+
+bool ElasticRendezvous::isMember(const ElasticMembership& m) const {
+  const int rank = m.rankOf(id_);
+  if (rank < 0) return false;
+  return static_cast<size_t>(rank) >= m.requests.size() || m.requests[static_cast<size_t>(rank)] == request_;
 }
 
 std::string ElasticRendezvous::whereOf(int id) {
@@ -200,6 +207,7 @@ ElasticMembership ElasticRendezvous::initial(int world) const {
   ElasticMembership m;
   for (int i = 0; i < world; ++i) m.ids.push_back(i);
   m.incarnations.assign(static_cast<size_t>(world), 0);
+  m.requests.assign(static_cast<size_t>(world), 0);
   m.sourceId = 0;
   return m;
 }
@@ -273,7 +281,11 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
   ElasticMembership m;
   m.generation = generation;
   m.sourceSteps = -1;
-  std::vector<std::pair<int, int64_t>> members;  // id, incarnation
+  struct Member {
+    int id;
+    int64_t incarnation, request;
+  };
+  std::vector<Member> members;
   for (size_t i = 0; i < previous.ids.size(); ++i) {
     const int id = previous.ids[i];
     if (!arrived[i]) {
@@ -289,7 +301,7 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
       }
       continue;
     }
-    members.emplace_back(id, previous.incarnations[i]);
+    members.push_back({id, previous.incarnations[i], i < previous.requests.size() ? previous.requests[i] : 0});
     const int64_t steps = std::stoll(store_->getString(arrivedKey(id)));
     if (steps > m.sourceSteps || (steps == m.sourceSteps && id < m.sourceId)) {
       m.sourceSteps = steps;
@@ -300,7 +312,7 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
   // that comes back included).
   std::vector<int> joiners;
   for (int id = 0; id < options_.maxId; ++id) {
-    if (std::any_of(members.begin(), members.end(), [&](const auto& p) { return p.first == id; })) continue;
+    if (std::any_of(members.begin(), members.end(), [&](const Member& p) { return p.id == id; })) continue;
     if (!store_->check({joinKey(id)})) continue;
     const std::string request = store_->getString(joinKey(id));
     if (request == "0") continue;
@@ -308,16 +320,17 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
     if (store_->add(claimKey(std::stoll(request)), 1) != 1) continue;
     store_->setString(joinKey(id), "0");
     store_->add("elastic/join-admitted", 1);
-    members.emplace_back(id, counter(*store_, deadKey(id)));
+    members.push_back({id, counter(*store_, deadKey(id)), std::stoll(request)});
     joiners.push_back(id);
     logInfo("elastic: generation {}: rank id {} joins", generation, id);
   }
   // No sort: the members keep their order, joiners after them, so rank 0
   // (the run folder's writer) stays with the member that holds it, and a
   // joiner (a replaced node 0's rank id 0 among them) never takes it over.
-  for (const auto& [id, incarnation] : members) {
-    m.ids.push_back(id);
-    m.incarnations.push_back(incarnation);
+  for (const Member& member : members) {
+    m.ids.push_back(member.id);
+    m.incarnations.push_back(member.incarnation);
+    m.requests.push_back(member.request);
   }
   m.belowMinimum = m.world() < options_.minRanks;
   const bool allArrived = std::all_of(arrived.begin(), arrived.end(), [](bool a) { return a; });
@@ -332,18 +345,19 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
   store_->setString(genKey(generation, "members"), encodeMembership(m));
   for (int id : joiners) store_->setString(admittedKey(id), std::to_string(generation));
   store_->setString("elastic/generation", std::to_string(generation));
-  if (m.rankOf(id_) < 0) throw ElasticExcluded("elastic: this rank is not in the new membership");
+  if (!isMember(m)) throw ElasticExcluded("elastic: this rank is not in the new membership");
   return m;
 }
 
 ElasticMembership ElasticRendezvous::awaitDecision(int64_t generation) {
   store_->wait({genKey(generation, "members")}, options_.decisionTimeout);
   ElasticMembership m = decodeMembership(store_->getString(genKey(generation, "members")));
-  if (m.rankOf(id_) < 0) {
+  if (!isMember(m)) {
     throw ElasticExcluded(fmt::format(
-        "elastic: rank id {} arrived at generation {} after its membership was decided (members {}); it is left "
+        "elastic: rank id {} arrived at generation {} after its membership was decided (members {}{}); it is left "
         "out",
-        id_, generation, fmt::join(m.ids, ",")));
+        id_, generation, fmt::join(m.ids, ","),
+        m.rankOf(id_) >= 0 ? fmt::format("; id {} there is a replacement admitted meanwhile", id_) : ""));
   }
   return m;
 }
@@ -380,6 +394,7 @@ ElasticMembership ElasticRendezvous::join() {
   // giving up on it both claim it (claimKey), and only the first claim
   // counts, so a request is either admitted or withdrawn, never both.
   const int64_t request = store_->add("elastic/join-seq", 1);
+  request_ = request;  // what the membership that admits it names
   store_->setString(joinKey(id_), std::to_string(request));
   store_->add("elastic/join-requests", 1);
   const auto deadline = ElasticClock::now() + options_.decisionTimeout;

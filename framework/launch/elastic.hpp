@@ -131,6 +131,10 @@ struct ElasticMembership {
   // Per member: its id's death count when it was admitted; a higher count
   // in "elastic/dead/<id>" means this incarnation is dead.
   std::vector<int64_t> incarnations;
+  // Per member: the join request that admitted it (0: a member from the
+  // start). A process left out but alive (frozen, cut off) and the
+  // replacement admitted under its id are told apart by it.
+  std::vector<int64_t> requests;
   int sourceId = 0;      // whose state every member takes
   int64_t sourceSteps = 0;
   bool belowMinimum = false;
@@ -217,7 +221,8 @@ class ElasticRendezvous {
   // a cut link does. A dead one's closed connections fail the collective.
   std::optional<int> lostMember(const ElasticMembership& membership, std::chrono::milliseconds window);
   // Whether the generation after `current`'s was decided without this
-  // member: the others went on without it, and what it does for `current`
+  // member (its id absent, or present for a replacement admitted under
+  // it): the others went on without it, and what it does for `current`
   // (a checkpoint's index, say) is no longer the group's. A member left out
   // while frozen asks it when it wakes, before it renames a file into place.
   // (Not merely a next generation begun: members that wait for a joiner
@@ -227,6 +232,9 @@ class ElasticRendezvous {
   std::string whereOf(int id);
 
   int id() const { return id_; }
+  // Whether this process is a member of `m`: its id is there, admitted by
+  // this process's own join request (or by none, for both).
+  bool isMember(const ElasticMembership& m) const;
 
  private:
   ElasticMembership decide(int64_t generation, const ElasticMembership& previous);
@@ -244,6 +252,7 @@ class ElasticRendezvous {
   std::map<int, Observed> observed_;
   std::shared_ptr<Store> store_;
   int id_;
+  int64_t request_ = 0;  // the join request that admitted this process (0: none)
   ElasticOptions options_;
   struct Heartbeat;
   std::shared_ptr<Heartbeat> heartbeat_;  // shared with its thread, which may outlive this object
