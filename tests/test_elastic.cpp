@@ -335,6 +335,30 @@ TEST_CASE("elastic rendezvous: a replacement admitted under a silent member's id
   CHECK(a.superseded(m));
   CHECK_FALSE(b.superseded(m));
   CHECK_THROWS_WITH(a.next(m, 5), Catch::Contains("id 0 there is a replacement admitted meanwhile"));
+  // Its launcher starts it again as a joiner under id 0: refused at the
+  // members' next generation, which keeps the replacement.
+  ElasticRendezvous restarted(store, 0, members.options);
+  std::string refusal;
+  std::thread tj([&] {
+    try {
+      restarted.join();
+    } catch (const ElasticExcluded& e) {
+      refusal = e.what();
+    }
+  });
+  while (!b.joinPending()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ElasticMembership m2b, m2c, m2r;
+  tc = std::thread([&] { m2c = c.next(mb, 6); });
+  tr = std::thread([&] { m2r = replacement.next(mb, 6); });
+  m2b = b.next(mb, 6);
+  tc.join();
+  tr.join();
+  tj.join();
+  CHECK(m2b.ids == std::vector<int>{1, 2, 0});
+  CHECK(m2r.ids == m2b.ids);
+  CHECK(m2c.ids == m2b.ids);
+  CHECK_THAT(refusal, Catch::Contains("another process holds that id"));
+  CHECK_FALSE(b.joinPending());
 }
 
 TEST_CASE("elastic rendezvous: rank 0 stays with a member, never with a joiner (a replaced node 0)", "[elastic][solo]") {

@@ -324,7 +324,7 @@ void Trainer::writeShardedCheckpoint(int64_t epoch, int64_t batch, const std::ve
   // An elastic rank 0 that was left out while it saved (frozen, cut off)
   // puts no index over the one the others wrote without it.
   std::function<bool()> stillCurrent;
-  if (s.rendezvous) stillCurrent = stillInGroup(*s.rendezvous, s.membership);
+  if (s.rendezvous && !s.writesAlone) stillCurrent = stillInGroup(*s.rendezvous, s.membership);
   if (background) {
     // A copy of what this rank holds, in host memory it owns: all that
     // training waits for. The write and (rank 0) the index follow on the

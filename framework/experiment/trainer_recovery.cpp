@@ -167,9 +167,16 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
   // The writer lost after the last epoch's end callbacks, before it wrote
   // that epoch's records (frozen, or its host gone, while the others went
   // on into the next epoch): this rank, the writer now, writes them.
+  // Records are not the group's business: a disk that refuses them here
+  // costs the records, not a recovery.
   if (before.rankOf(s.rendezvous->id()) != 0 && isWriter() && s.lastEpochEnd) {
-    EpochEnd end{*s.lastEpochEnd, s.lastEpochEvaluated, s.lastEpochLast};
-    writeTakenOverRecords(end, s.callbacks.size());
+    try {
+      EpochEnd end{*s.lastEpochEnd, s.lastEpochEvaluated, s.lastEpochLast};
+      writeTakenOverRecords(end, s.callbacks.size());
+    } catch (const std::exception& e) {
+      logWarn("elastic: the records of epoch {} the lost writer had not written could not be written: {}",
+              s.lastEpochEnd->epoch, errorLine(e));
+    }
   }
 }
 

@@ -32,6 +32,8 @@ std::string admittedKey(int id) { return fmt::format("elastic/admitted/{}", id);
 std::string whereKey(int id) { return fmt::format("elastic/where/{}", id); }
 std::string aliveKey(int id) { return fmt::format("elastic/alive/{}", id); }
 std::string claimKey(int64_t request) { return fmt::format("elastic/join-claim/{}", request); }
+// admittedKey's value for a join request refused: a member holds its id.
+constexpr const char* kRefused = "refused";
 
 std::string thisHost() {
   char host[256] = {0};
@@ -62,7 +64,7 @@ ElasticMembership decodeMembership(const std::string& text) {
   m.generation = j["generation"];
   m.ids = j["ids"].get<std::vector<int>>();
   m.incarnations = j["incarnations"].get<std::vector<int64_t>>();
-  m.requests = j.value("requests", std::vector<int64_t>(m.ids.size(), 0));
+  m.requests = j.value("requests", std::vector<int64_t>());  // none: ids alone decide (isMember)
   m.sourceId = j["source"];
   m.sourceSteps = j["source_steps"];
   m.belowMinimum = j["below_minimum"];
@@ -309,10 +311,11 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
     }
   }
   // Joiners: ids that asked and are not members now (a dead member's id
-  // that comes back included).
+  // that comes back included). A request under the id of a member that
+  // arrived (the original of a replaced node, started again by its
+  // launcher) is refused: that id is taken.
   std::vector<int> joiners;
   for (int id = 0; id < options_.maxId; ++id) {
-    if (std::any_of(members.begin(), members.end(), [&](const Member& p) { return p.id == id; })) continue;
     if (!store_->check({joinKey(id)})) continue;
     const std::string request = store_->getString(joinKey(id));
     if (request == "0") continue;
@@ -320,6 +323,11 @@ ElasticMembership ElasticRendezvous::decide(int64_t generation, const ElasticMem
     if (store_->add(claimKey(std::stoll(request)), 1) != 1) continue;
     store_->setString(joinKey(id), "0");
     store_->add("elastic/join-admitted", 1);
+    if (std::any_of(members.begin(), members.end(), [&](const Member& p) { return p.id == id; })) {
+      store_->setString(admittedKey(id), kRefused);
+      logWarn("elastic: generation {}: rank id {} asks to join, but a member holds that id: refused", generation, id);
+      continue;
+    }
     members.push_back({id, counter(*store_, deadKey(id)), std::stoll(request)});
     joiners.push_back(id);
     logInfo("elastic: generation {}: rank id {} joins", generation, id);
@@ -389,6 +397,12 @@ void ElasticRendezvous::awaitMembers(const ElasticMembership& m) {
 }
 
 ElasticMembership ElasticRendezvous::join() {
+  const auto refused = [&] {
+    throw ElasticExcluded(fmt::format(
+        "elastic: rank id {} asked to join, but another process holds that id in the job (a replacement started "
+        "in its place while it was cut off or stopped); it stays out",
+        id_));
+  };
   store_->setString(admittedKey(id_), "-1");
   // This request's number: the coordinator that admits it and this rank
   // giving up on it both claim it (claimKey), and only the first claim
@@ -402,6 +416,7 @@ ElasticMembership ElasticRendezvous::join() {
     // Claimed by a coordinator: its decision names this rank; wait for it.
     for (;;) {
       const std::string admitted = store_->getString(admittedKey(id_));
+      if (admitted == kRefused) refused();
       if (admitted != "-1") return awaitDecision(std::stoll(admitted));
       if (ElasticClock::now() >= deadline + options_.decisionTimeout) {
         fail<std::runtime_error>("elastic: rank id {} was admitted but its generation was not announced within {} s",
@@ -412,6 +427,7 @@ ElasticMembership ElasticRendezvous::join() {
   };
   for (;;) {
     const std::string admitted = store_->getString(admittedKey(id_));
+    if (admitted == kRefused) refused();
     if (admitted != "-1") return awaitDecision(std::stoll(admitted));
     const bool over = finished();
     if (over || ElasticClock::now() >= deadline) {

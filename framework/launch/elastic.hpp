@@ -68,6 +68,13 @@
 //   boundary within the decision timeout) gets ElasticExcluded with the
 //   reason, never a membership of its own making. Only after admission to
 //   G may a joiner move on to G + 1 like any member.
+// - Ids and processes: the membership names, per member, the join request
+//   that admitted it (0 for the first world). A process is a member only
+//   under its own request, so one left out but alive (frozen, cut off)
+//   never takes the place of a replacement admitted under its id; a join
+//   request under the id of a member that arrived is refused
+//   ("elastic/admitted/<id>" = "refused": ElasticExcluded, with the reason),
+//   and a launcher does not mark a rank dead that ended left out.
 //
 // Checked against a simulation of random deaths, hangs and joins with
 // threads over one in-memory store (tests/test_elastic.cpp): every

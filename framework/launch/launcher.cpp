@@ -388,9 +388,11 @@ AttemptResult runOnce(const LaunchOptions& o, int attempt, const std::string& to
           // Elastic: the others carry on without it; it may come back.
           // A store that is gone too (node 0's host, with a TCPStore)
           // leaves the survivors to notice the death themselves.
+          // A rank left out (kExitExcluded) is in no membership: its id may
+          // be a replacement's now, which a dead mark would end.
           bool storeLost = false;
           try {
-            if (gElasticStore) ElasticRendezvous::markDead(*gElasticStore, p.rank);
+            if (gElasticStore && code != kExitExcluded) ElasticRendezvous::markDead(*gElasticStore, p.rank);
           } catch (const StoreError& e) {
             storeLost = true;
             std::cerr << fmt::format("ddp-run: could not mark rank {} dead in the store: {}\n", p.rank, e.what());

@@ -24,10 +24,11 @@
 //   a second call for the same epoch (change its state once). One whose
 //   onEpochEnd only writes the writer's records, with no collective
 //   (writerOnly() true), is called again on a rank that a recovery makes
-//   the writer, for the epoch whose callbacks were running (if it had been
-//   called for it) or else for the last epoch that ended: the lost writer
-//   may have gone before it wrote them. It must skip what the files hold
-//   already, and write nothing on a second call for an epoch.
+//   the writer, for the last epoch that ended and, when the recovery came
+//   among an epoch's callbacks, for that epoch too: the lost writer may
+//   have gone before it wrote them. It must skip what its files hold
+//   already (reading them back once, when it starts writing), so that a
+//   call for an epoch it has written writes nothing.
 #pragma once
 
 #include <ATen/core/Tensor.h>
