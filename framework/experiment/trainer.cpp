@@ -472,7 +472,6 @@ TrainResult Trainer::runStages() {
     m.seconds = std::chrono::duration<double>(trainer_detail::Clock::now() - epochStart).count();
 
     EpochEnd end{m, evaluated, lastEpoch};
-    bool writer = isWriter();
     for (size_t i = 0, retries = 0; i < s.callbacks.size(); ++i) {
       try {
         s.callbacks[i]->onEpochEnd(*this, end);
@@ -484,9 +483,7 @@ TrainResult Trainer::runStages() {
         // writer's records on a rank that has just become the writer: the
         // lost writer may have gone before it wrote them.
         if (!recoverable(e) || ++retries > 10) throw;
-        recover(errorLine(e));
-        if (!writer && isWriter()) writeTakenOverRecords(end, i);
-        writer = isWriter();
+        if (recover(errorLine(e))) writeTakenOverRecords(end, i);
         --i;
         continue;
       }

@@ -252,9 +252,12 @@ class Trainer {
   void shardData();  // sampler and test rows for this rank of this group
   // Elastic (trainer_recovery.cpp).
   bool recoverable(const std::exception& e) const;
-  void recover(const std::string& why);  // after a collective failed
-  void admitJoiners();                    // agreed at a step boundary
-  void reconfigure(const std::string& why, bool broken);
+  // After a collective failed; true when it made this rank the writer
+  // (the last ended epoch's records are then written: the caller writes
+  // those of an epoch whose callbacks were running).
+  bool recover(const std::string& why);
+  void admitJoiners();  // agreed at a step boundary
+  bool reconfigure(const std::string& why, bool broken);  // recover's result
   void joinRunningJob(std::unique_ptr<torch::optim::Optimizer> optimizer);
   void formGroup(torch::optim::Optimizer& optimizer);  // the decided membership's group, and the state
   // On a rank that a recovery has just made the writer: the writerOnly

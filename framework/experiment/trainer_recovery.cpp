@@ -72,11 +72,11 @@ bool Trainer::recoverable(const std::exception& e) const {
          dynamic_cast<const ElasticBelowMinimum*>(&e) == nullptr && dynamic_cast<const ElasticStalled*>(&e) == nullptr;
 }
 
-void Trainer::recover(const std::string& why) { reconfigure(why, /*broken=*/true); }
+bool Trainer::recover(const std::string& why) { return reconfigure(why, /*broken=*/true); }
 
 void Trainer::admitJoiners() { reconfigure("a rank asks to join", /*broken=*/false); }
 
-void Trainer::reconfigure(const std::string& why, bool broken) {
+bool Trainer::reconfigure(const std::string& why, bool broken) {
   Impl& s = *impl_;
   const auto start = trainer_detail::Clock::now();
   const ElasticMembership before = s.membership;
@@ -169,7 +169,8 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
   // on into the next epoch): this rank, the writer now, writes them.
   // Records are not the group's business: a disk that refuses them here
   // costs the records, not a recovery.
-  if (before.rankOf(s.rendezvous->id()) != 0 && isWriter() && s.lastEpochEnd) {
+  const bool tookOver = before.rankOf(s.rendezvous->id()) != 0 && isWriter();
+  if (tookOver && s.lastEpochEnd) {
     try {
       EpochEnd end{*s.lastEpochEnd, s.lastEpochEvaluated, s.lastEpochLast};
       writeTakenOverRecords(end, s.callbacks.size());
@@ -178,6 +179,7 @@ void Trainer::reconfigure(const std::string& why, bool broken) {
               s.lastEpochEnd->epoch, errorLine(e));
     }
   }
+  return tookOver;
 }
 
 bool Trainer::awaitJoinRequest(std::chrono::milliseconds timeout, int64_t count) {
